@@ -1,0 +1,163 @@
+"""The frontier between the arena's two bands: where a unit may be placed, and compaction plans.
+
+Placement rule: a low unit is handed out only below the lowest live page, and a page only above the
+highest live low unit, so the bands never overlap in bytes. In a unified arena both bands span the
+whole usable region and the frontier moves with what is live; in a static arena the bands are
+disjoint by construction and the rule never binds.
+
+Compaction (plan, then execute): the low band packs down and the high band packs up around pinned
+units, moving the frontier back to where the live units end. The plan is pure: unit moves per band
+and byte runs `[src_offset, dst_offset, nbytes]`, one per stretch that is contiguous on both sides.
+Every query can run on hypothetical ownership masks (e.g. "after compaction") as well as the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from distpool.arena import BandLayout
+from distpool.band import Band
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+_NO_RUNS = torch.empty((0, 3), dtype=torch.int64)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def coalesce(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """Pair-wise unit moves -> runs: (r, 3) int64 [src_first, dst_first, num_units].
+
+    A run is a stretch where both src and dst step by +1; pairs are sorted by src first.
+    """
+    if src.numel() == 0:
+        return _NO_RUNS
+    order = torch.argsort(src)
+    src, dst = src[order], dst[order]
+    breaks = ((src[1:] - src[:-1]) != 1) | ((dst[1:] - dst[:-1]) != 1)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(breaks).flatten() + 1])
+    ends = torch.cat([starts[1:], torch.tensor([src.numel()])])
+    return torch.stack([src[starts], dst[starts], ends - starts], dim=1)
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """Unit moves per band (physical positions) and the byte runs that perform them."""
+
+    low_moves: tuple[torch.Tensor, torch.Tensor]  # (src, dst) positions
+    high_moves: tuple[torch.Tensor, torch.Tensor]
+    runs_bytes: torch.Tensor  # (r, 3) int64 [src_offset, dst_offset, nbytes], one copy each
+
+    @property
+    def bytes_moved(self) -> int:
+        return int(self.runs_bytes[:, 2].sum())
+
+
+class Frontier:
+    """Placement and compaction over a low band (grows up) and a high band (grows down)."""
+
+    def __init__(
+        self,
+        low: BandLayout | None,
+        high: BandLayout | None,
+        low_band: Band,
+        high_band: Band,
+        *,
+        unified: bool,
+    ) -> None:
+        self.low, self.high = low, high
+        self.low_band, self.high_band = low_band, high_band
+        self.unified = unified
+
+    def low_limit(self, high_owned: torch.Tensor | None = None) -> int:
+        """Low positions below this index overlap no live page."""
+        if self.low is None:
+            return 0
+        if self.high is None:
+            return self.low.num_positions
+        first = self.high_band.first_owned(high_owned)
+        start = (
+            self.high.end_bytes if first is None else self.high.base_bytes + first * self.high.stride_bytes
+        )
+        return min(self.low.num_positions, (start - self.low.base_bytes) // self.low.stride_bytes)
+
+    def high_floor(self, low_owned: torch.Tensor | None = None, extra_low: torch.Tensor = _EMPTY) -> int:
+        """Page positions from this index up overlap no live (or `extra_low`) low unit."""
+        if self.low is None or self.high is None:
+            return 0
+        last = self.low_band.last_owned(low_owned)
+        if extra_low.numel():
+            last = max(-1 if last is None else last, int(extra_low.max()))
+        end = 0 if last is None else self.low.base_bytes + (last + 1) * self.low.stride_bytes
+        return max(0, _ceil_div(end - self.high.base_bytes, self.high.stride_bytes))
+
+    def fit(
+        self,
+        low_count: int,
+        high_count: int,
+        low_owned: torch.Tensor | None = None,
+        high_owned: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Positions for `low_count` low units, then `high_count` pages above them; None if no room.
+        Positions come in hand-out order: low ascending, high descending."""
+        # Zero counts skip the watermark scans: most decode-step extends take no unit at all.
+        low_pos = high_pos = _EMPTY
+        if low_count:
+            low_pos = self.low_band.pick(low_count, 0, self.low_limit(high_owned), low_owned)
+            if low_pos is None:
+                return None
+        if high_count:
+            floor = self.high_floor(low_owned, low_pos)
+            high_pos = self.high_band.pick(high_count, floor, self.high_band.num_positions, high_owned)
+        return None if high_pos is None else (low_pos, high_pos)
+
+    def available(
+        self, low_owned: torch.Tensor | None = None, high_owned: torch.Tensor | None = None
+    ) -> tuple[int, int]:
+        """(low units, pages) placeable now; each figure counts the shared gap between the bands."""
+        low_owned = self.low_band.owned if low_owned is None else low_owned
+        high_owned = self.high_band.owned if high_owned is None else high_owned
+        limit, floor = self.low_limit(high_owned), self.high_floor(low_owned)
+        low = limit - int(low_owned[:limit].sum())
+        high = self.high_band.num_positions - floor - int(high_owned[floor:].sum())
+        return low, high
+
+    def plan_compaction(self, low_pinned: torch.Tensor, high_pinned: torch.Tensor) -> CompactionPlan:
+        """Moves that pack the low band down and the high band up; pinned positions stay. Pure."""
+        if not self.unified:  # a fixed frontier: every hole is reusable where it is
+            return CompactionPlan(
+                low_moves=(_EMPTY, _EMPTY), high_moves=(_EMPTY, _EMPTY), runs_bytes=_NO_RUNS
+            )
+        low_moves = self.low_band.compaction_moves(low_pinned)
+        high_moves = self.high_band.compaction_moves(high_pinned)
+        runs = [_NO_RUNS]
+        for layout, (src, dst) in ((self.low, low_moves), (self.high, high_moves)):
+            if layout is not None and src.numel():
+                units = coalesce(src, dst)
+                nbytes = units[:, 2] * layout.stride_bytes
+                runs.append(
+                    torch.stack([layout.offsets(units[:, 0]), layout.offsets(units[:, 1]), nbytes], 1)
+                )
+        return CompactionPlan(low_moves=low_moves, high_moves=high_moves, runs_bytes=torch.cat(runs))
+
+    def owned_after(self, plan: CompactionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low, high) ownership masks once `plan` is applied."""
+        return self.low_band.owned_after(*plan.low_moves), self.high_band.owned_after(*plan.high_moves)
+
+    def apply(self, plan: CompactionPlan) -> None:
+        """Rewrite the band maps once the plan's bytes have been copied."""
+        self.low_band.apply_moves(*plan.low_moves)
+        self.high_band.apply_moves(*plan.high_moves)
+
+    def bands_overlap(self) -> bool:
+        """Whether any live low unit overlaps any live page in bytes (never, if the rule held)."""
+        if self.low is None or self.high is None:
+            return False
+        last, first = self.low_band.last_owned(), self.high_band.first_owned()
+        if last is None or first is None:
+            return False
+        low_end = self.low.base_bytes + (last + 1) * self.low.stride_bytes
+        return low_end > self.high.base_bytes + first * self.high.stride_bytes
