@@ -1,0 +1,114 @@
+"""What prefill and decode workers share: one pool, the reference model, channels to peers, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+
+import torch
+
+from distpool.configurator import PoolArgs, plan
+from distpool.layout import layout_description
+from distpool.pools import build_pool
+from distpool.reference_model import ReferenceModel
+from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class WorkerBase:
+    role: str  # "prefill" | "decode": the disaggregation mode this worker's pool is planned for
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model_config: str | dict,
+        pool_args: PoolArgs,
+        budget_bytes: int,
+        device: str = "auto",
+        seed: int = 0,
+        transfer_timeout_s: float = 10.0,
+        chunk_bytes: int = 32 << 20,
+    ) -> None:
+        self.name = name
+        self.device = resolve_device(device)
+        self.model = ReferenceModel(model_config, seed=seed, device=self.device)
+        args = dataclasses.replace(pool_args, disaggregation_mode=self.role)
+        self.plan = plan(self.model.spec, args, budget_bytes)
+        self.pool = build_pool(self.plan, self.device)
+        self._lock = threading.RLock()  # guards the pool and the model; never held across a transfer
+        self.channels = PeerChannels(
+            own_name=name,
+            rank=SENDER_RANK if self.role == "prefill" else RECEIVER_RANK,
+            fingerprint=self.pool.fingerprint,
+            layout=layout_description(self.plan),
+            device=self.device,
+            timeout_s=transfer_timeout_s,
+            chunk_bytes=chunk_bytes,
+        )
+        self._capacity = self.pool.stats()
+        self._peak = {"pages": 0, "slots": 0}
+
+    # ---- identity and wiring ------------------------------------------------------------------
+    def ping(self) -> str:
+        return self.name
+
+    def node_id(self) -> str | None:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+    def layout(self) -> dict:
+        return layout_description(self.plan)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Host and a free port on this node for a channel's rendezvous store (prefill ends host it)."""
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, s.getsockname()[1]
+
+    def open_channel(self, peer: str, host: str, port: int) -> None:
+        """Open (or rebuild) the channel to `peer`; the peer must do the same concurrently.
+        The prefill end hosts the rendezvous store at `host:port`."""
+        self.channels.open(peer, host=host, port=port)
+
+    def channel_broken(self, peer: str) -> bool:
+        return self.channels.broken(peer)
+
+    # ---- accounting ---------------------------------------------------------------------------
+    def _note_peak(self) -> None:
+        s = self.pool.stats()
+        self._peak["pages"] = max(self._peak["pages"], s["pages_held"])
+        self._peak["slots"] = max(self._peak["slots"], s["slots_held"])
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._note_peak()
+            s = self.pool.stats()
+            self.pool.check_invariants()
+            return {
+                "name": self.name,
+                "role": self.role,
+                "node_id": self.node_id(),
+                "pages_used": s["pages_held"],
+                "pages_peak": self._peak["pages"],
+                "pages_capacity": s["pages_capacity"],
+                "slots_used": s["slots_held"],
+                "slots_peak": self._peak["slots"],
+                "slots_capacity": s["slots_capacity"],
+                # Called after a run drains: anything still held belongs to no live request.
+                "leaked_pages": s["pages_held"],
+                "leaked_slots": s["slots_held"],
+            }
+
+    def shutdown(self) -> None:
+        self.channels.close_all()

@@ -1,0 +1,91 @@
+"""Dead actors and refusals under PD serving: failures are bounded, retried, and leak nothing."""
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from serving_helpers import mixed_requests
+
+from distpool.configs import REFERENCE_CONFIG
+from distpool.configurator import PoolArgs
+from distpool.launcher import Deployment, DeploymentSpec
+from distpool.parity import colocated_tokens
+from distpool.serve import ServeOptions, Server
+
+pytestmark = pytest.mark.ray
+CONFIGS = REFERENCE_CONFIG.parent
+TRANSFER_TIMEOUT_S = 3.0
+
+
+def make_spec(**changes) -> DeploymentSpec:
+    fields = dict(
+        pool_args=PoolArgs(page_size=4, context_len=256),
+        budget_bytes=8 << 20,
+        transfer_timeout_s=TRANSFER_TIMEOUT_S,
+    )
+    fields.update(changes)
+    return DeploymentSpec(**fields)
+
+
+def serve_and_kill(spec: DeploymentSpec, victim: str, requests):
+    """Serve in a thread; kill `victim` once it has work in flight; return outcomes, survivors' stats."""
+    import ray
+
+    deployment = Deployment.start(spec)
+    server = Server(deployment, ServeOptions(progress=False, max_attempts=6))
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", asyncio.run(server.serve(requests))))
+    try:
+        started = time.monotonic()
+        thread.start()
+        while server.router.in_flight[victim] == 0 and time.monotonic() - started < 30:
+            time.sleep(0.01)
+        assert server.router.in_flight[victim] > 0, f"{victim} never got work"
+        ray.kill(deployment.handles()[victim])
+        killed = time.monotonic()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "serving hung after a worker died"
+        survivors = [h for name, h in deployment.handles().items() if name != victim]
+        stats = ray.get([h.stats.remote() for h in survivors], timeout=30)
+    finally:
+        deployment.shutdown()
+    return result["out"], stats, server, time.monotonic() - killed
+
+
+@pytest.mark.parametrize(
+    "victim, layout", [("decode-0", dict(num_decode=2)), ("prefill-0", dict(num_prefill=2))]
+)
+def test_killing_a_worker_mid_run_retries_on_the_survivor(ray_session, victim, layout):
+    spec = make_spec(**layout)
+    requests = mixed_requests(24, max_new_tokens=24, seed=11)
+    outcomes, stats, server, after_kill_s = serve_and_kill(spec, victim, requests)
+    assert all(o.tokens is not None for o in outcomes), [o.error for o in outcomes if o.tokens is None]
+    assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
+    # A peer blocked on the dead one fails within its transfer deadline; the rest is ordinary work.
+    assert after_kill_s < 60
+    assert victim in server.router.dead
+    for s in stats:
+        assert (s["pages_used"], s["slots_used"]) == (0, 0), s
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "distpool", "run", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [("reference-dense.json", "not hybrid"), ("reference-swa.json", "sliding-window band")],
+)
+def test_refusals_exit_2_before_any_actor_exists(config, expected):
+    started = time.monotonic()
+    proc = run_cli("--model", str(CONFIGS / config), "--enable-unified-memory")
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr and "--enable-unified-memory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Ray" not in proc.stdout + proc.stderr.replace("--enable-unified-memory", "")  # never started
+    assert time.monotonic() - started < 30
