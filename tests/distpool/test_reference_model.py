@@ -239,3 +239,18 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
         model.decode_step(pool, ["one"], [model.vocab_size])
     with pytest.raises(ValueError, match="at least one token"):
         model.generate_nocache([], 1)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_unified_arena_and_static_pools_generate_the_same_tokens_as_the_oracle(
+    model: ReferenceModel, prompts: list[list[int]], oracle: list[list[int]], page_size: int
+) -> None:
+    outputs = {}
+    for unified in (True, False):
+        args = PoolArgs(enable_unified_memory=unified, page_size=page_size, context_len=64)
+        pool = build_pool(plan(model.spec, args, budget_bytes=1 << 20), "cpu")
+        assert pool.kind == ("unified" if unified else "static")
+        outputs[unified] = model.generate(pool, prompts, NEW_TOKENS, between_steps=pool.check_invariants)
+        assert pool.request_ids == []
+        assert pool.free_capacity() == build_pool(pool.plan, "cpu").free_capacity()
+    assert outputs[True] == outputs[False] == oracle

@@ -2,6 +2,7 @@
 and every pool back to empty afterwards."""
 
 import pytest
+import torch
 from serving_helpers import mixed_requests, serve
 
 from distpool.configs import REFERENCE_CONFIG
@@ -12,6 +13,9 @@ from distpool.reference_model import ReferenceModel
 from distpool.workload import Request
 
 pytestmark = pytest.mark.ray
+# The NCCL variant places each worker on its own GPU through a placement group.
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
 
 
 def make_spec(**changes) -> DeploymentSpec:
@@ -27,8 +31,9 @@ def assert_drained(stats):
         assert (s["pages_used"], s["slots_used"], s["leaked_pages"], s["leaked_slots"]) == (0, 0, 0, 0), s
 
 
-def test_1p1d_unified_matches_colocated_and_no_cache_oracle(ray_session):
-    spec = make_spec()
+@pytest.mark.parametrize("device", DEVICES)
+def test_1p1d_unified_matches_colocated_and_no_cache_oracle(ray_session, device):
+    spec = make_spec(device=device)
     requests = mixed_requests(10, max_new_tokens=6)
     outcomes, stats, server = serve(spec, requests)
     got = {o.request_id: o.tokens for o in outcomes}
