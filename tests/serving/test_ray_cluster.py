@@ -79,28 +79,13 @@ def test_ray_job_submit_runs_the_main_job():
             return subprocess.run(probe, env=ENV, capture_output=True).returncode == 0
 
         wait_for(ready, 90, "the Ray head's job server")
-        proc = subprocess.run(
-            [
-                RAY,
-                "job",
-                "submit",
-                "--address",
-                address,
-                "--working-dir",
-                str(ROOT),
-                "--",
-                sys.executable,
-                "-m",
-                "distpool",
-                "run",
-                *SMALL_RUN,
-            ],
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=ROOT,
-        )
+        submit = [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--"]
+        submit += [sys.executable, "-m", "distpool", "run", *SMALL_RUN]
+        for _ in range(30):  # the job agent comes up a little after the job server answers
+            proc = subprocess.run(submit, env=ENV, capture_output=True, text=True, timeout=240, cwd=ROOT)
+            if "No available agent" not in proc.stdout + proc.stderr:
+                break
+            time.sleep(2)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "distpool PD run summary" in proc.stdout
         assert "succeeded" in proc.stdout
