@@ -1,0 +1,28 @@
+"""Whole-envelope transfer between a prefill pool and a decode pool over torch.distributed."""
+
+from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
+from transfer.engine import Transfer, TransferOptions, TransferState
+from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, TransferError
+from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
+from transfer.receiver import EnvelopeReceiver
+from transfer.sender import EnvelopeSender
+
+__all__ = [
+    "RECEIVER_RANK",
+    "SENDER_RANK",
+    "Channel",
+    "ChannelError",
+    "Chunk",
+    "EnvelopeReceiver",
+    "EnvelopeSender",
+    "FingerprintMismatch",
+    "Message",
+    "ProtocolError",
+    "Transfer",
+    "TransferError",
+    "TransferOptions",
+    "TransferState",
+    "check_ranges",
+    "plan_messages",
+    "plan_runs",
+]

@@ -1,0 +1,279 @@
+"""Both engines in one process (two channels' ends on threads): states, refusals, aborts, deadlines."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transfer_peer import (
+    FINGERPRINT,
+    LAYOUT,
+    Ledger,
+    digest,
+    digest_outside,
+    envelope_for,
+    fragmented_ranges,
+    free_port,
+    make_arena,
+)
+
+import transfer.receiver as receiver_module
+from distpool.envelope import Envelope
+from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferError, TransferOptions, TransferState
+
+ARENA_BYTES = 4 << 20
+PAGE_BYTES, SLOT_BYTES = 4096, 12288
+
+
+@pytest.fixture
+def pair():
+    """A connected (sender, receiver) pair with small chunks, closed after the test."""
+    port = free_port()
+    channels = [
+        Channel(
+            rank=r,
+            host="127.0.0.1",
+            port=port,
+            device="cpu",
+            fingerprint=FINGERPRINT,
+            layout=LAYOUT,
+            timeout_s=5,
+            name="p",
+        )
+        for r in (0, 1)
+    ]
+    sender = EnvelopeSender(channels[0], TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10))
+    receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=0.3)
+    connect = threading.Thread(target=receiver.connect)
+    connect.start()
+    sender.connect()
+    connect.join()
+    yield sender, receiver
+    sender.close()
+    receiver.close()
+
+
+def tables(seed: int, num_pages: int = 40, fragmentation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    kw = dict(
+        num_pages=num_pages,
+        page_bytes=PAGE_BYTES,
+        arena_pages=(ARENA_BYTES - SLOT_BYTES) // PAGE_BYTES,
+        fragmentation=fragmentation,
+        slot_bytes=SLOT_BYTES,
+    )
+    return fragmented_ranges(seed=seed, **kw), fragmented_ranges(seed=seed + 1000, **kw)
+
+
+def test_states_move_waiting_transferring_success(pair):
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 1), make_arena(ARENA_BYTES, 2)
+    src, dst = tables(seed=1)
+    outside_before = digest_outside(dst_arena, dst)
+    seen: list[TransferState] = []
+    incoming = receiver.expect(
+        envelope_for("a", dst, has_slot=True),
+        dst_arena,
+        dst,
+        deadline_s=5,
+        on_chunk=lambda t, k: seen.append(t.state),
+    )
+    assert incoming.state is TransferState.WAITING
+    outgoing = sender.submit(
+        envelope_for("a", src, has_slot=True),
+        src_arena,
+        src,
+        deadline_s=5,
+        on_chunk=lambda t, k: seen.append(t.state),
+    )
+    assert outgoing.wait() is outgoing and incoming.wait() is incoming
+    assert outgoing.state is incoming.state is TransferState.SUCCESS
+    assert outgoing.error is None and incoming.error is None
+    # 40 pages + a slot in 64 KiB chunks: both sides saw every chunk while TRANSFERRING.
+    num_chunks = -(-(40 * PAGE_BYTES + SLOT_BYTES) // (64 << 10))
+    assert seen == [TransferState.TRANSFERRING] * (2 * num_chunks)
+    assert incoming.num_chunks_done == outgoing.num_chunks_done == num_chunks
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+    assert digest_outside(dst_arena, dst) == outside_before
+
+
+def test_a_header_that_does_not_fit_the_reservation_is_refused_before_any_write(pair):
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 3), make_arena(ARENA_BYTES, 4)
+    src, dst = tables(seed=2)
+    before = digest(dst_arena, dst)
+    incoming = receiver.expect(
+        envelope_for("b", dst, has_slot=True, num_tokens=640), dst_arena, dst, deadline_s=5
+    )
+    outgoing = sender.submit(
+        envelope_for("b", src, has_slot=True, num_tokens=630), src_arena, src, deadline_s=5
+    )
+    for transfer in (outgoing, incoming):
+        with pytest.raises(TransferError, match="number of tokens differs: reserved 640, sender has 630"):
+            transfer.wait()
+        assert transfer.state is TransferState.FAILED
+        assert not transfer.error.channel_broken
+    assert digest(dst_arena, dst) == before
+    assert sender.channel.healthy and receiver.channel.healthy
+
+
+def test_a_transfer_nobody_expects_is_refused_quickly(pair):
+    sender, _ = pair
+    src = tables(seed=3)[0]
+    started = time.monotonic()
+    outgoing = sender.submit(
+        envelope_for("nobody", src, has_slot=True), make_arena(ARENA_BYTES, 5), src, deadline_s=5
+    )
+    with pytest.raises(TransferError, match="no reservation for this request"):
+        outgoing.wait()
+    assert time.monotonic() - started < 2.0
+
+
+def test_an_expectation_fails_at_its_deadline_and_the_channel_stays_usable(pair):
+    sender, receiver = pair
+    src, dst = tables(seed=4)
+    dst_arena = make_arena(ARENA_BYTES, 6)
+    started = time.monotonic()
+    lonely = receiver.expect(envelope_for("late", dst, has_slot=True), dst_arena, dst, deadline_s=0.6)
+    with pytest.raises(TransferError, match="no transfer arrived from the sender before the deadline"):
+        lonely.wait()
+    assert 0.55 < time.monotonic() - started < 1.5
+    assert lonely.state is TransferState.FAILED
+    # The same request id can be expected again, and this time it arrives.
+    src_arena = make_arena(ARENA_BYTES, 7)
+    incoming = receiver.expect(envelope_for("late", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for("late", src, has_slot=True), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+
+
+def test_aborting_a_waiting_expectation_fails_it_at_once(pair):
+    _, receiver = pair
+    dst = tables(seed=5)[1]
+    transfer = receiver.expect(
+        envelope_for("x", dst, has_slot=True), make_arena(ARENA_BYTES, 8), dst, deadline_s=30
+    )
+    transfer.abort("decode worker is shutting down")
+    with pytest.raises(TransferError, match="decode worker is shutting down"):
+        transfer.wait(timeout_s=1)
+
+
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_abort_mid_transfer_from_either_side_fails_both_and_keeps_the_channel(pair, side):
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 9), make_arena(ARENA_BYTES, 10)
+    src, dst = tables(seed=6, num_pages=200)
+    ledger = Ledger(ARENA_BYTES)
+    ledger.reserve("ab", dst)
+    ledger.pin("ab")
+
+    def abort_after_chunk_1(transfer, index):
+        if index == 1:
+            transfer.abort(f"{side} gave up")
+
+    hooks = {side: abort_after_chunk_1}
+    incoming = receiver.expect(
+        envelope_for("ab", dst, has_slot=True), dst_arena, dst, deadline_s=5, on_chunk=hooks.get("receiver")
+    )
+    outgoing = sender.submit(
+        envelope_for("ab", src, has_slot=True), src_arena, src, deadline_s=5, on_chunk=hooks.get("sender")
+    )
+    for transfer in (outgoing, incoming):
+        with pytest.raises(TransferError, match=f"{side} gave up"):
+            transfer.wait(timeout_s=5)
+        assert not transfer.error.channel_broken
+    ledger.unpin("ab")
+    ledger.release("ab")
+    ledger.check_invariants()
+    assert ledger.free_bytes == ARENA_BYTES
+    # The next transfer on the same channel goes through.
+    incoming = receiver.expect(envelope_for("next", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for("next", src, has_slot=True), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+
+
+def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
+    sender, receiver = pair
+    sender.options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=1 << 30, checksum=True)
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 11), make_arena(ARENA_BYTES, 12)
+    src, dst = tables(seed=7)
+    incoming = receiver.expect(envelope_for("ok", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for("ok", src, has_slot=True), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+
+    real_scatter = receiver_module.scatter
+
+    def flipping_scatter(buffer, offsets, nbytes, arena):
+        real_scatter(buffer, offsets, nbytes, arena)
+        arena[int(offsets[0])] ^= 0xFF
+
+    monkeypatch.setattr(receiver_module, "scatter", flipping_scatter)
+    incoming = receiver.expect(envelope_for("bad", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    outgoing = sender.submit(envelope_for("bad", src, has_slot=True), src_arena, src, deadline_s=5)
+    for transfer in (outgoing, incoming):
+        with pytest.raises(TransferError, match="checksum mismatch"):
+            transfer.wait()
+
+
+def test_queued_transfers_arrive_in_any_expectation_order(pair):
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 13), make_arena(ARENA_BYTES, 14)
+    # Eight envelopes of 8 pages each, disjoint on both sides.
+    order = torch.randperm(128, generator=torch.Generator().manual_seed(3))
+    src_tables = [
+        torch.stack([order[i * 8 : i * 8 + 8] * PAGE_BYTES, torch.full((8,), PAGE_BYTES)], 1)
+        for i in range(8)
+    ]
+    dst_tables = [
+        torch.stack([(127 - order[i * 8 : i * 8 + 8]) * PAGE_BYTES, torch.full((8,), PAGE_BYTES)], 1)
+        for i in range(8)
+    ]
+    outgoing = [
+        sender.submit(
+            envelope_for(f"q{i}", src_tables[i], has_slot=False), src_arena, src_tables[i], deadline_s=10
+        )
+        for i in range(8)
+    ]
+    incoming = [
+        receiver.expect(
+            envelope_for(f"q{i}", dst_tables[i], has_slot=False), dst_arena, dst_tables[i], deadline_s=10
+        )
+        for i in reversed(range(8))
+    ]
+    for transfer in outgoing + incoming:
+        transfer.wait()
+    for i in range(8):
+        assert digest(dst_arena, dst_tables[i]) == digest(src_arena, src_tables[i])
+
+
+def test_a_queued_transfer_on_a_broken_channel_fails_at_its_deadline(pair):
+    sender, _ = pair
+    sender.channel.mark_broken("test: link down")
+    src = tables(seed=8)[0]
+    started = time.monotonic()
+    transfer = sender.submit(
+        envelope_for("q", src, has_slot=True), make_arena(ARENA_BYTES, 15), src, deadline_s=0.5
+    )
+    with pytest.raises(TransferError, match="deadline passed before the transfer started"):
+        transfer.wait()
+    assert 0.45 < time.monotonic() - started < 1.5
+
+
+def test_caller_mistakes_are_refused_before_queueing(pair):
+    sender, receiver = pair
+    src = tables(seed=9)[0]
+    arena = make_arena(ARENA_BYTES, 16)
+    wrong_size = Envelope(
+        request_id="m", fingerprint=FINGERPRINT, page_ids=(1,), slot_id=None, num_tokens=1, num_bytes=1
+    )
+    with pytest.raises(ValueError, match="ranges cover 176128 bytes but envelope 'm' says 1"):
+        sender.submit(wrong_size, arena, src)
+    with pytest.raises(ValueError, match="past the arena"):
+        sender.submit(envelope_for("m", src, has_slot=True), arena[: 1 << 20], src)
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
+        receiver.expect(envelope_for("m", src, has_slot=True), arena.view(torch.int32), src)
+    receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)
+    with pytest.raises(ValueError, match="already expected"):
+        receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)

@@ -1,0 +1,88 @@
+"""Gather / scatter between an arena and a contiguous buffer, and the checksum, on every copy path."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from transfer.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
+
+
+def pieces(rows: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tensor(rows, dtype=torch.int64)
+    return t[:, 0].contiguous(), t[:, 1].contiguous()
+
+
+def random_arena(num_bytes: int, seed: int, device: str = "cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, generator=g).to(device)
+
+
+# The CUDA copies (index_select / index_copy_ on the GPU) run wherever a GPU is present.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
+
+
+CASES = {
+    # few pieces: one slice copy each
+    "loop": [(4096, 300), (17, 5), (9000, 1000)],
+    # many equal, aligned pieces: one indexed copy, one row per piece
+    "rows": [
+        (int(i) * 256, 256) for i in torch.randperm(200, generator=torch.Generator().manual_seed(1))[:64]
+    ],
+    # many pieces of several sizes, all multiples of 128: rows of 128 bytes
+    "multi-row": [(i * 1024, 128 * (1 + i % 5)) for i in range(40)],
+    # many pieces with odd offsets: rows would be 1 byte, so the loop is used
+    "odd": [(i * 97 + 3, 13) for i in range(60)],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gather_packs_pieces_in_order(case, device):
+    arena = random_arena(64 * 1024, seed=2, device=device)
+    offsets, nbytes = pieces(CASES[case])
+    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8, device=device)
+    gather(arena, offsets, nbytes, out)
+    expected = torch.cat([arena[o : o + n] for o, n in CASES[case]])
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_scatter_writes_only_the_pieces(case, device):
+    arena = random_arena(64 * 1024, seed=3, device=device)
+    before = arena.clone()
+    offsets, nbytes = pieces(CASES[case])
+    src = random_arena(int(nbytes.sum()), seed=4, device=device)
+    scatter(src, offsets, nbytes, arena)
+    position = 0
+    touched = torch.zeros(arena.shape[0], dtype=torch.bool, device=device)
+    for o, n in CASES[case]:
+        assert torch.equal(arena[o : o + n], src[position : position + n])
+        touched[o : o + n] = True
+        position += n
+    assert torch.equal(arena[~touched], before[~touched])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checksum_is_crc32_of_the_stream_and_chains(device):
+    arena = random_arena(10_000, seed=5, device=device)
+    rows = [(5000, 100), (10, 50), (7000, 3)]
+    offsets, nbytes = pieces(rows)
+    stream = b"".join(arena[o : o + n].cpu().numpy().tobytes() for o, n in rows)
+    assert checksum(arena, offsets, nbytes) == zlib.crc32(stream)
+    first = checksum(arena, offsets[:1], nbytes[:1])
+    assert checksum(arena, offsets[1:], nbytes[1:], first) == zlib.crc32(stream)
+
+
+def test_staging_buffers_rotate_and_grow():
+    staging = StagingBuffers(torch.device("cpu"))
+    pointers = [staging.get(k, 100).data_ptr() for k in range(PIPELINE_DEPTH)]
+    assert len(set(pointers)) == PIPELINE_DEPTH
+    assert staging.get(PIPELINE_DEPTH, 50).data_ptr() == pointers[0]
+    assert staging.get(1, 1000).shape == (1000,)

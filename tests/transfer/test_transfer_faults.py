@@ -1,0 +1,342 @@
+"""Faults between two real processes: the survivor fails within its deadline, keeps its accounting,
+and its channel is rebuilt (or still works) afterwards.
+
+Each scenario: this process holds one end and a `Ledger` for its memory (reserve, pin for the
+transfer, unpin and release on every outcome); a spawned peer holds the other end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transfer_peer import (
+    FINGERPRINT,
+    LAYOUT,
+    Ledger,
+    Peer,
+    digest,
+    envelope_for,
+    fragmented_ranges,
+    free_port,
+    make_arena,
+)
+
+from transfer import (
+    Channel,
+    EnvelopeReceiver,
+    EnvelopeSender,
+    FingerprintMismatch,
+    TransferError,
+    TransferOptions,
+    TransferState,
+)
+
+ARENA_BYTES = 8 << 20
+PAGE_BYTES, SLOT_BYTES = 4096, 12288
+ARENA_PAGES = (ARENA_BYTES - SLOT_BYTES) // PAGE_BYTES
+SMALL_CHUNKS = {"chunk_bytes": 64 << 10, "direct_min_bytes": 1 << 30}  # ~30 chunks per envelope below
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
+
+
+def devices(kind: str) -> tuple[str, str]:
+    return ("cpu", "cpu") if kind == "cpu" else ("cuda:0", "cuda:1")
+
+
+def tables(seed: int, num_pages: int = 480) -> tuple[torch.Tensor, torch.Tensor]:
+    kw = dict(
+        num_pages=num_pages,
+        page_bytes=PAGE_BYTES,
+        arena_pages=ARENA_PAGES,
+        fragmentation=1.0,
+        slot_bytes=SLOT_BYTES,
+    )
+    return fragmented_ranges(seed=seed, **kw), fragmented_ranges(seed=seed + 500, **kw)
+
+
+def local_engine(
+    rank: int, port: int, device: str, *, name: str, timeout_s: float = 10.0, layout: dict | None = None
+):
+    channel = Channel(
+        rank=rank,
+        host="127.0.0.1",
+        port=port,
+        device=device,
+        fingerprint=FINGERPRINT,
+        layout=LAYOUT if layout is None else layout,
+        timeout_s=timeout_s,
+        name=name,
+    )
+    return (
+        EnvelopeSender(channel, TransferOptions(**SMALL_CHUNKS)) if rank == 0 else EnvelopeReceiver(channel)
+    )
+
+
+def run_and_release(ledger: Ledger, rid: str, transfer) -> tuple[TransferError | None, float]:
+    """Wait for `transfer`, then unpin and release like a pool owner would; (error, seconds waited)."""
+    started = time.monotonic()
+    try:
+        transfer.wait()
+        error = None
+    except TransferError as exc:
+        error = exc
+    finally:
+        ledger.unpin(rid)
+        ledger.release(rid)
+    return error, time.monotonic() - started
+
+
+def reserve(ledger: Ledger, rid: str, table: torch.Tensor) -> None:
+    ledger.reserve(rid, table)
+    ledger.pin(rid)
+
+
+def assert_works_again(
+    local, peer: Peer, name: str, local_device: str, *, local_is_sender: bool, rid: str
+) -> None:
+    src, dst = tables(seed=77, num_pages=64)
+    arena = make_arena(ARENA_BYTES, seed=9, device=local_device)
+    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=10)
+    if local_is_sender:
+        peer.call("begin", name=name, rid=rid, ranges=dst.tolist(), has_slot=True)
+        local.submit(envelope_for(rid, src, has_slot=True), arena, src, deadline_s=10).wait()
+        result = peer.call("wait", name=name, rid=rid)
+        assert result["state"] == "success" and result["digest"] == digest(arena, src)
+    else:
+        incoming = local.expect(envelope_for(rid, dst, has_slot=True), arena, dst, deadline_s=10)
+        peer.call("begin", name=name, rid=rid, ranges=src.tolist(), has_slot=True)
+        incoming.wait()
+        assert peer.call("wait", name=name, rid=rid)["digest"] == digest(arena, dst)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kill_the_sender_mid_transfer(device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), "ks"
+    doomed, replacement = Peer(), Peer()  # spawn both now: the replacement starts while we test
+    try:
+        doomed.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
+        receiver = local_engine(1, port, local_device, name=name)
+        receiver.connect()
+        assert doomed.result()["ok"]
+        doomed.call("arena", name=name, num_bytes=ARENA_BYTES, seed=1)
+        src, dst = tables(seed=1)
+        ledger, arena = Ledger(ARENA_BYTES), make_arena(ARENA_BYTES, seed=2, device=local_device)
+        reserve(ledger, "k", dst)
+        incoming = receiver.expect(envelope_for("k", dst, has_slot=True), arena, dst, deadline_s=5)
+        doomed.start("begin", name=name, rid="k", ranges=src.tolist(), has_slot=True, kill_after_chunk=3)
+        error, waited = run_and_release(ledger, "k", incoming)
+        assert error is not None and error.channel_broken, error
+        assert incoming.state is TransferState.FAILED and incoming.num_chunks_done <= 5
+        assert waited < 5.0
+        ledger.check_invariants()
+        assert ledger.free_bytes == ARENA_BYTES and not ledger.pinned
+        assert not receiver.channel.healthy
+        doomed.kill()
+
+        replacement.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
+        receiver.rebuild()
+        assert replacement.result()["ok"]
+        assert_works_again(receiver, replacement, name, local_device, local_is_sender=False, rid="after")
+
+        # An idle receiver (blocked on the store for the next bell) notices its sender dying.
+        replacement.kill()
+        started = time.monotonic()
+        while receiver.channel.healthy and time.monotonic() - started < 5:
+            time.sleep(0.02)
+        assert not receiver.channel.healthy and time.monotonic() - started < 2.0
+        receiver.close()
+    finally:
+        doomed.kill()
+        replacement.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kill_the_receiver_mid_transfer(device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), "kr"
+    doomed, replacement = Peer(), Peer()
+    try:
+        doomed.start("open", name=name, rank=1, port=port, device=peer_device)
+        sender = local_engine(0, port, local_device, name=name)
+        sender.connect()
+        assert doomed.result()["ok"]
+        doomed.call("arena", name=name, num_bytes=ARENA_BYTES, seed=3)
+        src, dst = tables(seed=2)
+        ledger, arena = Ledger(ARENA_BYTES), make_arena(ARENA_BYTES, seed=4, device=local_device)
+        reserve(ledger, "k", src)
+        doomed.call("begin", name=name, rid="k", ranges=dst.tolist(), has_slot=True, kill_after_chunk=3)
+        outgoing = sender.submit(envelope_for("k", src, has_slot=True), arena, src, deadline_s=5)
+        error, waited = run_and_release(ledger, "k", outgoing)
+        assert error is not None and error.channel_broken, error
+        assert waited < 5.0
+        ledger.check_invariants()
+        assert ledger.free_bytes == ARENA_BYTES
+        doomed.kill()
+
+        replacement.start("open", name=name, rank=1, port=port, device=peer_device)
+        sender.rebuild()
+        assert replacement.result()["ok"]
+        assert sender.channel.generation == 2
+        assert_works_again(sender, replacement, name, local_device, local_is_sender=True, rid="after")
+        sender.close()
+    finally:
+        doomed.kill()
+        replacement.close()
+
+
+@pytest.fixture(scope="module")
+def peer():
+    process = Peer()
+    yield process
+    process.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"never-{device}"
+    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
+    receiver = local_engine(1, port, local_device, name=name)
+    receiver.connect()
+    assert peer.result()["ok"]
+    dst = tables(seed=3)[1]
+    ledger = Ledger(ARENA_BYTES)
+    reserve(ledger, "n", dst)
+    incoming = receiver.expect(
+        envelope_for("n", dst, has_slot=True), make_arena(ARENA_BYTES, 5, local_device), dst, deadline_s=1.0
+    )
+    error, waited = run_and_release(ledger, "n", incoming)
+    assert "no transfer arrived from the sender before the deadline" in error.reason
+    assert 0.9 < waited < 2.0
+    ledger.check_invariants()
+    assert receiver.channel.healthy  # nothing was in flight: the channel is fine as it is
+    assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid="after-never")
+    receiver.close()
+    peer.call("close", name=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"silent-{device}"
+    peer.start("open", name=name, rank=1, port=port, device=peer_device)
+    sender = local_engine(0, port, local_device, name=name)
+    sender.connect()
+    assert peer.result()["ok"]
+    src, dst = tables(seed=4)
+    ledger = Ledger(ARENA_BYTES)
+    reserve(ledger, "s", src)
+    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
+    peer.call("begin", name=name, rid="s", ranges=dst.tolist(), has_slot=True, deadline_s=30)
+    peer.start("stop_for", seconds=2.5)  # the whole peer freezes, then resumes
+    time.sleep(0.3)
+    outgoing = sender.submit(
+        envelope_for("s", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), src, deadline_s=1.0
+    )
+    error, waited = run_and_release(ledger, "s", outgoing)
+    assert "did not answer the header before the deadline" in error.reason
+    assert waited < 2.0
+    ledger.check_invariants()
+    peer.result()
+    # The peer, resumed, finds the header withdrawn: its side fails too, and both stay in step.
+    assert "withdrew" in peer.call("wait", name=name, rid="s")["error"]["reason"]
+    assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent")
+    sender.close()
+    peer.call("close", name=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(peer, device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"slow-{device}"
+    peer.start("open", name=name, rank=1, port=port, device=peer_device)
+    sender = local_engine(0, port, local_device, name=name)
+    sender.connect()
+    assert peer.result()["ok"]
+    src, dst = tables(seed=5)
+    ledger = Ledger(ARENA_BYTES)
+    reserve(ledger, "slow", src)
+    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=8)
+    peer.call("begin", name=name, rid="slow", ranges=dst.tolist(), has_slot=True, delay_s=0.3, deadline_s=30)
+    outgoing = sender.submit(
+        envelope_for("slow", src, has_slot=True),
+        make_arena(ARENA_BYTES, 9, local_device),
+        src,
+        deadline_s=1.5,
+    )
+    error, waited = run_and_release(ledger, "slow", outgoing)
+    assert error.channel_broken and "timed out" in error.reason
+    assert 1.0 < waited < 3.0
+    ledger.check_invariants()
+    assert peer.call("wait", name=name, rid="slow")["state"] == "failed"
+    peer.start("rebuild", name=name)
+    sender.rebuild()
+    assert peer.result()["ok"]
+    assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-slow")
+    sender.close()
+    peer.call("close", name=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["garbage", "wrong_fingerprint", "wrong_row_bytes"])
+def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"corrupt-{kind}-{device}"
+    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
+    receiver = local_engine(1, port, local_device, name=name)
+    receiver.connect()
+    assert peer.result()["ok"]
+    src, dst = tables(seed=6)
+    arena = make_arena(ARENA_BYTES, 11, local_device)
+    before = digest(arena, dst)
+    ledger = Ledger(ARENA_BYTES)
+    reserve(ledger, "c", dst)
+    incoming = receiver.expect(envelope_for("c", dst, has_slot=True), arena, dst, deadline_s=1.0)
+    reply = peer.call("corrupt_header", name=name, rid="c", kind=kind, ranges=src.tolist())
+    assert "refuse" in reply
+    error, waited = run_and_release(ledger, "c", incoming)
+    expected = {
+        "garbage": "no transfer arrived",
+        "wrong_fingerprint": "fingerprint differs",
+        "wrong_row_bytes": "row 0 has 12289 bytes at the source and 12288 at the destination",
+    }[kind]
+    assert expected in error.reason
+    assert waited < 1.5
+    assert digest(arena, dst) == before
+    ledger.check_invariants()
+    assert receiver.channel.healthy and not error.channel_broken
+    assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid=f"after-{kind}")
+    receiver.close()
+    peer.call("close", name=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_fingerprint_mismatch_between_processes_is_refused_then_fixed(peer, device):
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"mismatch-{device}"
+    peer.start(
+        "open", name=name, rank=1, port=port, device=peer_device, layout={**LAYOUT, "page_bytes": 8192}
+    )
+    sender = local_engine(0, port, local_device, name=name)
+    with pytest.raises(FingerprintMismatch) as raised:
+        sender.connect()
+    assert list(raised.value.fields) == ["layout.page_bytes"]
+    assert raised.value.fields["layout.page_bytes"] == (4096, 8192)
+    assert peer.result() == {
+        "ok": False,
+        "error": "FingerprintMismatch",
+        "fields": ["layout.page_bytes"],
+        "message": "pool layout differs from the peer's: layout.page_bytes is 8192 here, 4096 on the peer. "
+        "Start both workers with the same model config, page size and dtypes.",
+    }
+    peer.call("close", name=name)
+    peer.start("open", name=name, rank=1, port=port, device=peer_device)
+    sender.rebuild()
+    assert peer.result()["ok"]
+    assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-mismatch")
+    sender.close()
+    peer.call("close", name=name)

@@ -1,0 +1,371 @@
+"""Helpers for transfer tests: arenas, fragmented envelopes, a ledger, and a peer process.
+
+A `Peer` is a spawned process that holds channels and engines by name and runs commands from the
+test process over a pipe, so one test process can talk to several peers, and a peer can be killed
+mid-transfer. Spawning costs ~1-2 s (torch import), so tests reuse peers where they can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from distpool.envelope import Envelope
+from transfer import (
+    Channel,
+    ChannelError,
+    EnvelopeReceiver,
+    EnvelopeSender,
+    FingerprintMismatch,
+    TransferError,
+    TransferOptions,
+)
+from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, table_bytes
+
+FINGERPRINT = "f00dfeedf00dfeed"
+LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_arena(num_bytes: int, seed: int, device: str = "cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, generator=g).to(device)
+
+
+def fragmented_ranges(
+    *, num_pages: int, page_bytes: int, arena_pages: int, fragmentation: float, seed: int, slot_bytes: int = 0
+) -> torch.Tensor:
+    """(n, 2) ranges: an optional slot at offset 0, then `num_pages` pages from a page band after it.
+
+    fragmentation 0.0 picks consecutive pages; 1.0 a random permutation; in between, that fraction
+    of the positions is shuffled.
+    """
+    g = torch.Generator().manual_seed(seed)
+    start = int(torch.randint(0, arena_pages - num_pages + 1, (1,), generator=g))
+    ids = torch.arange(start, start + num_pages)
+    num_moved = round(fragmentation * num_pages)
+    if num_moved:
+        moved = torch.randperm(num_pages, generator=g)[:num_moved]
+        pool = torch.randperm(arena_pages, generator=g)
+        free = pool[~torch.isin(pool, ids)][:num_moved]
+        moved = moved[: free.numel()]
+        num_moved = moved.numel()
+        ids = ids.clone()
+        ids[moved] = free
+        ids[moved] = ids[moved][torch.randperm(num_moved, generator=g)]
+    band = slot_bytes  # pages live after the slot
+    rows = [[band + int(i) * page_bytes, page_bytes] for i in ids]
+    if slot_bytes:
+        rows.insert(0, [0, slot_bytes])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def envelope_for(
+    rid: str,
+    ranges: torch.Tensor,
+    *,
+    has_slot: bool,
+    fingerprint: str = FINGERPRINT,
+    num_tokens: int | None = None,
+) -> Envelope:
+    page_offsets = ranges[1:, 0] if has_slot else ranges[:, 0]
+    return Envelope(
+        request_id=rid,
+        fingerprint=fingerprint,
+        page_ids=tuple(int(o) for o in page_offsets),
+        slot_id=0 if has_slot else None,
+        num_tokens=num_tokens if num_tokens is not None else 16 * len(page_offsets),
+        num_bytes=int(ranges[:, 1].sum()),
+    )
+
+
+def digest(arena: torch.Tensor, ranges: torch.Tensor) -> str:
+    """sha256 of the envelope's bytes in canonical order."""
+    h = hashlib.sha256()
+    flat = arena.cpu().numpy()
+    for off, n in ranges.tolist():
+        h.update(flat[off : off + n].tobytes())
+    return h.hexdigest()
+
+
+def digest_outside(arena: torch.Tensor, ranges: torch.Tensor) -> str:
+    """sha256 of every arena byte outside the envelope (to prove nothing else was written)."""
+    keep = torch.ones(arena.shape[0], dtype=torch.bool)
+    for off, n in ranges.tolist():
+        keep[off : off + n] = False
+    return hashlib.sha256(arena.cpu()[keep].numpy().tobytes()).hexdigest()
+
+
+class Ledger:
+    """A tiny stand-in for a pool's accounting: reserve, pin while transferring, release on every outcome."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.reserved: dict[str, int] = {}
+        self.pinned: set[str] = set()
+
+    def reserve(self, rid: str, ranges: torch.Tensor) -> None:
+        assert rid not in self.reserved
+        self.reserved[rid] = int(ranges[:, 1].sum())
+
+    def pin(self, rid: str) -> None:
+        self.pinned.add(rid)
+
+    def unpin(self, rid: str) -> None:
+        self.pinned.discard(rid)
+
+    def release(self, rid: str) -> None:
+        assert rid not in self.pinned, f"release of pinned {rid}"
+        del self.reserved[rid]
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - sum(self.reserved.values())
+
+    def check_invariants(self) -> None:
+        assert self.free_bytes + sum(self.reserved.values()) == self.capacity_bytes
+        assert 0 <= self.free_bytes <= self.capacity_bytes
+
+
+# ---- the peer process ------------------------------------------------------------------------------
+class Peer:
+    """A spawned process running channel commands; `call` waits, `start` + `result` overlap."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_peer_main, args=(child,), daemon=True)
+        self.process.start()
+
+    def start(self, op: str, **kwargs: Any) -> None:
+        self._conn.send((op, kwargs))
+
+    def result(self, timeout_s: float = 60.0) -> Any:
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"peer gave no answer within {timeout_s} s")
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"peer failed:\n{value}")
+        return value
+
+    def call(self, op: str, timeout_s: float = 60.0, **kwargs: Any) -> Any:
+        self.start(op, **kwargs)
+        return self.result(timeout_s)
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(timeout=10)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.call("exit", timeout_s=10)
+            except Exception:
+                pass
+        self.kill()
+
+
+def _peer_main(conn: Any) -> None:
+    torch.set_num_threads(1)
+    state: dict[str, Any] = {"engines": {}, "arenas": {}, "transfers": {}, "ranges": {}}
+    while True:
+        op, kwargs = conn.recv()
+        try:
+            value = _HANDLERS[op](state, **kwargs)
+            conn.send((True, value))
+        except Exception:
+            conn.send((False, traceback.format_exc()))
+        if op == "exit":
+            return
+
+
+def _hook(kill_after_chunk: int | None, abort_after_chunk: int | None, delay_s: float):
+    def on_chunk(transfer: Any, index: int) -> None:
+        if delay_s:
+            time.sleep(delay_s)
+        if kill_after_chunk is not None and index >= kill_after_chunk:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if abort_after_chunk is not None and index >= abort_after_chunk:
+            transfer.abort(f"peer aborted after chunk {index}")
+
+    return on_chunk
+
+
+def _open(
+    state: dict,
+    *,
+    name: str,
+    rank: int,
+    port: int,
+    layout: dict | None = None,
+    timeout_s: float = 10.0,
+    fingerprint: str = FINGERPRINT,
+    options: dict | None = None,
+    device: str = "cpu",
+) -> dict:
+    state.setdefault("devices", {})[name] = device
+    channel = Channel(
+        rank=rank,
+        host="127.0.0.1",
+        port=port,
+        device=device,
+        fingerprint=fingerprint,
+        layout=LAYOUT if layout is None else layout,
+        timeout_s=timeout_s,
+        name=name,
+    )
+    engine = (
+        EnvelopeSender(channel, TransferOptions(**(options or {})))
+        if rank == 0
+        else EnvelopeReceiver(channel, unexpected_wait_s=0.5)
+    )
+    state["engines"][name] = engine
+    return _connect(state, name=name, timeout_s=timeout_s)
+
+
+def _connect(state: dict, *, name: str, timeout_s: float | None = None) -> dict:
+    try:
+        state["engines"][name].connect(timeout_s)
+        return {"ok": True, "generation": state["engines"][name].channel.generation}
+    except FingerprintMismatch as exc:
+        return {
+            "ok": False,
+            "error": "FingerprintMismatch",
+            "fields": sorted(exc.fields),
+            "message": str(exc),
+        }
+    except ChannelError as exc:
+        return {"ok": False, "error": "ChannelError", "message": str(exc)}
+
+
+def _arena(state: dict, *, name: str, num_bytes: int, seed: int) -> str:
+    state["arenas"][name] = make_arena(num_bytes, seed, state["devices"][name])
+    return str(state["arenas"][name].device)
+
+
+def _begin(
+    state: dict,
+    *,
+    name: str,
+    rid: str,
+    ranges: list,
+    has_slot: bool,
+    deadline_s: float = 10.0,
+    kill_after_chunk: int | None = None,
+    abort_after_chunk: int | None = None,
+    delay_s: float = 0.0,
+    num_tokens: int | None = None,
+) -> None:
+    table = torch.tensor(ranges, dtype=torch.int64)
+    engine, arena = state["engines"][name], state["arenas"][name]
+    envelope = envelope_for(rid, table, has_slot=has_slot, num_tokens=num_tokens)
+    hook = _hook(kill_after_chunk, abort_after_chunk, delay_s)
+    begin = engine.submit if isinstance(engine, EnvelopeSender) else engine.expect
+    state["transfers"][rid] = begin(envelope, arena, table, deadline_s=deadline_s, on_chunk=hook)
+    state["ranges"][rid] = table
+
+
+def _wait(state: dict, *, name: str, rid: str) -> dict:
+    transfer, table = state["transfers"].pop(rid), state["ranges"].pop(rid)
+    started = time.monotonic()
+    try:
+        transfer.wait()
+        error = None
+    except TransferError as exc:
+        error = {"reason": exc.reason, "channel_broken": exc.channel_broken}
+    arena = state["arenas"][name]
+    return {
+        "state": transfer.state.value,
+        "error": error,
+        "waited_s": time.monotonic() - started,
+        "digest": digest(arena, table),
+        "outside": digest_outside(arena, table),
+    }
+
+
+def _wait_digest(state: dict, *, name: str, ranges: list) -> dict:
+    """Digests of the named arena inside and outside `ranges`, as they are now."""
+    table, arena = torch.tensor(ranges, dtype=torch.int64), state["arenas"][name]
+    return {"digest": digest(arena, table), "outside": digest_outside(arena, table)}
+
+
+def _corrupt_header(state: dict, *, name: str, rid: str, kind: str, ranges: list | None = None) -> str:
+    """Act as a broken sender: ring the bell with a bad header; return the receiver's reply."""
+    channel: Channel = state["engines"][name].channel
+    seq = channel.transfer_seq
+    if kind == "garbage":
+        blob = bytes(
+            torch.randint(0, 256, (300,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seq))
+        )
+    else:  # well-formed, but describing an envelope that cannot fill the reservation
+        table = torch.tensor(ranges, dtype=torch.int64)
+        if kind == "wrong_fingerprint":
+            envelope = envelope_for(rid, table, has_slot=True, fingerprint="0123456789abcdef").encode()
+        elif kind == "wrong_row_bytes":
+            envelope = envelope_for(rid, table, has_slot=True).encode()
+            table = table.clone()
+            table[0, 1] += 1
+            table[1, 1] -= 1
+        else:
+            raise ValueError(kind)
+        blob = encode_message(
+            HEADER,
+            version=PROTOCOL_VERSION,
+            seq=seq,
+            request_id=rid,
+            envelope=envelope,
+            table=table_bytes(table),
+            chunk_bytes=1 << 20,
+            direct_min_bytes=1 << 20,
+            checksum=False,
+        )
+    seq = channel.ring_bell(blob)
+    reply = channel.wait_value(f"reply/{seq}", 5.0)
+    return "" if reply is None else reply.decode(errors="replace")
+
+
+def _rebuild(state: dict, *, name: str, timeout_s: float | None = None) -> dict:
+    return _connect(state, name=name, timeout_s=timeout_s)
+
+
+def _close(state: dict, *, name: str) -> None:
+    state["engines"].pop(name).close()
+
+
+def _stop_for(state: dict, *, seconds: float) -> None:
+    """Freeze this process (every thread) for `seconds`: a peer that goes silent, then comes back."""
+    os.system(f"kill -STOP {os.getpid()}; sleep {seconds}; kill -CONT {os.getpid()}")
+
+
+def _exit(state: dict) -> None:
+    for engine in state["engines"].values():
+        engine.close()
+
+
+_HANDLERS = {
+    "open": _open,
+    "connect": _connect,
+    "arena": _arena,
+    "begin": _begin,
+    "wait": _wait,
+    "wait_digest": _wait_digest,
+    "corrupt_header": _corrupt_header,
+    "rebuild": _rebuild,
+    "close": _close,
+    "stop_for": _stop_for,
+    "exit": _exit,
+}

@@ -1,0 +1,294 @@
+"""A channel: the two-rank process group joining one prefill worker (rank 0) and one decode worker (rank 1).
+
+Each channel makes its own rendezvous through a TCPStore at `host:port` (rank 0 hosts it; see
+`transfer.rendezvous`) and its own process group (Gloo for CPU arenas, NCCL for CUDA arenas), never
+the global default group, so one process may hold many channels. Every (re)connect is a new
+generation: a fresh store prefix, so keys of a dead group never leak into the next one.
+
+The handshake exchanges layout fingerprints before any group exists; a mismatch raises
+`FingerprintMismatch` on both ends, naming the differing fields. A failed wait marks the channel
+broken; `rebuild()` tears it down and connects a new generation, touching no other channel.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from transfer.errors import ChannelError
+from transfer.handshake import exchange_hello, make_hello
+from transfer.rendezvous import delta, generation_store, host_store, join_store, next_generation
+
+SENDER_RANK, RECEIVER_RANK = 0, 1
+_TEARDOWN = b"\x00teardown:"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Channel:
+    """One (prefill, decode) pair's process group. Rank 0 sends envelopes, rank 1 receives them.
+
+    `fingerprint` and `layout` (the fields the fingerprint covers) must match the peer's;
+    `timeout_s` bounds connect and rebuild. `num_streams` Gloo connections carry payload messages
+    in parallel (NCCL always uses one ordered stream). Not thread-safe: one engine drives it.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        host: str,
+        port: int,
+        device: torch.device | str,
+        fingerprint: str,
+        layout: dict[str, Any] | None = None,
+        timeout_s: float = 10.0,
+        name: str = "distpool",
+        num_streams: int | None = None,
+    ) -> None:
+        if rank not in (SENDER_RANK, RECEIVER_RANK):
+            raise ValueError(
+                f"rank must be {SENDER_RANK} (prefill, sender) or {RECEIVER_RANK} (decode, receiver), "
+                f"got {rank}"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if not 0 < port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {port}")
+        self.rank, self.peer_rank = rank, 1 - rank
+        self.host, self.port, self.name = host, port, name
+        self.device = torch.device(device)
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        default_streams = 2 if self.backend == "gloo" else 1
+        self.num_streams = default_streams if num_streams is None else num_streams
+        if self.num_streams < 1 or (self.backend == "nccl" and self.num_streams != 1):
+            raise ValueError(f"num_streams must be >= 1 (exactly 1 with NCCL), got {num_streams}")
+        self.fingerprint = fingerprint
+        self.layout = dict(layout or {})
+        self.timeout_s = timeout_s
+        self.generation = 0
+        self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
+        self.peer_hello: dict[str, Any] | None = None
+        self._store: dist.Store | None = None  # rank 0 keeps its store (the server) across rebuilds
+        self._gen_store: dist.Store | None = None
+        # A second store connection for the receiver's blocking bell wait: a TCPStore client runs
+        # one operation at a time, and teardown must still reach the store while a wait blocks.
+        self._bell_store: dist.Store | None = None
+        self._pg: dist.ProcessGroup | None = None
+        self._broken: str | None = "not connected"
+
+    # ---- state --------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._broken is None
+
+    @property
+    def broken_reason(self) -> str | None:
+        return self._broken
+
+    def mark_broken(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = reason
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def connect(self, timeout_s: float | None = None) -> None:
+        """Rendezvous, handshake and build the group; raise ChannelError / FingerprintMismatch."""
+        self._teardown()
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        try:
+            if self.rank == SENDER_RANK and self._store is None:
+                self._store = host_store(self.host, self.port, deadline)
+            elif self.rank == RECEIVER_RANK:
+                self._store = join_store(self.host, self.port, deadline)
+            generation = next_generation(self._store, name=self.name, rank=self.rank, deadline=deadline)
+            gen_store = generation_store(self._store, name=self.name, generation=generation)
+            self.peer_hello = self._handshake(gen_store, deadline)
+            self._pg = self._make_group(gen_store, deadline)
+            self._gen_store, self.generation, self.transfer_seq = gen_store, generation, 0
+            if self.rank == RECEIVER_RANK:
+                waiter = join_store(self.host, self.port, deadline)
+                self._bell_store = generation_store(waiter, name=self.name, generation=generation)
+            self._broken = None
+            self._ping(deadline)
+        except ChannelError:
+            self._teardown()
+            raise
+        except Exception as exc:  # store / Gloo / NCCL errors arrive as RuntimeError subclasses
+            self._teardown()
+            raise ChannelError(
+                f"channel {self.name} rank {self.rank} could not connect to "
+                f"{self.host}:{self.port}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def rebuild(self, timeout_s: float | None = None) -> None:
+        """Tear the group down and connect a new generation (the peer must rebuild too)."""
+        self.connect(timeout_s)
+
+    def close(self) -> None:
+        """Tear down the group and drop the store; the channel cannot be used again."""
+        self._teardown("closed")
+        self._store = None
+        self._broken = "closed"
+
+    def _teardown(self, reason: str = "torn down") -> None:
+        if self._gen_store is not None:
+            try:  # wake a receiver blocked on the next bell of this generation (ours or the peer's)
+                self._gen_store.compare_set(f"bell/{self.transfer_seq}", "", _TEARDOWN + reason.encode())
+            except Exception:  # the store may be gone with its host
+                pass
+        if self._pg is not None:
+            try:
+                self._pg.abort() if self.backend == "nccl" else self._pg.shutdown()
+            except Exception:  # a group already poisoned by its peer may refuse to shut down cleanly
+                pass
+        self._pg, self._gen_store, self._bell_store = None, None, None
+        if self.rank != SENDER_RANK:
+            self._store = None  # a client reconnects each time: the server may have restarted
+        self._broken = self._broken or reason
+
+    # ---- connect steps ------------------------------------------------------------------------
+    def _handshake(self, gen_store: dist.Store, deadline: float) -> dict[str, Any]:
+        hello = make_hello(backend=self.backend, fingerprint=self.fingerprint, layout=self.layout)
+        return exchange_hello(
+            gen_store, rank=self.rank, hello=hello, timeout=delta(deadline - time.monotonic())
+        )
+
+    def _make_group(self, gen_store: dist.Store, deadline: float) -> dist.ProcessGroup:
+        remaining = delta(deadline - time.monotonic())
+        if self.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            # Our waits carry the deadlines (work.wait(timeout)); NCCL's watchdog would tear the
+            # whole process down when its own timeout fires, so it gets one far beyond any deadline.
+            options._timeout = datetime.timedelta(days=1)
+            torch.cuda.set_device(self.device)
+            return dist.ProcessGroupNCCL(gen_store, self.rank, 2, options)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = remaining
+        gloo = dist.ProcessGroupGloo
+        make_device = (
+            (lambda: gloo.create_device(hostname="127.0.0.1"))
+            if _is_loopback(self.host)
+            else (gloo.create_default_device)
+        )
+        # One device per stream: Gloo picks the connection for a message by tag % number of devices.
+        options._devices = [make_device() for _ in range(self.num_streams)]
+        return gloo(gen_store, self.rank, 2, options)
+
+    def _ping(self, deadline: float) -> None:
+        """One round trip: proves both ranks hold the same generation (and inits NCCL eagerly)."""
+        token = torch.tensor([self.generation], dtype=torch.int64, device=self.device)
+        echo = torch.zeros_like(token)
+        if self.rank == SENDER_RANK:
+            self.wait(self.send(token, 0), deadline, "ping")
+            self.wait(self.recv(echo, 1), deadline, "ping reply")
+        else:
+            self.wait(self.recv(echo, 0), deadline, "ping")
+            self.wait(self.send(echo, 1), deadline, "ping reply")
+        if int(echo.item()) != self.generation:
+            raise ChannelError(
+                f"channel {self.name}: peer is on generation {int(echo.item())}, "
+                f"this rank on {self.generation}"
+            )
+
+    # ---- messaging ----------------------------------------------------------------------------
+    def _group(self) -> dist.ProcessGroup:
+        if self._pg is None or self._broken is not None:
+            raise ChannelError(f"channel {self.name} is not usable: {self._broken}")
+        return self._pg
+
+    def send(self, tensor: torch.Tensor, tag: int) -> dist.Work:
+        return self._group().send([tensor], self.peer_rank, tag)
+
+    def recv(self, tensor: torch.Tensor, tag: int) -> dist.Work:
+        return self._group().recv([tensor], self.peer_rank, tag)
+
+    def wait(self, work: dist.Work, deadline: float, what: str) -> None:
+        """Wait for `work` until the monotonic `deadline`; on failure mark broken, raise ChannelError."""
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise TimeoutError("deadline already passed")
+            work.wait(delta(remaining))
+        except Exception as exc:
+            timed_out = time.monotonic() >= deadline - 0.005 or "timed out" in str(exc).lower()
+            reason = (
+                f"{what}: timed out after {max(remaining, 0):.2f} s"
+                if timed_out
+                else f"{what}: peer or link failed: {str(exc).splitlines()[0][:200]}"
+            )
+            self.mark_broken(reason)
+            raise ChannelError(reason) from None
+
+    # ---- control plane: store keys of this generation ------------------------------------------
+    # The sender puts transfer `seq`'s header on "bell/{seq}" (compare-and-set, so a teardown
+    # marker already there is seen); the receiver blocks on that key, so an idle channel costs
+    # nothing. Teardown puts the marker on the next bell to wake a waiting receiver.
+    def ring_bell(self, value: bytes) -> int:
+        """Sender: announce the next transfer with its header; returns its sequence number."""
+        seq = self.transfer_seq
+        if self.put_once(f"bell/{seq}", value) != value:
+            self.mark_broken("the peer is tearing the channel down")
+            raise ChannelError(f"channel {self.name}: {self._broken}")
+        self.transfer_seq += 1
+        return seq
+
+    def wait_bell(self, timeout_s: float) -> tuple[int, bytes] | None:
+        """Receiver: block until the sender rings (seq, header); None on timeout or teardown.
+
+        Safe to call without the engine's lock: a rebuild meanwhile wakes it, and then nothing
+        of the new generation is touched.
+        """
+        store, generation, seq = self._bell_store, self.generation, self.transfer_seq
+        if store is None:
+            raise ChannelError(f"channel {self.name} is not connected as a receiver: {self._broken}")
+        value = self._wait(store, f"bell/{seq}", timeout_s)
+        if value is None or generation != self.generation:
+            return None
+        if value.startswith(_TEARDOWN):
+            self.mark_broken(value[len(_TEARDOWN) :].decode(errors="replace") or "torn down")
+            return None
+        self.transfer_seq += 1
+        return seq, value
+
+    def put_once(self, key: str, value: bytes) -> bytes:
+        """Set `key` unless it is already set; returns what the key holds now (`value` if we won)."""
+        return self._control().compare_set(key, "", value)
+
+    def wait_value(self, key: str, timeout_s: float) -> bytes | None:
+        """Block until `key` is set (its value) or `timeout_s` passes (None)."""
+        return self._wait(self._control(), key, timeout_s)
+
+    def discard(self, *keys: str) -> None:
+        """Delete keys a finished transfer left; a store that is gone marks the channel broken."""
+        try:
+            for key in keys:
+                self._control().delete_key(key)
+        except Exception as exc:
+            self.mark_broken(f"store unreachable: {str(exc).splitlines()[0][:200]}")
+
+    def _wait(self, store: dist.Store, key: str, timeout_s: float) -> bytes | None:
+        started = time.monotonic()
+        try:
+            # A get blocks until the key exists: one round trip where wait + get take two.
+            store.set_timeout(delta(timeout_s))
+            return store.get(key)
+        except Exception as exc:
+            if time.monotonic() - started < 0.9 * timeout_s:  # failed early: the store itself is gone
+                self.mark_broken(f"store unreachable: {str(exc).splitlines()[0][:200]}")
+                raise ChannelError(f"channel {self.name}: {self._broken}") from None
+            return None
+
+    def _control(self) -> dist.Store:
+        if self._gen_store is None:
+            raise ChannelError(f"channel {self.name} is not connected: {self._broken}")
+        return self._gen_store

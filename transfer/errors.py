@@ -1,0 +1,39 @@
+"""Typed failures of the transfer path: a channel that cannot be (re)built, and a failed transfer."""
+
+from __future__ import annotations
+
+
+class ChannelError(Exception):
+    """A channel could not be connected, or is broken and must be rebuilt before it carries more."""
+
+
+class FingerprintMismatch(ChannelError):
+    """The two ends of a channel describe different pool layouts; `fields` maps each differing
+    field to (this end's value, the peer's value)."""
+
+    def __init__(self, fields: dict[str, tuple[object, object]]) -> None:
+        self.fields = fields
+        detail = "; ".join(
+            f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
+        )
+        super().__init__(
+            f"pool layout differs from the peer's: {detail}. Start both workers with the same model "
+            "config, page size and dtypes."
+        )
+
+
+class TransferError(Exception):
+    """One envelope transfer failed; the caller must release what it holds for `request_id`.
+
+    `channel_broken` says whether the channel went down with it (rebuild before the next transfer).
+    """
+
+    def __init__(self, request_id: str, reason: str, *, channel_broken: bool = False) -> None:
+        super().__init__(f"transfer of request {request_id!r} failed: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+        self.channel_broken = channel_broken
+
+
+class ProtocolError(ChannelError):
+    """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""

@@ -1,0 +1,54 @@
+"""The handshake: both ends of a channel describe their pool layout before a group exists.
+
+Each end puts its hello (protocol version, backend, layout fingerprint, and the layout fields the
+fingerprint covers) in the store of the new generation and reads the peer's. Any difference is
+refused on both ends with `FingerprintMismatch`, naming each differing field (`layout.page_size`,
+...) with both values, so the operator sees what to fix rather than a hash.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import msgpack
+import torch.distributed as dist
+
+from transfer.errors import FingerprintMismatch
+from transfer.protocol import PROTOCOL_VERSION
+
+
+def make_hello(*, backend: str, fingerprint: str, layout: dict[str, Any]) -> bytes:
+    hello = {"protocol": PROTOCOL_VERSION, "backend": backend, "fingerprint": fingerprint, "layout": layout}
+    return msgpack.packb(hello, use_bin_type=True)
+
+
+def exchange_hello(
+    store: dist.Store, *, rank: int, hello: bytes, timeout: datetime.timedelta
+) -> dict[str, Any]:
+    """Publish our hello, read the peer's; raise FingerprintMismatch if they differ, else return theirs."""
+    store.set(f"hello/{rank}", hello)
+    store.wait([f"hello/{1 - rank}"], timeout)
+    theirs = msgpack.unpackb(store.get(f"hello/{1 - rank}"), raw=False, strict_map_key=False)
+    ours = msgpack.unpackb(hello, raw=False, strict_map_key=False)  # the same normalisation as theirs
+    differing = differing_fields(ours, theirs)
+    if differing:
+        raise FingerprintMismatch(differing)
+    return theirs
+
+
+def differing_fields(ours: dict[str, Any], theirs: object) -> dict[str, tuple[object, object]]:
+    """Each field whose value differs, as name -> (ours, theirs); layout fields as `layout.<name>`."""
+    if type(theirs) is not dict:
+        return {"hello": (ours, theirs)}
+    differing: dict[str, tuple[object, object]] = {}
+    for name in ("protocol", "backend", "fingerprint"):
+        if ours.get(name) != theirs.get(name):
+            differing[name] = (ours.get(name), theirs.get(name))
+    our_layout, their_layout = ours.get("layout") or {}, theirs.get("layout") or {}
+    if type(their_layout) is not dict:
+        their_layout = {"layout": their_layout}
+    for name in sorted(set(our_layout) | set(their_layout), key=str):
+        if our_layout.get(name) != their_layout.get(name):
+            differing[f"layout.{name}"] = (our_layout.get(name), their_layout.get(name))
+    return differing

@@ -1,0 +1,154 @@
+"""Plan a whole-envelope transfer: pure functions from byte ranges to coalesced runs and messages.
+
+Both ends list their envelope as `(offset, nbytes)` rows in the same canonical order (slot, then
+pages in token order); row i on one side pairs with row i on the other and has the same `nbytes`.
+Concatenating the rows in that order gives the *stream*: the byte sequence the transfer moves.
+
+    plan_runs(src, dst)  -> (m, 3) runs (src_offset, dst_offset, nbytes) in stream order, merged
+                            where both sides continue contiguously
+    plan_messages(runs)  -> chunks of messages: each big run is a zero-copy message of its own,
+                            the small ones of a chunk are batched into one staged message
+
+Both ends compute the same plan from the same two tables, so no per-message metadata travels.
+Plans are numpy int64 arrays: they are small, host-side, and numpy's per-call cost is a fraction
+of torch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SRC, DST, NBYTES = 0, 1, 2  # columns of a run table
+
+
+def check_ranges(ranges: torch.Tensor, arena_bytes: int, *, name: str = "ranges") -> None:
+    """Raise ValueError unless `ranges` is an (n, 2) int64 table of disjoint ranges inside the arena."""
+    if ranges.dtype != torch.int64 or ranges.dim() != 2 or ranges.shape[1] != 2:
+        shape = f"{tuple(ranges.shape)} {ranges.dtype}"
+        raise ValueError(f"{name} must be an (n, 2) int64 tensor of (offset, nbytes), got {shape}")
+    if ranges.shape[0] == 0:
+        raise ValueError(f"{name} is empty: an envelope holds at least one byte range")
+    table = ranges.cpu().numpy()
+    offsets, nbytes = table[:, 0], table[:, 1]
+    if (offsets < 0).any() or (nbytes <= 0).any():
+        raise ValueError(f"{name} has a negative offset or a non-positive nbytes")
+    if int((offsets + nbytes).max()) > arena_bytes:
+        raise ValueError(
+            f"{name} reaches byte {int((offsets + nbytes).max())} past the arena's {arena_bytes}"
+        )
+    order = np.argsort(offsets, kind="stable")
+    if (offsets[order][1:] < (offsets + nbytes)[order][:-1]).any():
+        raise ValueError(f"{name} has overlapping rows: one byte cannot belong to two positions")
+
+
+def plan_runs(src_ranges: torch.Tensor | np.ndarray, dst_ranges: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Pair rows and merge neighbours contiguous on both sides: (m, 3) int64 (src, dst, nbytes).
+
+    Raises ValueError when the tables cannot pair (row count or a row's nbytes differ).
+    """
+    src_table, dst_table = np.asarray(src_ranges, dtype=np.int64), np.asarray(dst_ranges, dtype=np.int64)
+    if src_table.shape != dst_table.shape:
+        raise ValueError(
+            f"source has {src_table.shape[0]} rows and destination {dst_table.shape[0]}: "
+            "the envelopes do not pair (different page counts or layouts)"
+        )
+    differ = np.flatnonzero(src_table[:, 1] != dst_table[:, 1])
+    if differ.size:
+        i = int(differ[0])
+        raise ValueError(
+            f"row {i} has {int(src_table[i, 1])} bytes at the source and {int(dst_table[i, 1])} at the "
+            "destination: the layouts differ"
+        )
+    src, dst, nbytes = src_table[:, 0], dst_table[:, 0], src_table[:, 1]
+    # Row i continues row i-1 when both sides start exactly where the previous row ended.
+    follows = (src[1:] == src[:-1] + nbytes[:-1]) & (dst[1:] == dst[:-1] + nbytes[:-1])
+    starts = np.concatenate([[True], ~follows])
+    first_rows = np.flatnonzero(starts)
+    run_bytes = np.add.reduceat(nbytes, first_rows)
+    return np.stack([src[first_rows], dst[first_rows], run_bytes], axis=1)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message on the wire, filled by `pieces` (k, 3) runs in order.
+
+    A message of one piece is sent from / received into the arena directly (zero copy); one of
+    several is gathered into a staging buffer by the sender and scattered from it by the receiver.
+    """
+
+    pieces: np.ndarray  # (k, 3) int64: src_offset, dst_offset, nbytes
+    nbytes: int
+    first: tuple[int, int, int]  # the first piece as ints (all of a direct message), read per send
+
+    @property
+    def is_direct(self) -> bool:
+        return self.pieces.shape[0] == 1
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The messages for one `chunk_bytes` window of the stream; the unit of pipelining.
+
+    At most one message of a chunk is staged, so one staging buffer of `chunk_bytes` holds it.
+    """
+
+    index: int
+    messages: tuple[Message, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.messages)
+
+
+def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut runs where the stream crosses a multiple of `chunk_bytes`: (pieces, chunk of each, run of each)."""
+    nbytes = runs[:, NBYTES]
+    starts = np.cumsum(nbytes) - nbytes  # (m,) stream offset of each run
+    ends = starts + nbytes
+    first_chunk, last_chunk = starts // chunk_bytes, (ends - 1) // chunk_bytes
+    count = last_chunk - first_chunk + 1  # (m,) pieces each run splits into
+    if (count == 1).all():
+        return runs, first_chunk, np.arange(runs.shape[0])
+    run_of_piece = np.repeat(np.arange(runs.shape[0]), count)
+    nth = np.arange(run_of_piece.size) - np.repeat(np.cumsum(count) - count, count)
+    chunk_of_piece = first_chunk[run_of_piece] + nth
+    piece_start = np.maximum(starts[run_of_piece], chunk_of_piece * chunk_bytes)
+    piece_end = np.minimum(ends[run_of_piece], (chunk_of_piece + 1) * chunk_bytes)
+    delta = piece_start - starts[run_of_piece]
+    pieces = np.stack(
+        [runs[run_of_piece, SRC] + delta, runs[run_of_piece, DST] + delta, piece_end - piece_start], axis=1
+    )
+    return pieces, chunk_of_piece, run_of_piece
+
+
+def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) -> list[Chunk]:
+    """Cut the stream of `runs` into chunks of `chunk_bytes` and each chunk into messages.
+
+    Runs are split where the stream crosses a multiple of `chunk_bytes`. In each chunk, every piece
+    of a run of at least `direct_min_bytes` is its own message; all the other pieces are batched, in
+    stream order, into one staged message (sent first, so that it is gathered early).
+    """
+    if chunk_bytes <= 0 or direct_min_bytes <= 0:
+        raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
+    runs = np.asarray(runs, dtype=np.int64)
+    pieces, chunk_of_piece, run_of_piece = _split_at_chunks(runs, chunk_bytes)
+    direct = runs[run_of_piece, NBYTES] >= direct_min_bytes
+    num_chunks = int(chunk_of_piece[-1]) + 1
+    bounds = np.searchsorted(chunk_of_piece, np.arange(num_chunks + 1)).tolist()
+    chunks = []
+    for index in range(num_chunks):
+        lo, hi = bounds[index], bounds[index + 1]
+        in_chunk, is_direct = pieces[lo:hi], direct[lo:hi]
+        messages = []
+        if not is_direct.all():
+            staged = in_chunk[~is_direct]
+            first = tuple(staged[0].tolist())
+            messages.append(Message(pieces=staged, nbytes=int(staged[:, NBYTES].sum()), first=first))
+        direct_pieces = in_chunk[is_direct]
+        for i, (src, dst, nbytes) in enumerate(direct_pieces.tolist()):
+            messages.append(Message(pieces=direct_pieces[i : i + 1], nbytes=nbytes, first=(src, dst, nbytes)))
+        chunks.append(Chunk(index=index, messages=tuple(messages)))
+    return chunks

@@ -1,0 +1,117 @@
+"""The wire protocol of one transfer: control through the store, payload through the process group.
+
+    sender                                              receiver
+    bell/{seq}   := HEADER (envelope, source table) ->  (blocked on bell/{seq})
+                                                    <-  reply/{seq} := READY (dest. table) | REFUSE
+    group: the plan's messages, in order            ->  keeps receives posted ahead of them
+    end/{seq}    := END (checksum) | ABORT (reason) ->  read once its receives completed
+                                                    <-  status/{seq} := STATUS (ok | reason)
+
+Control messages go through the rendezvous store: a store wait can time out without harming
+anything, and a garbled header costs a refusal, not the channel. The group carries payload only,
+whose message sizes both ends derive from the same plan, so there is nothing to parse in it. An
+abort still completes the stream (the sender stops gathering, the receiver stops scattering),
+which keeps the two ends in step without a control message in the group. Replies and withdrawals
+are compare-and-set, so a sender that gave up and a receiver that answers late cannot both win.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import torch
+
+from transfer.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_REASON_CHARS = 300
+
+HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
+    "header",
+    "ready",
+    "refuse",
+    "withdrawn",
+    "end",
+    "abort",
+    "status",
+)
+
+_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    HEADER: {
+        "version": int,
+        "seq": int,
+        "request_id": str,
+        "envelope": bytes,
+        "table": bytes,  # (n, 2) int64 source ranges, raw
+        "chunk_bytes": int,
+        "direct_min_bytes": int,
+        "checksum": bool,
+    },
+    READY: {"seq": int, "table": bytes},
+    REFUSE: {"seq": int, "reason": str},
+    WITHDRAWN: {"seq": int, "reason": str},
+    END: {"seq": int, "checksum": (int, type(None))},
+    ABORT: {"seq": int, "reason": str},
+    STATUS: {"seq": int, "ok": bool, "reason": str},
+}
+
+# Payload message i goes with tag TAG_DATA + i % num_streams (Gloo: one connection per stream).
+TAG_DATA = 1
+
+
+def encode_message(kind: str, **fields: Any) -> bytes:
+    """A msgpack map of `kind` and `fields` (a reason is truncated to MAX_REASON_CHARS)."""
+    if "reason" in fields:
+        fields["reason"] = str(fields["reason"])[:MAX_REASON_CHARS]
+    return msgpack.packb({"kind": kind, **fields}, use_bin_type=True)
+
+
+def decode_message(blob: bytes, *, expect: tuple[str, ...], max_bytes: int) -> dict[str, Any]:
+    """Parse and validate a message whose kind must be one of `expect`; raise ProtocolError."""
+    if len(blob) > max_bytes:
+        raise ProtocolError(
+            f"a {'/'.join(expect)} message of {len(blob)} bytes exceeds the limit of {max_bytes}"
+        )
+    try:
+        fields = msgpack.unpackb(
+            blob,
+            raw=False,
+            strict_map_key=True,
+            max_ext_len=0,
+            max_array_len=0,
+            max_map_len=16,
+            max_bin_len=max_bytes,
+            max_str_len=4 * MAX_REASON_CHARS,
+        )
+    except Exception as exc:  # msgpack raises many types for garbage
+        raise ProtocolError(f"undecodable {'/'.join(expect)} message: {type(exc).__name__}: {exc}") from None
+    kind = fields.get("kind") if type(fields) is dict else None
+    if kind not in expect:
+        raise ProtocolError(
+            f"expected a {' or '.join(expect)} message, got {kind or type(fields).__name__!r}"
+        )
+    spec = _FIELDS[kind]
+    if set(fields) != set(spec) | {"kind"}:
+        raise ProtocolError(f"{kind} message has fields {sorted(fields)}, expected {sorted(spec)}")
+    for name, allowed in spec.items():
+        value = fields[name]
+        if isinstance(value, bool) != (allowed is bool) or not isinstance(value, allowed):
+            raise ProtocolError(f"{kind} message field {name} has type {type(value).__name__}")
+        if type(value) is int and value < 0:
+            raise ProtocolError(f"{kind} message field {name} is negative ({value})")
+    return fields
+
+
+def table_bytes(ranges: torch.Tensor) -> bytes:
+    """An (n, 2) int64 range table as n * 16 raw bytes."""
+    return ranges.contiguous().numpy().tobytes()
+
+
+def table_from_bytes(raw: bytes, *, num_rows: int) -> torch.Tensor:
+    """The inverse of `table_bytes`, refusing a table of the wrong size (values are checked by the plan)."""
+    if len(raw) != num_rows * 16:
+        raise ProtocolError(
+            f"a range table of {len(raw)} bytes, expected {num_rows} rows ({num_rows * 16} bytes)"
+        )
+    return torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_rows, 2)

@@ -1,0 +1,303 @@
+"""The receiving end (rank 1, the decode worker): envelopes land only where it reserved them.
+
+`EnvelopeReceiver.expect` registers a reserved destination envelope and returns a `Transfer`; a
+worker thread waits for the sender's bell, then for the transfer it announces:
+
+    decode the bell's HEADER (bounded); take the expectation it names (waiting up to
+        `unexpected_wait_s` for `expect`)
+    check it against the reservation: request id, fingerprint, pages, slot, tokens, bytes,
+        row sizes, chunk size; any mismatch -> REFUSE, nothing written
+    READY + our table; keep three chunks' receives posted (direct messages straight into our
+        arena, the staged one into staging buffer k % 3); land chunk k (its scatter overlaps the
+        arrival of k+1 and k+2), then post chunk k+3
+    END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
+
+Where bytes go is computed from this end's own ranges alone; the header only has to agree.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from distpool.envelope import MAX_PAGES, Envelope, EnvelopeError
+from transfer.channel import RECEIVER_RANK, Channel
+from transfer.engine import ChannelEnd, ChunkHook, Job, Transfer, fail_reason
+from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.plan import DST, NBYTES, Chunk, plan_messages, plan_runs
+from transfer.protocol import (
+    ABORT,
+    END,
+    HEADER,
+    PROTOCOL_VERSION,
+    READY,
+    REFUSE,
+    STATUS,
+    TAG_DATA,
+    decode_message,
+    encode_message,
+    table_bytes,
+    table_from_bytes,
+)
+from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+
+
+class _Stop(Exception):
+    """Internal: the transfer ended without success, the protocol still in step."""
+
+
+class EnvelopeReceiver(ChannelEnd):
+    """Receives envelopes over one channel (rank 1) into destinations reserved with `expect`.
+
+    `max_chunk_bytes` bounds the staging buffers a sender may ask for; `max_pages` bounds the
+    envelope a header may describe; `unexpected_wait_s` is how long a transfer announced for a
+    request that is not (yet) expected waits for `expect` before it is refused.
+    """
+
+    role = "receiver"
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        max_chunk_bytes: int = 256 << 20,
+        max_pages: int = MAX_PAGES,
+        unexpected_wait_s: float = 1.0,
+        idle_wait_s: float = 3600.0,
+    ) -> None:
+        self.max_chunk_bytes, self.max_pages = max_chunk_bytes, max_pages
+        self.unexpected_wait_s, self.idle_wait_s = unexpected_wait_s, idle_wait_s
+        # bell header: envelope (<= 9 bytes a page) + source table (16 bytes a row) + fields
+        self._max_header_bytes = 9 * max_pages + 16 * (max_pages + 1) + 4096
+        self._expected: dict[str, Job] = {}
+        super().__init__(channel, RECEIVER_RANK)
+
+    def expect(
+        self,
+        envelope: Envelope,
+        arena: torch.Tensor,
+        ranges: torch.Tensor,
+        *,
+        deadline_s: float = 30.0,
+        on_chunk: ChunkHook | None = None,
+    ) -> Transfer:
+        """Register a reserved destination (its bytes at `ranges` in `arena`) for `envelope.request_id`.
+
+        Raises ValueError for bad arguments or a request already expected; every other failure
+        (nothing arrives by the deadline, a refused header, a broken link) concludes the transfer.
+        """
+        job = self._new_job(envelope, arena, ranges, deadline_s, on_chunk)
+        job.transfer._expire = self._expire
+        with self._cond:
+            if self._closed:
+                raise ValueError("the receiver is closed")
+            if envelope.request_id in self._expected:
+                raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
+            self._expected[envelope.request_id] = job
+            self._cond.notify_all()
+        return job.transfer
+
+    def _drop_pending(self) -> list[Job]:
+        jobs, self._expected = list(self._expected.values()), {}
+        return jobs
+
+    # ---- registry --------------------------------------------------------------------------------
+    def _expire(self, transfer: Transfer) -> None:
+        with self._cond:
+            job = self._expected.get(transfer.request_id)
+            if job is None or job.transfer is not transfer:
+                return  # already taken by the worker, which concludes it
+            del self._expected[transfer.request_id]
+        reason = transfer.abort_reason or "no transfer arrived from the sender before the deadline"
+        transfer._finish(TransferError(transfer.request_id, reason))
+
+    def _take(self, request_id: str) -> Job | None:
+        limit = time.monotonic() + self.unexpected_wait_s
+        with self._cond:
+            while request_id not in self._expected and not self._closed and time.monotonic() < limit:
+                self._cond.wait(limit - time.monotonic())
+            return self._expected.pop(request_id, None)
+
+    # ---- worker ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed:
+            if not self.channel.healthy:
+                with self._cond:
+                    self._cond.wait(0.05)
+                continue
+            try:
+                bell = self.channel.wait_bell(self.idle_wait_s)
+            except ChannelError:
+                continue  # marked broken; wait for a rebuild
+            if bell is None or self._closed:
+                continue
+            with self._io_lock:
+                self._receive_one(*bell)
+
+    def _receive_one(self, seq: int, blob: bytes) -> None:
+        channel = self.channel
+        header, job, reason = None, None, None
+        try:
+            header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
+            job = self._take(header["request_id"])
+            reason = (
+                "no reservation for this request on the receiver"
+                if job is None
+                else self._check_header(job, seq, header)
+            )
+        except ProtocolError as exc:
+            reason = f"malformed header: {exc}"
+        rid = header["request_id"] if header is not None else "?"
+        error: TransferError | None = None
+        spent_keys = [f"bell/{seq}"]
+        try:
+            with self._stream.active():
+                reply = (
+                    encode_message(REFUSE, seq=seq, reason=reason)
+                    if reason is not None
+                    else encode_message(READY, seq=seq, table=table_bytes(job.ranges))
+                )
+                if channel.put_once(f"reply/{seq}", reply) != reply:
+                    spent_keys.append(f"reply/{seq}")  # the sender's withdrawal: ours to tidy
+                    raise _Stop("the sender withdrew the transfer (its deadline passed)")
+                if reason is not None:
+                    raise _Stop(f"refused the sender's header: {reason}")
+                assert job is not None and header is not None
+                job.transfer._begin()
+                self._receive_chunks(job, seq, header)
+        except _Stop as exc:
+            error = TransferError(rid, str(exc))
+        except TransferError as exc:
+            error = exc
+        except Exception as exc:
+            channel.mark_broken(fail_reason(exc))
+            error = TransferError(rid, fail_reason(exc), channel_broken=True)
+        finally:
+            self._stream.synchronize()
+        if job is not None:
+            job.transfer._finish(error)
+            spent_keys += job.spent_keys
+        if channel.healthy:  # tidy this transfer's keys off its critical path
+            channel.discard(*spent_keys)
+
+    def _check_header(self, job: Job, seq: int, header: dict) -> str | None:
+        """Why the header cannot fill this reservation, or None if it can."""
+        expected, transfer = job.envelope, job.transfer
+        if transfer.abort_reason is not None:
+            return transfer.abort_reason
+        if time.monotonic() >= transfer.deadline:
+            return "the reservation's deadline passed before the transfer could start"
+        try:
+            sent = Envelope.decode(header["envelope"], max_pages=self.max_pages)
+            src_table = table_from_bytes(header["table"], num_rows=job.ranges.shape[0])
+        except (EnvelopeError, ProtocolError) as exc:
+            return f"malformed header: {exc}"
+        checks = [
+            ("protocol version", PROTOCOL_VERSION, header["version"]),
+            ("transfer sequence number", seq, header["seq"]),
+            ("request id", header["request_id"], sent.request_id),
+            ("fingerprint", expected.fingerprint, sent.fingerprint),
+            ("number of pages", expected.num_pages, sent.num_pages),
+            ("has a state slot", expected.slot_id is not None, sent.slot_id is not None),
+            ("number of tokens", expected.num_tokens, sent.num_tokens),
+            ("number of bytes", expected.num_bytes, sent.num_bytes),
+        ]
+        for what, mine, theirs in checks:
+            if mine != theirs:
+                return f"{what} differs: reserved {mine!r}, sender has {theirs!r}"
+        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
+            return (
+                f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} must "
+                f"be in (0, {self.max_chunk_bytes}] and > 0"
+            )
+        try:
+            job.runs = plan_runs(src_table, job.ranges)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
+        self.channel.put_once(f"status/{seq}", encode_message(STATUS, seq=seq, ok=ok, reason=reason))
+
+    def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
+        channel, transfer, deadline, runs = self.channel, job.transfer, job.transfer.deadline, job.runs
+        chunks = plan_messages(
+            runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
+        )
+        first_message = [0]
+        for chunk in chunks:
+            first_message.append(first_message[-1] + len(chunk.messages))
+        # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
+        # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
+        # landed; direct messages land in the arena and need none. So chunks k+1 and k+2 (at least)
+        # are arriving while chunk k is scattered.
+        posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
+        num_posted = num_landed = 0
+
+        def post_ahead() -> None:
+            nonlocal num_posted
+            while num_posted < len(chunks) and (
+                num_posted - PIPELINE_DEPTH < num_landed
+                or all(m.is_direct for m in chunks[num_posted].messages)
+            ):
+                posted.append(self._post(job, chunks[num_posted], first_message[num_posted]))
+                num_posted += 1
+
+        aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
+        post_ahead()
+        for _ in chunks:
+            self._land(job, posted.popleft(), deadline, scatter_staged=aborted is None)
+            num_landed += 1
+            post_ahead()
+            aborted = aborted or transfer.abort_reason
+        blob = channel.wait_value(f"end/{seq}", deadline - time.monotonic())
+        if blob is None:
+            raise ChannelError("the sender did not finish the transfer before the deadline")
+        job.spent_keys.append(f"end/{seq}")
+        end = decode_message(blob, expect=(END, ABORT), max_bytes=4096)
+        if end["seq"] != seq:
+            raise ProtocolError(f"end message is for transfer {end['seq']}, expected {seq}")
+        if end["kind"] == ABORT or aborted is not None:
+            reason = aborted or f"sender aborted: {end['reason']}"
+            self._status(seq, ok=False, reason=reason)
+            raise _Stop(reason)
+        if header["checksum"]:
+            ours = checksum(job.arena, runs[:, DST], runs[:, NBYTES])
+            if end["checksum"] != ours:
+                reason = f"checksum mismatch: sender {end['checksum']}, receiver {ours}"
+                self._status(seq, ok=False, reason=reason)
+                raise _Stop(reason)
+        self._stream.synchronize()  # the bytes are in place before anyone hears "success"
+        self._status(seq, ok=True)
+
+    def _post(self, job: Job, chunk: Chunk, first_message: int) -> tuple[Chunk, list, list]:
+        """Post the receives of one chunk: direct messages straight into the arena."""
+        works, buffers = [], []
+        channel, num_streams = self.channel, self.channel.num_streams
+        for i, message in enumerate(chunk.messages):
+            if message.is_direct:
+                _, offset, nbytes = message.first
+                buffer = job.arena[offset : offset + nbytes]
+            else:
+                buffer = self._staging.get(chunk.index, message.nbytes)
+            works.append(channel.recv(buffer, TAG_DATA + (first_message + i) % num_streams))
+            buffers.append(buffer)
+        return chunk, works, buffers
+
+    def _land(
+        self, job: Job, posted: tuple[Chunk, list, list], deadline: float, *, scatter_staged: bool
+    ) -> None:
+        """Wait for a posted chunk's messages and scatter its staged one into the arena."""
+        chunk, works, buffers = posted
+        for work in works:
+            self.channel.wait(work, deadline, f"receiving chunk {chunk.index}")
+        if not scatter_staged:
+            return
+        for message, buffer in zip(chunk.messages, buffers, strict=True):
+            if not message.is_direct:
+                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.arena)
+        job.transfer.num_chunks_done = chunk.index + 1
+        if job.transfer.on_chunk is not None:
+            job.transfer.on_chunk(job.transfer, chunk.index)

@@ -1,0 +1,72 @@
+"""Rendezvous: the TCPStore of one channel and the generation both ends agree to build next.
+
+Rank 0 hosts the store at `host:port` and keeps it across rebuilds; rank 1 connects a fresh client
+each time (rank 0 may have restarted). Every (re)connect is a new *generation* with its own key
+prefix, so keys of a dead group never leak into the next:
+
+    rank 0: gen = add("gen", 1); set("gen_current", gen)
+    rank 1: read gen_current; claim it with add("join/{gen}", 1) == 1, else wait for a newer one
+            (a generation a previous incarnation of rank 1 claimed is stale)
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+
+import torch.distributed as dist
+
+from transfer.errors import ChannelError
+
+POLL_S = 0.05
+
+
+def delta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=max(seconds, 0.001))
+
+
+def host_store(host: str, port: int, deadline: float) -> dist.TCPStore:
+    """Rank 0's store: the server (it binds `port`) and this process's client of it."""
+    return dist.TCPStore(host, port, None, True, delta(deadline - time.monotonic()), wait_for_workers=False)
+
+
+def join_store(host: str, port: int, deadline: float) -> dist.TCPStore:
+    """A client of rank 0's store, or ChannelError if none listens by the deadline.
+
+    TCPStore's own client retries on a back-off that can overshoot its timeout by seconds; probing
+    the port first keeps "the peer never showed up" within the channel's timeout.
+    """
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ChannelError(f"no rendezvous store at {host}:{port}: the rank-0 peer never showed up")
+        try:
+            socket.create_connection((host, port), timeout=min(remaining, 0.5)).close()
+            break
+        except OSError:
+            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+    return dist.TCPStore(host, port, None, False, delta(deadline - time.monotonic()))
+
+
+def next_generation(store: dist.Store, *, name: str, rank: int, deadline: float) -> int:
+    """The generation this connect builds: rank 0 opens it, rank 1 claims the one rank 0 opened."""
+    if rank == 0:
+        generation = store.add(f"{name}/gen", 1)
+        store.set(f"{name}/gen_current", str(generation))
+        return generation
+    while True:
+        store.wait([f"{name}/gen_current"], delta(deadline - time.monotonic()))
+        generation = int(store.get(f"{name}/gen_current"))
+        if store.add(f"{name}/join/{generation}", 1) == 1:
+            return generation
+        if time.monotonic() + POLL_S > deadline:
+            raise ChannelError(
+                f"channel {name}: no fresh generation from rank 0 within the timeout "
+                "(is the peer rebuilding?)"
+            )
+        time.sleep(POLL_S)
+
+
+def generation_store(store: dist.Store, *, name: str, generation: int) -> dist.PrefixStore:
+    return dist.PrefixStore(f"{name}/g{generation}/", store)

@@ -1,0 +1,275 @@
+"""The sending end (rank 0, the prefill worker): a queue of envelopes moved one after another.
+
+`EnvelopeSender.submit` returns a `Transfer` at once; a worker thread runs the transfers on the
+channel in submission order. One transfer:
+
+    ring the bell with the HEADER (envelope, source table); wait READY (destination table) | REFUSE
+    plan runs and messages from both tables (the receiver computes the same plan)
+    for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
+        chunk that used it are done), then send chunk k's messages; big runs go straight from the
+        arena. After an abort the rest of the stream goes unfilled (no gathers): both ends stay
+        in step without a control message in the group.
+    put END (+ checksum) or ABORT in the store; wait STATUS
+
+The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
+write synchronously in the calling thread), on CUDA the copy stream beside NCCL's.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from distpool.envelope import Envelope
+from transfer.channel import SENDER_RANK, Channel
+from transfer.engine import ChannelEnd, ChunkHook, Job, Transfer, TransferOptions, fail_reason
+from transfer.errors import ProtocolError, TransferError
+from transfer.plan import NBYTES, SRC, Chunk, Message, plan_messages, plan_runs
+from transfer.protocol import (
+    ABORT,
+    END,
+    HEADER,
+    PROTOCOL_VERSION,
+    READY,
+    REFUSE,
+    STATUS,
+    TAG_DATA,
+    WITHDRAWN,
+    decode_message,
+    encode_message,
+    table_bytes,
+    table_from_bytes,
+)
+from transfer.staging import PIPELINE_DEPTH, checksum, gather
+
+
+def _staged(chunk: Chunk) -> Message | None:
+    """The chunk's staged message (it has at most one), or None when every message is direct."""
+    return next((m for m in chunk.messages if not m.is_direct), None)
+
+
+class _Aborted(Exception):
+    """Internal: this end decided to stop; the reason becomes the TransferError's."""
+
+
+class EnvelopeSender(ChannelEnd):
+    """Moves envelopes over one channel (rank 0), in submission order, on its own thread."""
+
+    role = "sender"
+
+    def __init__(self, channel: Channel, options: TransferOptions | None = None) -> None:
+        self.options = options or TransferOptions()
+        self._queue: collections.deque[Job] = collections.deque()
+        # CPU gathers run on their own thread so that they overlap a send the worker thread writes.
+        self._gatherer = (
+            ThreadPoolExecutor(1, thread_name_prefix=f"gather-{channel.name}")
+            if channel.device.type == "cpu"
+            else None
+        )
+        super().__init__(channel, SENDER_RANK)
+
+    def submit(
+        self,
+        envelope: Envelope,
+        arena: torch.Tensor,
+        ranges: torch.Tensor,
+        *,
+        deadline_s: float = 30.0,
+        on_chunk: ChunkHook | None = None,
+    ) -> Transfer:
+        """Queue `envelope` (its bytes at `ranges` in `arena`, canonical order) for sending.
+
+        Raises ValueError for arguments that cannot describe an envelope in this arena; every other
+        failure concludes the returned transfer as FAILED.
+        """
+        job = self._new_job(envelope, arena, ranges, deadline_s, on_chunk)
+        with self._cond:
+            if self._closed:
+                job.transfer._finish(TransferError(envelope.request_id, "the sender is closed"))
+            else:
+                self._queue.append(job)
+                self._cond.notify_all()
+        return job.transfer
+
+    def close(self) -> None:
+        super().close()
+        if self._gatherer is not None:
+            self._gatherer.shutdown(wait=True)
+
+    def _drop_pending(self) -> list[Job]:
+        queued, self._queue = list(self._queue), collections.deque()
+        return queued
+
+    @property
+    def _direct_min_bytes(self) -> int:
+        return self.options.direct_min_bytes_for(self.channel.device)
+
+    # ---- worker ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._queue.popleft()
+                # A broken channel holds the queue until the owner rebuilds it or the deadline passes.
+                while (
+                    not self.channel.healthy and not self._closed and time.monotonic() < job.transfer.deadline
+                ):
+                    self._cond.wait(min(0.05, max(job.transfer.deadline - time.monotonic(), 0.0)))
+            transfer, channel = job.transfer, self.channel
+            if transfer.abort_reason is not None:
+                transfer._finish(TransferError(transfer.request_id, transfer.abort_reason))
+            elif time.monotonic() >= transfer.deadline:
+                state = channel.broken_reason or "busy"
+                reason = f"deadline passed before the transfer started (channel: {state})"
+                transfer._finish(TransferError(transfer.request_id, reason))
+            elif not channel.healthy:
+                reason = f"channel down: {channel.broken_reason}"
+                transfer._finish(TransferError(transfer.request_id, reason, channel_broken=True))
+            else:
+                with self._io_lock:
+                    self._send_one(job)
+
+    def _send_one(self, job: Job) -> None:
+        channel, transfer, options = self.channel, job.transfer, self.options
+        rid = transfer.request_id
+        error: TransferError | None = None
+        try:
+            with self._stream.active():
+                self._stream.wait_for(job.ready)
+                header = encode_message(
+                    HEADER,
+                    version=PROTOCOL_VERSION,
+                    seq=channel.transfer_seq,
+                    request_id=rid,
+                    envelope=job.envelope.encode(),
+                    table=table_bytes(job.ranges),
+                    chunk_bytes=options.chunk_bytes,
+                    direct_min_bytes=self._direct_min_bytes,
+                    checksum=options.checksum,
+                )
+                seq = channel.ring_bell(header)
+                runs = self._await_reply(job, seq)
+                transfer._begin()
+                self._send_chunks(job, seq, runs)
+        except _Aborted as exc:
+            error = TransferError(rid, str(exc))
+        except TransferError as exc:
+            error = exc
+        except Exception as exc:
+            channel.mark_broken(fail_reason(exc))
+            error = TransferError(rid, fail_reason(exc), channel_broken=True)
+        finally:
+            self._stream.synchronize()
+        transfer._finish(error)
+        if channel.healthy and job.spent_keys:  # tidy this transfer's keys off its critical path
+            channel.discard(*job.spent_keys)
+
+    def _await_reply(self, job: Job, seq: int) -> np.ndarray:
+        """Wait for READY (return the plan's runs) or REFUSE (raise TransferError)."""
+        channel, rid, deadline = self.channel, job.transfer.request_id, job.transfer.deadline
+        key = f"reply/{seq}"
+        blob = channel.wait_value(key, deadline - time.monotonic())
+        if blob is None:
+            # Withdraw, so that a late READY cannot start a transfer nobody sends.
+            withdrawal = encode_message(WITHDRAWN, seq=seq, reason="sender's deadline passed")
+            blob = channel.put_once(key, withdrawal)
+            if blob == withdrawal:  # the receiver finds it there, and tidies it
+                raise TransferError(rid, "the receiver did not answer the header before the deadline")
+        job.spent_keys.append(key)
+        reply = decode_message(blob, expect=(READY, REFUSE), max_bytes=job.ranges.shape[0] * 16 + 1024)
+        if reply["seq"] != seq:
+            raise ProtocolError(f"reply is for transfer {reply['seq']}, expected {seq}")
+        if reply["kind"] == REFUSE:
+            raise TransferError(rid, f"receiver refused: {reply['reason']}")
+        try:
+            return plan_runs(job.ranges, table_from_bytes(reply["table"], num_rows=job.ranges.shape[0]))
+        except ValueError as exc:
+            raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
+
+    def _send_chunks(self, job: Job, seq: int, runs: np.ndarray) -> None:
+        channel, transfer, deadline = self.channel, job.transfer, job.transfer.deadline
+        chunks = plan_messages(
+            runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
+        )
+        # (chunk index, works, tensors that must outlive the works)
+        in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
+        gathered: dict[int, Future | None] = {0: self._stage(job, chunks[0])}  # chunk index -> gather
+        num_messages, num_streams = 0, channel.num_streams
+        for chunk in chunks:
+            ahead = chunk.index + 1
+            if ahead < len(chunks) and _staged(chunks[ahead]) is not None:
+                # Chunk k+1 is gathered into the buffer chunk k+1-DEPTH used: its sends must be done.
+                # Chunks without a staged message need no buffer, so nothing limits their sends.
+                while in_flight and in_flight[0][0] <= ahead - PIPELINE_DEPTH:
+                    index, works, _ = in_flight.popleft()
+                    for work in works:
+                        channel.wait(work, deadline, f"sending chunk {index}")
+                gathered[ahead] = self._stage(job, chunks[ahead])
+            if (future := gathered.pop(chunk.index, None)) is not None:
+                future.result()
+            works, keep = [], []
+            for message in chunk.messages:
+                if message.is_direct:
+                    offset, _, nbytes = message.first
+                    payload = job.arena[offset : offset + nbytes]
+                else:
+                    payload = self._staging.get(chunk.index, message.nbytes)
+                # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.
+                works.append(channel.send(payload, TAG_DATA + num_messages % num_streams))
+                keep.append(payload)
+                num_messages += 1
+            in_flight.append((chunk.index, works, keep))
+            if transfer.abort_reason is None:
+                transfer.num_chunks_done = chunk.index + 1
+                if transfer.on_chunk is not None:
+                    transfer.on_chunk(transfer, chunk.index)
+        aborted = transfer.abort_reason
+        if aborted is not None:
+            end = encode_message(ABORT, seq=seq, reason=aborted)
+        else:
+            value = checksum(job.arena, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
+            end = encode_message(END, seq=seq, checksum=value)
+        channel.put_once(f"end/{seq}", end)  # the receiver reads it once its receives complete
+        for index, works, _ in in_flight:
+            for work in works:
+                channel.wait(work, deadline, f"sending chunk {index}")
+        self._await_status(job, seq)
+        if aborted is not None:
+            raise _Aborted(aborted)
+
+    def _stage(self, job: Job, chunk: Chunk) -> Future | None:
+        """Start gathering the chunk's staged message into its buffer (None: nothing to gather).
+
+        On CPU the gather runs on the gather thread; on CUDA it is enqueued on the copy stream
+        right here (the GPU overlaps it with NCCL's sends). After an abort, nothing is gathered:
+        the rest of the stream goes unfilled, which keeps both ends in step.
+        """
+        message = _staged(chunk)
+        if message is None or job.transfer.abort_reason is not None:
+            return None
+        buffer = self._staging.get(chunk.index, message.nbytes)
+        args = (job.arena, message.pieces[:, SRC], message.pieces[:, NBYTES], buffer)
+        if self._gatherer is None:
+            gather(*args)
+            return None
+        return self._gatherer.submit(gather, *args)
+
+    def _await_status(self, job: Job, seq: int) -> None:
+        channel, rid = self.channel, job.transfer.request_id
+        blob = channel.wait_value(f"status/{seq}", job.transfer.deadline - time.monotonic())
+        if blob is None:
+            channel.mark_broken("the receiver sent no status before the deadline")
+            raise TransferError(rid, "the receiver sent no status before the deadline", channel_broken=True)
+        job.spent_keys.append(f"status/{seq}")
+        status = decode_message(blob, expect=(STATUS,), max_bytes=4096)
+        if status["seq"] != seq:
+            raise ProtocolError(f"status is for transfer {status['seq']}, expected {seq}")
+        if not status["ok"] and job.transfer.abort_reason is None:
+            raise TransferError(rid, f"receiver failed: {status['reason']}")

@@ -1,0 +1,163 @@
+"""Gather and scatter between an arena and contiguous buffers, and the integrity checksum.
+
+A *piece list* is two (k,) int64 arrays (numpy, or CPU tensors), byte offsets into the arena and
+byte counts, in stream order. `gather` packs the pieces end to end into a contiguous buffer;
+`scatter` does the reverse.
+
+How the copy runs depends on the pieces, not on the caller:
+- few or large pieces: one slice copy per piece;
+- many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
+  gcd of every offset and count, so each piece is a whole number of rows; on CPU this goes through
+  numpy (single-threaded: torch's intra-op threads spin and starve the Gloo I/O threads on a small
+  machine), on CUDA through torch index_select / index_copy_.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+# Below this many pieces, or above this mean piece size, a Python loop of slice copies costs less
+# than building a row index (each slice copy is ~1-3 us of overhead).
+_LOOP_MAX_PIECES = 8
+_LOOP_MIN_MEAN_BYTES = 1 << 20
+# Rows narrower than this make the index larger than 1/8 of the data it moves.
+_MIN_UNIT_BYTES = 64
+
+
+def _piece_rows(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """The row width and row index that cover the pieces, or None when rows would be too narrow."""
+    unit = int(np.gcd.reduce(np.concatenate([offsets, nbytes])))
+    if unit < _MIN_UNIT_BYTES:
+        return None
+    rows_per_piece = nbytes // unit
+    first_row = offsets // unit
+    if bool((rows_per_piece == 1).all()):
+        return unit, first_row
+    starts = np.repeat(np.cumsum(rows_per_piece) - rows_per_piece, rows_per_piece)
+    rows = np.repeat(first_row, rows_per_piece) + (np.arange(int(rows_per_piece.sum())) - starts)
+    return unit, rows
+
+
+def _use_loop(offsets: np.ndarray, nbytes: np.ndarray) -> bool:
+    return len(offsets) <= _LOOP_MAX_PIECES or int(nbytes.sum()) >= _LOOP_MIN_MEAN_BYTES * len(offsets)
+
+
+def _as_rows_np(buf: torch.Tensor, unit: int) -> np.ndarray:
+    # A void dtype of `unit` bytes needs no alignment, so any arena can be viewed this way.
+    flat = buf.numpy()
+    return flat[: (flat.shape[0] // unit) * unit].view(np.dtype((np.void, unit)))
+
+
+def _as_rows_torch(buf: torch.Tensor, unit: int) -> torch.Tensor:
+    return buf[: (buf.shape[0] // unit) * unit].view(-1, unit)  # (num_rows, unit) uint8
+
+
+def gather(arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, out: torch.Tensor) -> None:
+    """Copy the pieces of `arena` end to end into `out` (1-D uint8, exactly sum(nbytes) bytes)."""
+    off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
+    assert out.shape[0] == int(len_np.sum()), (out.shape, int(len_np.sum()))
+    rows = None if _use_loop(off_np, len_np) else _piece_rows(off_np, len_np)
+    if rows is None:
+        src, dst = (arena.numpy(), out.numpy()) if arena.device.type == "cpu" else (arena, out)
+        pos = 0
+        for off, n in zip(off_np.tolist(), len_np.tolist(), strict=True):
+            dst[pos : pos + n] = src[off : off + n]
+            pos += n
+        return
+    unit, index = rows
+    if arena.device.type == "cpu":
+        np.take(_as_rows_np(arena, unit), index, axis=0, out=_as_rows_np(out, unit), mode="clip")
+    else:
+        idx = torch.from_numpy(index).to(arena.device, non_blocking=True)
+        torch.index_select(_as_rows_torch(arena, unit), 0, idx, out=_as_rows_torch(out, unit))
+
+
+def scatter(src: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, arena: torch.Tensor) -> None:
+    """Copy `src` (1-D uint8, sum(nbytes) bytes) into the pieces of `arena`, in order."""
+    off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
+    assert src.shape[0] == int(len_np.sum()), (src.shape, int(len_np.sum()))
+    rows = None if _use_loop(off_np, len_np) else _piece_rows(off_np, len_np)
+    if rows is None:
+        source, dst = (src.numpy(), arena.numpy()) if arena.device.type == "cpu" else (src, arena)
+        pos = 0
+        for off, n in zip(off_np.tolist(), len_np.tolist(), strict=True):
+            dst[off : off + n] = source[pos : pos + n]
+            pos += n
+        return
+    unit, index = rows
+    if arena.device.type == "cpu":
+        _as_rows_np(arena, unit)[index] = _as_rows_np(src, unit)
+    else:
+        idx = torch.from_numpy(index).to(arena.device, non_blocking=True)
+        _as_rows_torch(arena, unit).index_copy_(0, idx, _as_rows_torch(src, unit))
+
+
+def checksum(arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, value: int = 0) -> int:
+    """CRC-32 of the pieces' bytes in order, continuing from `value` (chain calls across messages)."""
+    if arena.device.type == "cpu":
+        flat = arena.numpy()
+        for off, n in zip(offsets.tolist(), nbytes.tolist(), strict=True):
+            value = zlib.crc32(flat[off : off + n], value)
+        return value
+    packed = torch.empty(int(np.sum(nbytes)), dtype=torch.uint8, device=arena.device)
+    gather(arena, offsets, nbytes, packed)
+    return zlib.crc32(packed.cpu().numpy(), value)
+
+
+# Staging buffers per engine: chunk k uses buffer k % PIPELINE_DEPTH, so one chunk can be gathered
+# (or scattered) while the two before it are on the wire.
+PIPELINE_DEPTH = 3
+
+
+class StagingBuffers:
+    """PIPELINE_DEPTH reusable staging buffers on one device, allocated on first use and grown on demand."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: list[torch.Tensor] = []
+
+    def get(self, index: int, nbytes: int) -> torch.Tensor:
+        """Buffer `index % PIPELINE_DEPTH`, at least `nbytes` long, as a 1-D uint8 view."""
+        if not self._buffers or self._buffers[0].shape[0] < nbytes:
+            self._buffers = [
+                torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(PIPELINE_DEPTH)
+            ]
+        return self._buffers[index % PIPELINE_DEPTH][:nbytes]
+
+
+class CopyStream:
+    """Where the engine's copies run: a side stream on CUDA (off the model's stream), nothing on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        if self._stream is None:
+            yield
+            return
+        with torch.cuda.stream(self._stream):
+            yield
+
+    def record(self) -> torch.cuda.Event | None:
+        """An event marking everything enqueued so far on the *caller's* stream (None on CPU)."""
+        if self._stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait_for(self, event: torch.cuda.Event | None) -> None:
+        """Make later copies wait for `event` (e.g. the model's writes to the pages being sent)."""
+        if self._stream is not None and event is not None:
+            self._stream.wait_event(event)
+
+    def synchronize(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
