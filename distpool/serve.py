@@ -113,13 +113,15 @@ class Server:
                 self.done += 1
 
         workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
-        for req in requests:
-            await queue.put(req)  # blocks when the pipeline is full: backpressure
-        for _ in workers:
-            await queue.put(None)
-        await asyncio.gather(*workers)
-        collector.cancel()
-        progress.cancel()
+        try:
+            for req in requests:
+                await queue.put(req)  # blocks when the pipeline is full: backpressure
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for task in (*workers, collector, progress):
+                task.cancel()
         return sorted(outcomes, key=lambda o: o.request_id)
 
     async def _serve_one(self, req: Request) -> Outcome:

@@ -7,7 +7,6 @@ to every decode worker; decode workers hold the receiving end of one channel per
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import torch
@@ -101,17 +100,15 @@ class PeerChannels:
                 if chunk >= fault_after_chunks:
                     transfer.abort(INJECTED_FAULT)
 
-        started = time.monotonic()
-        end.submit(envelope, arena, ranges, deadline_s=self.timeout_s, on_chunk=hook).wait()
-        return {"bytes": envelope.num_bytes, "seconds": time.monotonic() - started}
+        transfer = end.submit(envelope, arena, ranges, deadline_s=self.timeout_s, on_chunk=hook).wait()
+        return {"bytes": envelope.num_bytes, "seconds": transfer.active_s}
 
     def receive(self, peer: str, envelope: Envelope, arena: torch.Tensor, ranges: torch.Tensor) -> dict:
         """Receive into the reserved `envelope`; raises TransferError on failure."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        started = time.monotonic()
-        end.expect(envelope, arena, ranges, deadline_s=self.timeout_s).wait()
-        return {"bytes": envelope.num_bytes, "seconds": time.monotonic() - started}
+        transfer = end.expect(envelope, arena, ranges, deadline_s=self.timeout_s).wait()
+        return {"bytes": envelope.num_bytes, "seconds": transfer.active_s}
 
     def close_all(self) -> None:
         with self._lock:

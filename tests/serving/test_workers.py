@@ -71,8 +71,12 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
     destinations = {rid: d.reserve(rid, len(prompt), 5) for rid, prompt in prompts.items()}
     first = p.prefill(list(prompts.items()))
     for rid in prompts:
+        started = time.monotonic()
         sent, received = transfer(p, d, rid, destinations[rid], first[rid])
+        wall_s = time.monotonic() - started
         assert sent["bytes"] == received["bytes"] > 0
+        # the rate counts only the time bytes were moving, not the wait for the peer
+        assert 0 < received["seconds"] < wall_s and 0 < sent["seconds"] < wall_s
     done = wait_finished(d, list(prompts))
     oracle = ReferenceModel(str(REFERENCE_CONFIG))
     assert {rid: r["tokens"] for rid, r in done.items()} == {
