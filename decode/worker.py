@@ -98,30 +98,18 @@ class DecodeWorker(WorkerBase):
 
     def cancel(self, request_id: str) -> bool:
         """Free a reservation whose transfer will not happen. Returns whether anything was freed."""
-        with self._lock:
-            if self._waiting.pop(request_id, None) is None:
-                return False
-            self.pool.release(request_id)
-            return True
+        return self._free(self._waiting, request_id)
 
     # ---- transfer -----------------------------------------------------------------------------
     def receive(self, request_id: str, peer: str, first_token: int) -> dict:
         """Receive the whole envelope from `peer` into the reservation, then join the decode batch.
 
         On failure the reservation is freed and TransferError is raised."""
-        with self._lock:
-            if request_id not in self._waiting:
-                raise ValueError(f"request {request_id!r} has no reservation on {self.name}")
-            self.pool.pin(request_id)
-            envelope = self.pool.envelope(request_id)
-            ranges = self.pool.envelope_ranges(request_id)
+        envelope, ranges = self._pin_envelope(self._waiting, request_id)
         try:
             stats = self.channels.receive(peer, envelope, self.pool.arena, ranges)
         except BaseException:
-            with self._lock:
-                self.pool.unpin(request_id)
-                self._waiting.pop(request_id)
-                self.pool.release(request_id)
+            self._free(self._waiting, request_id, pinned=True)
             raise
         with self._lock:
             self.pool.unpin(request_id)

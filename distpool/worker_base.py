@@ -9,6 +9,7 @@ import threading
 import torch
 
 from distpool.configurator import PoolArgs, plan
+from distpool.envelope import Envelope
 from distpool.layout import layout_description
 from distpool.pools import build_pool
 from distpool.reference_model import ReferenceModel
@@ -83,6 +84,25 @@ class WorkerBase:
 
     def channel_broken(self, peer: str) -> bool:
         return self.channels.broken(peer)
+
+    # ---- requests this worker owns ------------------------------------------------------------
+    def _pin_envelope(self, owned: dict, request_id: str) -> tuple[Envelope, torch.Tensor]:
+        """Pin an owned request for a transfer; returns its envelope and byte ranges."""
+        with self._lock:
+            if request_id not in owned:
+                raise ValueError(f"request {request_id!r} is not held by {self.name}")
+            self.pool.pin(request_id)
+            return self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
+
+    def _free(self, owned: dict, request_id: str, *, pinned: bool = False) -> bool:
+        """Forget an owned request and give its memory back. Returns whether it was owned."""
+        with self._lock:
+            if owned.pop(request_id, None) is None:
+                return False
+            if pinned:
+                self.pool.unpin(request_id)
+            self.pool.release(request_id)
+            return True
 
     # ---- accounting ---------------------------------------------------------------------------
     def _note_peak(self) -> None:

@@ -63,30 +63,18 @@ class PrefillWorker(WorkerBase):
     ) -> dict:
         """Send the held envelope to `peer`, into the destination envelope it reserved (`destination`
         is its encoded Envelope). The source is freed whatever the outcome."""
-        with self._lock:
-            if request_id not in self._held:
-                raise ValueError(f"request {request_id!r} is not held by {self.name}")
-            self.pool.pin(request_id)
-            envelope = self.pool.envelope(request_id)
-            ranges = self.pool.envelope_ranges(request_id)
+        envelope, ranges = self._pin_envelope(self._held, request_id)
         try:
             dst = Envelope.decode(destination)
             if dst.request_id != request_id:
                 raise ValueError(f"destination envelope is for {dst.request_id!r}, not {request_id!r}")
             return self.channels.send(peer, envelope, self.pool.arena, ranges, fault_after_chunks)
         finally:
-            with self._lock:
-                self.pool.unpin(request_id)
-                self._held.pop(request_id)
-                self.pool.release(request_id)
+            self._free(self._held, request_id, pinned=True)
 
     def drop(self, request_id: str) -> bool:
         """Free a held request that will not be sent. Returns whether anything was freed."""
-        with self._lock:
-            if self._held.pop(request_id, None) is None:
-                return False
-            self.pool.release(request_id)
-            return True
+        return self._free(self._held, request_id)
 
     def stats(self) -> dict:
         with self._lock:
