@@ -51,7 +51,9 @@ def stop_cluster(head: subprocess.Popen, temp_dir: str) -> None:
 
 
 def test_ray_job_submit_runs_the_main_job():
-    gcs_port, dashboard_port = free_port(), free_port()
+    # Every port this head listens on is picked free: the session cluster of the other serving tests
+    # already holds the defaults (the dashboard agent's 52365 among them).
+    gcs_port, dashboard_port, agent_port, client_port = (free_port() for _ in range(4))
     temp_dir = tempfile.mkdtemp(prefix="dpray", dir="/tmp")  # short: Ray's socket paths have a length limit
     head = subprocess.Popen(
         [
@@ -63,6 +65,8 @@ def test_ray_job_submit_runs_the_main_job():
             "--num-cpus=4",
             "--include-dashboard=true",
             f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={agent_port}",
+            f"--ray-client-server-port={client_port}",
             "--dashboard-host=127.0.0.1",
             f"--temp-dir={temp_dir}",
         ],
