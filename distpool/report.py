@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from distpool.serve import Outcome
 
 
@@ -10,7 +12,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))  # the smallest rank covering q%
     return ordered[rank - 1]
 
 
