@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode.worker import DecodeWorker
 from distpool.configs import REFERENCE_CONFIG
 from distpool.configurator import PoolArgs, plan
+from distpool.reference_model import ReferenceModel
 from distpool.spec import HYBRID_MAMBA, ModelSpec
 from prefill.worker import PrefillWorker
 
@@ -42,7 +43,8 @@ class DeploymentSpec:
         return dataclasses.replace(self.pool_args, enable_unified_memory=unified)
 
     def validate(self) -> ModelSpec:
-        """Run the configurator for both roles; raises its ValueError before anything starts."""
+        """Run the configurator for both roles and check the workers can run the model; raises
+        ValueError before anything starts."""
         if self.num_prefill < 1 or self.num_decode < 1:
             raise ValueError(
                 f"need at least 1 prefill and 1 decode worker; got {self.num_prefill}P{self.num_decode}D"
@@ -51,6 +53,7 @@ class DeploymentSpec:
         args = self.resolved_pool_args(spec)
         for mode in ("prefill", "decode"):
             plan(spec, dataclasses.replace(args, disaggregation_mode=mode), self.budget_bytes)
+        ReferenceModel(self.model_config, seed=self.seed)  # workers run it: refuse what they cannot
         return spec
 
 

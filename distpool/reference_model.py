@@ -52,6 +52,9 @@ def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], s
         raise ValueError(f"cannot read model config {path}: {exc}. Fix: pass a config.json path") from None
 
 
+MAX_PARAMS = 64_000_000
+
+
 class ReferenceModel:
     """Greedy Nemotron-H style hybrid (Mamba2 `M`, attention `*`, MLP `-`) with seeded weights.
 
@@ -83,6 +86,16 @@ class ReferenceModel:
         self.hidden_size: int = config_field(self.config, "hidden_size", source)
         self.vocab_size: int = config_field(self.config, "vocab_size", source)
         self.eps = float(self.config.get("layer_norm_epsilon", 1e-5))
+        # Rough parameter count (embeddings, head, ~12 h^2 per layer): real checkpoints' dims would
+        # need tens of GB of float64 weights here, which is never what a caller of this model wants.
+        approx_params = 2 * self.vocab_size * self.hidden_size + 12 * spec.num_layers * self.hidden_size**2
+        if approx_params > MAX_PARAMS:
+            raise ValueError(
+                f"{source} describes a model of about {approx_params / 1e6:.0f} M parameters; the "
+                "reference model builds random weights for small test configs only "
+                f"(at most {MAX_PARAMS / 1e6:.0f} M). "
+                f"Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / layers"
+            )
         weights = WeightFactory(seed, self.device)  # draw order: embedding, layers, lm_head
         self.embedding = weights.normal(self.vocab_size, self.hidden_size, std=1.0)
         self.layers = build_layers(

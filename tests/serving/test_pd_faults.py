@@ -89,3 +89,15 @@ def test_refusals_exit_2_before_any_actor_exists(config, expected):
     assert "Traceback" not in proc.stderr
     assert "Ray" not in proc.stdout + proc.stderr.replace("--enable-unified-memory", "")  # never started
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [("qwen3_next.json", "Nemotron-H style"), ("nemotron_h.json", "small test configs only")],
+)
+def test_models_the_workers_cannot_run_are_refused_before_ray_starts(config, expected):
+    fixture = REFERENCE_CONFIG.parents[2] / "tests" / "fixtures" / config
+    proc = run_cli("--model", str(fixture), "--memory-gib", "64")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert "Started a local Ray" not in proc.stdout + proc.stderr
