@@ -161,6 +161,12 @@ class DecodeWorker(WorkerBase):
             self.pool.extend_batch(batch)
         self._note_peak()
 
+    def poll(self, request_ids: list[str]) -> dict[str, list[int]]:
+        """Tokens produced so far for admitted requests among `request_ids` (streaming; removes nothing)."""
+        with self._lock:
+            live = {**self._running, **self._finished}
+            return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
+
     def collect(self, request_ids: list[str]) -> dict[str, dict]:
         """Finished requests among `request_ids` (removed from the worker): tokens and timings."""
         with self._lock:

@@ -77,7 +77,10 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
         assert sent["bytes"] == received["bytes"] > 0
         # the rate counts only the time bytes were moving, not the wait for the peer
         assert 0 < received["seconds"] < wall_s and 0 < sent["seconds"] < wall_s
+    streamed = d.poll(list(prompts))  # tokens as they are produced: a prefix of the final answer
+    assert set(streamed) == set(prompts) and all(1 <= len(t) <= 5 for t in streamed.values())
     done = wait_finished(d, list(prompts))
+    assert all(done[rid]["tokens"][: len(t)] == t for rid, t in streamed.items())
     oracle = ReferenceModel(str(REFERENCE_CONFIG))
     assert {rid: r["tokens"] for rid, r in done.items()} == {
         rid: oracle.generate_nocache(prompt, 5) for rid, prompt in prompts.items()
