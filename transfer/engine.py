@@ -19,6 +19,7 @@ caller's: whatever the outcome, it unpins and releases what it holds for the req
 
 from __future__ import annotations
 
+import abc
 import enum
 import threading
 import time
@@ -217,7 +218,7 @@ class Job:
     spent_keys: list[str] = field(default_factory=list)  # store keys to delete once it concluded
 
 
-class ChannelEnd:
+class ChannelEnd(abc.ABC):
     """What both engines share: a channel, a worker thread, staging, and the lock that orders a
     transfer against a rebuild. Subclasses implement `_run` (the worker) and `_drop_pending`."""
 
@@ -299,12 +300,13 @@ class ChannelEnd:
             ready=self._stream.record(),
         )
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The end's worker thread: moves queued transfers until closed."""
 
+    @abc.abstractmethod
     def _drop_pending(self) -> list[Job]:
         """Under the condition lock: remove and return the jobs not started yet."""
-        raise NotImplementedError
 
 
 def fail_reason(exc: BaseException) -> str:
