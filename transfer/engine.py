@@ -309,6 +309,22 @@ class ChannelEnd(abc.ABC):
         """Under the condition lock: remove and return the jobs not started yet."""
 
 
+class Stopped(Exception):
+    """Internal: this transfer ends without success (refused, withdrawn, aborted); the channel is
+    still in step."""
+
+
+def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> TransferError:
+    """The TransferError a transfer concludes with after `exc`; anything unexpected breaks the channel."""
+    if isinstance(exc, TransferError):
+        return exc
+    if isinstance(exc, Stopped):
+        return TransferError(request_id, str(exc))
+    reason = fail_reason(exc)
+    channel.mark_broken(reason)
+    return TransferError(request_id, reason, channel_broken=True)
+
+
 def fail_reason(exc: BaseException) -> str:
     """The reason text for a transfer that failed on an exception (the channel goes down with it)."""
     if isinstance(exc, ChannelError):

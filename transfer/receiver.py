@@ -24,7 +24,7 @@ import torch
 
 from distpool.envelope import MAX_PAGES, Envelope, EnvelopeError
 from transfer.channel import RECEIVER_RANK, Channel
-from transfer.engine import ChannelEnd, ChunkHook, Job, Transfer, fail_reason
+from transfer.engine import ChannelEnd, ChunkHook, Job, Stopped, Transfer, as_transfer_error
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.plan import DST, NBYTES, Chunk, plan_messages, plan_runs
 from transfer.protocol import (
@@ -42,10 +42,6 @@ from transfer.protocol import (
     table_from_bytes,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
-
-
-class _Stop(Exception):
-    """Internal: the transfer ended without success, the protocol still in step."""
 
 
 class EnvelopeReceiver(ChannelEnd):
@@ -161,19 +157,14 @@ class EnvelopeReceiver(ChannelEnd):
                 )
                 if channel.put_once(f"reply/{seq}", reply) != reply:
                     spent_keys.append(f"reply/{seq}")  # the sender's withdrawal: ours to tidy
-                    raise _Stop("the sender withdrew the transfer (its deadline passed)")
+                    raise Stopped("the sender withdrew the transfer (its deadline passed)")
                 if reason is not None:
-                    raise _Stop(f"refused the sender's header: {reason}")
+                    raise Stopped(f"refused the sender's header: {reason}")
                 assert job is not None and header is not None
                 job.transfer._begin()
                 self._receive_chunks(job, seq, header)
-        except _Stop as exc:
-            error = TransferError(rid, str(exc))
-        except TransferError as exc:
-            error = exc
         except Exception as exc:
-            channel.mark_broken(fail_reason(exc))
-            error = TransferError(rid, fail_reason(exc), channel_broken=True)
+            error = as_transfer_error(channel, rid, exc)
         finally:
             self._stream.synchronize()
         if job is not None:
@@ -262,13 +253,13 @@ class EnvelopeReceiver(ChannelEnd):
         if end["kind"] == ABORT or aborted is not None:
             reason = aborted or f"sender aborted: {end['reason']}"
             self._status(seq, ok=False, reason=reason)
-            raise _Stop(reason)
+            raise Stopped(reason)
         if header["checksum"]:
             ours = checksum(job.arena, runs[:, DST], runs[:, NBYTES])
             if end["checksum"] != ours:
                 reason = f"checksum mismatch: sender {end['checksum']}, receiver {ours}"
                 self._status(seq, ok=False, reason=reason)
-                raise _Stop(reason)
+                raise Stopped(reason)
         self._stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq, ok=True)
 

@@ -26,7 +26,15 @@ import torch
 
 from distpool.envelope import Envelope
 from transfer.channel import SENDER_RANK, Channel
-from transfer.engine import ChannelEnd, ChunkHook, Job, Transfer, TransferOptions, fail_reason
+from transfer.engine import (
+    ChannelEnd,
+    ChunkHook,
+    Job,
+    Stopped,
+    Transfer,
+    TransferOptions,
+    as_transfer_error,
+)
 from transfer.errors import ProtocolError, TransferError
 from transfer.plan import NBYTES, SRC, Chunk, Message, plan_messages, plan_runs
 from transfer.protocol import (
@@ -50,10 +58,6 @@ from transfer.staging import PIPELINE_DEPTH, checksum, gather
 def _staged(chunk: Chunk) -> Message | None:
     """The chunk's staged message (it has at most one), or None when every message is direct."""
     return next((m for m in chunk.messages if not m.is_direct), None)
-
-
-class _Aborted(Exception):
-    """Internal: this end decided to stop; the reason becomes the TransferError's."""
 
 
 class EnvelopeSender(ChannelEnd):
@@ -158,13 +162,8 @@ class EnvelopeSender(ChannelEnd):
                 runs = self._await_reply(job, seq)
                 transfer._begin()
                 self._send_chunks(job, seq, runs)
-        except _Aborted as exc:
-            error = TransferError(rid, str(exc))
-        except TransferError as exc:
-            error = exc
         except Exception as exc:
-            channel.mark_broken(fail_reason(exc))
-            error = TransferError(rid, fail_reason(exc), channel_broken=True)
+            error = as_transfer_error(channel, rid, exc)
         finally:
             self._stream.synchronize()
         transfer._finish(error)
@@ -242,7 +241,7 @@ class EnvelopeSender(ChannelEnd):
                 channel.wait(work, deadline, f"sending chunk {index}")
         self._await_status(job, seq)
         if aborted is not None:
-            raise _Aborted(aborted)
+            raise Stopped(aborted)
 
     def _stage(self, job: Job, chunk: Chunk) -> Future | None:
         """Start gathering the chunk's staged message into its buffer (None: nothing to gather).
