@@ -234,8 +234,11 @@ class Server:
                 )
                 if any(broken):
                     await asyncio.gather(*self.dep.connect(prefill_name, decode_name))
-            except Exception:
-                pass  # a pair that cannot reconnect fails its next transfer the same way, within its deadline
+            except Exception as exc:
+                # Not fatal: a pair that cannot reconnect fails its next transfer within its deadline,
+                # and that request is retried on another pair. Say so, since it costs throughput.
+                pair = f"{prefill_name}->{decode_name}"
+                print(f"distpool: warning: channel {pair} not rebuilt: {exc}", flush=True)
 
     def _fail_results_on(self, decode_name: str) -> None:
         for rid, (name, future) in list(self.results.items()):
