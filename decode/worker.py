@@ -51,13 +51,12 @@ class DecodeWorker(WorkerBase):
     # ---- admission --------------------------------------------------------------------------
     def _growth_tokens(self) -> int:
         """Tokens of pages that admitted requests may still claim (rounded to whole pages)."""
-        ps = self.pool.page_size
-        pages = 0
-        for rid, req in (*self._waiting.items(), *self._running.items()):
-            final_pages = -(-(req.prompt_len + req.max_new_tokens) // ps)
-            held = len(self.pool.page_ids(rid)) if rid in self._running else -(-req.prompt_len // ps)
-            pages += final_pages - held
-        return pages * ps
+        pages_for = self.pool.allocator.pages_for
+        pages = sum(
+            pages_for(req.prompt_len + req.max_new_tokens) - pages_for(self.pool.num_tokens(rid))
+            for rid, req in (*self._waiting.items(), *self._running.items())
+        )
+        return pages * self.pool.page_size
 
     def can_admit(self, prompt_len: int, max_new_tokens: int, *, after_compaction: bool = False) -> bool:
         """Whether a request fits together with the growth every admitted request may still claim."""

@@ -272,8 +272,8 @@ class Allocator:
 
     # ---- accounting ----------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        """Per band (pages, slots, swa_pages): capacity, free, used, reserved, available."""
-        low_avail, high_avail = self.available()
+        """Per band (pages, slots, swa_pages): capacity, free, used, reserved. No compaction planning:
+        what is available now or after compaction is `available()`'s to say."""
         out: dict[str, int] = {}
         for name in BAND_NAMES:
             band = self.high_band if name == "pages" else self.low_band
@@ -288,7 +288,6 @@ class Allocator:
             out[f"{name}_capacity"] = capacity
             out[f"{name}_free"] = capacity - int(band.owned.sum()) if present else 0
             out[f"{name}_used"], out[f"{name}_reserved"] = used, reserved
-            out[f"{name}_available"] = (high_avail if name == "pages" else low_avail) if present else 0
         return out
 
     def check_invariants(self) -> None:

@@ -38,8 +38,9 @@ def summarize(
         "tpot_ms_p99": percentile(tpot_ms, 99),
         "tokens_generated": sum(len(o.tokens) for o in done),
         "wall_s": wall_s,
-        "leaked_pages": sum(s["leaked_pages"] for s in worker_stats),
-        "leaked_slots": sum(s["leaked_slots"] for s in worker_stats),
+        # `worker_stats` is read after the run drained: anything still held belongs to no request.
+        "leaked_pages": sum(s["pages_used"] for s in worker_stats),
+        "leaked_slots": sum(s["slots_used"] for s in worker_stats),
         "workers": worker_stats,
         "errors": sorted({o.error for o in outcomes if o.tokens is None and o.error})[:10],
     }

@@ -53,7 +53,6 @@ class WorkerBase:
             timeout_s=transfer_timeout_s,
             chunk_bytes=chunk_bytes,
         )
-        self._capacity = self.pool.stats()
         self._peak = {"pages": 0, "slots": 0}
 
     # ---- identity and wiring ------------------------------------------------------------------
@@ -64,9 +63,6 @@ class WorkerBase:
         import ray
 
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-
-    def layout(self) -> dict:
-        return layout_description(self.plan)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Host and a free port on this node for a channel's rendezvous store (prefill ends host it)."""
@@ -106,9 +102,12 @@ class WorkerBase:
 
     # ---- accounting ---------------------------------------------------------------------------
     def _note_peak(self) -> None:
-        s = self.pool.stats()
-        self._peak["pages"] = max(self._peak["pages"], s["pages_held"])
-        self._peak["slots"] = max(self._peak["slots"], s["slots_held"])
+        """Called after every reserve and decode step, so it reads only the cheap counts (`stats()`
+        also plans a compaction to report what would be schedulable)."""
+        counts = self.pool.allocator.counts()
+        for name in self._peak:
+            held = counts[f"{name}_used"] + counts[f"{name}_reserved"]
+            self._peak[name] = max(self._peak[name], held)
 
     def stats(self) -> dict:
         with self._lock:
@@ -125,9 +124,6 @@ class WorkerBase:
                 "slots_used": s["slots_held"],
                 "slots_peak": self._peak["slots"],
                 "slots_capacity": s["slots_capacity"],
-                # Called after a run drains: anything still held belongs to no live request.
-                "leaked_pages": s["pages_held"],
-                "leaked_slots": s["slots_held"],
             }
 
     def shutdown(self) -> None:

@@ -19,7 +19,9 @@ def check_json(capsys, *args: str) -> dict:
 
 
 def test_json_has_every_documented_field_for_a_hybrid_mamba_model(capsys):
-    out = check_json(capsys, str(FIXTURES / "qwen3_next.json"), "--enable-unified-memory", "--memory-gib", "4")
+    out = check_json(
+        capsys, str(FIXTURES / "qwen3_next.json"), "--enable-unified-memory", "--memory-gib", "4"
+    )
     assert out["model_kind"] == "hybrid_mamba"
     assert out["architectures"] == ["Qwen3NextForCausalLM"]
     assert (out["num_full_attention_layers"], out["num_mamba_layers"], out["num_swa_layers"]) == (12, 36, 0)
@@ -34,7 +36,12 @@ def test_json_has_every_documented_field_for_a_hybrid_mamba_model(capsys):
 
 def test_dense_model_reports_zero_for_what_does_not_apply(capsys):
     out = check_json(capsys, str(FIXTURES / "llama3.json"), "--page-size", "32")
-    assert (out["model_kind"], out["slot_bytes"], out["num_slots"], out["num_mamba_layers"]) == ("dense", 0, 0, 0)
+    assert (out["model_kind"], out["slot_bytes"], out["num_slots"], out["num_mamba_layers"]) == (
+        "dense",
+        0,
+        0,
+        0,
+    )
     assert out["page_bytes"] == 32 * 32 * 2 * 8 * 128 * 2
     assert out["unified"] is False
 

@@ -335,7 +335,11 @@ def test_deepseek_v4_is_its_own_kind():
 def test_mistral_window_on_every_layer_is_dense():
     spec = spec_of("mistral")
     # One kind of layer: a plain KV pool, the window kept on the attention spec.
-    assert (spec.kind, spec.full_attention_layers, spec.sliding_window_layers) == (DENSE, tuple(range(32)), ())
+    assert (spec.kind, spec.full_attention_layers, spec.sliding_window_layers) == (
+        DENSE,
+        tuple(range(32)),
+        (),
+    )
     assert spec.full_attention == attention(8, 128, 128, window=4096)
     assert (spec.full_kv_bytes_per_token, spec.swa_kv_bytes_per_token) == (32 * 2 * 8 * 128 * 2, 0)
 

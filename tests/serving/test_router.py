@@ -86,7 +86,7 @@ def test_summary_counts_and_rates():
         ),
         Outcome(request_id="b", error="TransferError: boom"),
     ]
-    worker = dict(leaked_pages=0, leaked_slots=1)
+    worker = dict(pages_used=0, slots_used=1)  # still held after the drain: a leaked slot
     report = summarize(outcomes, retried=2, worker_stats=[worker], parity=(1, 0), wall_s=1.0)
     assert (report["requests"], report["completed"], report["failed"], report["retried"]) == (2, 1, 1, 2)
     assert report["transfer_gbps"] == pytest.approx(1.0)
