@@ -115,19 +115,20 @@ PIPELINE_DEPTH = 3
 
 
 class StagingBuffers:
-    """PIPELINE_DEPTH reusable staging buffers on one device, allocated on first use and grown on demand."""
+    """PIPELINE_DEPTH reusable staging buffers on one device, each allocated on first use and grown on
+    demand. Growing one buffer never touches the others: they may hold chunks still on the wire."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: list[torch.Tensor | None] = [None] * PIPELINE_DEPTH
 
     def get(self, index: int, nbytes: int) -> torch.Tensor:
         """Buffer `index % PIPELINE_DEPTH`, at least `nbytes` long, as a 1-D uint8 view."""
-        if not self._buffers or self._buffers[0].shape[0] < nbytes:
-            self._buffers = [
-                torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(PIPELINE_DEPTH)
-            ]
-        return self._buffers[index % PIPELINE_DEPTH][:nbytes]
+        slot = index % PIPELINE_DEPTH
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.shape[0] < nbytes:
+            buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer[:nbytes]
 
 
 class CopyStream:

@@ -277,3 +277,18 @@ def test_caller_mistakes_are_refused_before_queueing(pair):
     receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)
     with pytest.raises(ValueError, match="already expected"):
         receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)
+
+
+def test_a_later_larger_staged_chunk_does_not_replace_a_buffer_still_to_be_sent(pair):
+    """Regression: chunk 0 (a 32 KiB slot sent direct + nothing staged) then chunk 1 staging 64 KiB
+    of scattered pages used to reallocate every staging buffer, so a chunk went out unfilled."""
+    sender, receiver = pair
+    rows = [[0, 32 << 10]] + [[(64 << 10) + i * 8192, 4096] for i in range(24)]
+    ranges = torch.tensor(rows, dtype=torch.int64)
+    src = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    dst = torch.zeros(1 << 20, dtype=torch.uint8)
+    envelope = envelope_for("grow", ranges, has_slot=True)
+    incoming = receiver.expect(envelope, dst, ranges.clone(), deadline_s=5)
+    sender.submit(envelope, src, ranges, deadline_s=5).wait()
+    incoming.wait()
+    assert all(torch.equal(src[o : o + n], dst[o : o + n]) for o, n in rows)
