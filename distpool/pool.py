@@ -31,6 +31,9 @@ class DoesNotFit(Exception):
         self.request_id = request_id
         self.reason = reason
 
+    def __reduce__(self):  # crosses Ray's process boundary as itself, so callers can catch it by type
+        return type(self), (self.request_id, self.reason)
+
 
 class Pool(Protocol):
     arena: torch.Tensor  # uint8, 1-D, on the pool's device: every byte the pool owns

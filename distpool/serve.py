@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from distpool.launcher import Deployment
+from distpool.pool import DoesNotFit
 from distpool.router import NoWorkerAlive, Router
 from distpool.workload import Request
 
@@ -196,10 +197,11 @@ class Server:
                 except _Dead:
                     self.router.end(name)
                     continue
-                except Exception as exc:
+                except DoesNotFit:
                     self.router.end(name)
-                    if "does not fit" not in str(exc):
-                        raise
+                except BaseException:
+                    self.router.end(name)
+                    raise
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"no decode worker had room for {req.request_id} within the admission timeout"

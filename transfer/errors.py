@@ -34,6 +34,13 @@ class TransferError(Exception):
         self.reason = reason
         self.channel_broken = channel_broken
 
+    def __reduce__(self):  # crosses Ray's process boundary as itself
+        return _rebuild_transfer_error, (self.request_id, self.reason, self.channel_broken)
+
 
 class ProtocolError(ChannelError):
     """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
+
+
+def _rebuild_transfer_error(request_id: str, reason: str, channel_broken: bool) -> TransferError:
+    return TransferError(request_id, reason, channel_broken=channel_broken)

@@ -92,3 +92,17 @@ def test_summary_counts_and_rates():
     assert report["transfer_gbps"] == pytest.approx(1.0)
     assert report["tpot_ms_p50"] == pytest.approx(10.0)
     assert report["leaked_slots"] == 1 and report["errors"] == ["TransferError: boom"]
+
+
+def test_typed_errors_cross_process_boundaries_as_themselves():
+    """Ray pickles a worker's exception; the driver catches DoesNotFit by type (regression: it
+    arrived as UnserializableException and was told apart by its message text)."""
+    import pickle
+
+    from distpool.allocator import NeedsCompaction
+    from transfer import TransferError
+
+    err = pickle.loads(pickle.dumps(NeedsCompaction("r1", "fragmented")))
+    assert type(err) is NeedsCompaction and (err.request_id, err.reason) == ("r1", "fragmented")
+    err = pickle.loads(pickle.dumps(TransferError("r2", "peer died", channel_broken=True)))
+    assert (err.request_id, err.reason, err.channel_broken) == ("r2", "peer died", True)
