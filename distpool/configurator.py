@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from distpool.layout import ALIGN_BYTES, align_up, slot_stride_bytes
+from distpool.layout import ALIGN_BYTES, align_up, ceil_div, slot_stride_bytes
 from distpool.spec import DEEPSEEK_V4, HYBRID_MAMBA, HYBRID_SWA, ModelSpec
 
 DISAGGREGATION_MODES = (None, "prefill", "decode")
@@ -177,10 +177,6 @@ def check_unified_allowed(spec: ModelSpec, args: PoolArgs) -> None:
         )
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def plan(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolPlan:
     """Size the pools for `spec` within `budget_bytes`. Pure: no memory is touched."""
     check_unified_allowed(spec, args)
@@ -193,17 +189,19 @@ def plan(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolPlan:
     page_stride = align_up(page_bytes, ALIGN_BYTES)
     swa_stride = align_up(swa_page_bytes, ALIGN_BYTES)
     slot_stride = slot_stride_bytes(spec)
-    ppr = _ceil_div(args.context_len, ps) if page_bytes else 0
+    ppr = ceil_div(args.context_len, ps) if page_bytes else 0
     # A request keeps the pages its window touches: the window can straddle one extra page.
     window = spec.sliding_window or args.context_len
-    swa_ppr = min(_ceil_div(args.context_len, ps), _ceil_div(window, ps) + 1) if swa_page_bytes else 0
+    swa_ppr = min(ceil_div(args.context_len, ps), ceil_div(window, ps) + 1) if swa_page_bytes else 0
     sink = max(page_stride, swa_stride)  # one page of scratch for padded writes
     arena_bytes = budget_bytes - budget_bytes % ALIGN_BYTES
     usable = arena_bytes - sink
     worst = slot_stride + ppr * page_stride + swa_ppr * swa_stride
     if worst > usable:
         _refuse_budget(spec, args, worst + sink, budget_bytes)
-    min_request = slot_stride + (page_stride if ppr else 0) + (swa_stride if swa_ppr else 0)
+    # The least a running request holds: its slot, one full page, and (once it is a window long)
+    # the SWA pages of its window, which it keeps for the rest of its life.
+    min_request = slot_stride + (page_stride if ppr else 0) + swa_ppr * swa_stride
     cap = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
 
     num_slots = num_pages = num_swa = 0
@@ -212,6 +210,7 @@ def plan(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolPlan:
         num_slots = running if slot_stride else 0
         num_swa = running * swa_ppr
         num_pages = (usable - num_slots * slot_stride - num_swa * swa_stride) // page_stride if ppr else 0
+        assert num_pages >= 0, "running requests were sized to leave each at least one page"
     elif spec.kind == HYBRID_MAMBA or (slot_stride and not ppr):
         state_share = args.mamba_state_ratio if ppr else 1.0
         num_slots = min(int(usable * state_share) // slot_stride, cap)

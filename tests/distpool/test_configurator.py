@@ -147,3 +147,16 @@ def test_dtype_overrides_change_sizes():
 def test_bad_arguments_are_value_errors(changes):
     with pytest.raises(ValueError):
         PoolArgs(**changes)
+
+
+def test_unified_swa_keeps_a_whole_window_per_running_request():
+    """Regression: running requests were counted at one SWA page each while the plan set a whole
+    window aside for each, so the full-attention page count went negative."""
+    spec = make_spec(kind="hybrid_swa")  # window 128 tokens: 9 SWA pages of 16 tokens at most
+    p = plan(spec, PoolArgs(enable_unified_memory=True, page_size=16, context_len=256), 2 * MIB)
+    full_page, swa_page = 16 * KV_TOKEN, 16 * 3 * KV_TOKEN
+    usable = 2 * MIB - swa_page
+    assert p.max_running_requests == usable // (full_page + 9 * swa_page)
+    assert p.num_swa_pages == p.max_running_requests * 9
+    assert p.num_pages == (usable - p.num_swa_pages * swa_page) // full_page >= p.max_running_requests
+    assert p.max_total_tokens > 0
