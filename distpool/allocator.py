@@ -23,6 +23,7 @@ import torch
 from distpool.arena import BandLayout
 from distpool.band import Band, require
 from distpool.frontier import CompactionPlan, Frontier
+from distpool.layout import ceil_div
 from distpool.pool import DoesNotFit
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -57,10 +58,6 @@ class _Holding:
     pins: int = 0
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class Allocator:
     """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages."""
 
@@ -86,14 +83,14 @@ class Allocator:
 
     # ---- what a request of n tokens holds ----------------------------------------------------
     def pages_for(self, num_tokens: int) -> int:
-        return _ceil_div(num_tokens, self.page_size) if self.high else 0
+        return ceil_div(num_tokens, self.page_size) if self.high else 0
 
     def swa_range(self, num_tokens: int) -> tuple[int, int]:
         """Token-page indices [first, end) of the window's pages (the last `sliding_window` tokens)."""
         if not self.has_swa:
             return 0, 0
         kept_from = max(0, num_tokens - self.sliding_window) if self.sliding_window else 0
-        return kept_from // self.page_size, _ceil_div(num_tokens, self.page_size)
+        return kept_from // self.page_size, ceil_div(num_tokens, self.page_size)
 
     def low_units_for(self, num_tokens: int) -> int:
         first, end = self.swa_range(num_tokens)

@@ -19,13 +19,10 @@ import torch
 
 from distpool.arena import BandLayout
 from distpool.band import Band
+from distpool.layout import ceil_div
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 _NO_RUNS = torch.empty((0, 3), dtype=torch.int64)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def coalesce(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -92,7 +89,7 @@ class Frontier:
         if extra_low.numel():
             last = max(-1 if last is None else last, int(extra_low.max()))
         end = 0 if last is None else self.low.base_bytes + (last + 1) * self.low.stride_bytes
-        return max(0, _ceil_div(end - self.high.base_bytes, self.high.stride_bytes))
+        return max(0, ceil_div(end - self.high.base_bytes, self.high.stride_bytes))
 
     def fit(
         self,

@@ -27,8 +27,12 @@ if TYPE_CHECKING:
 ALIGN_BYTES = 64
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def align_up(nbytes: int, alignment: int = ALIGN_BYTES) -> int:
-    return -(-nbytes // alignment) * alignment
+    return ceil_div(nbytes, alignment) * alignment
 
 
 @dataclass(frozen=True)
