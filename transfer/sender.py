@@ -91,6 +91,7 @@ class EnvelopeSender(ChannelEnd):
         failure concludes the returned transfer as FAILED.
         """
         job = self._new_job(envelope, arena, ranges, deadline_s, on_chunk)
+        job.transfer._expire = self._expire  # a queued transfer fails at its deadline or abort, not later
         with self._cond:
             if self._closed:
                 job.transfer._finish(TransferError(envelope.request_id, "the sender is closed"))
@@ -107,6 +108,16 @@ class EnvelopeSender(ChannelEnd):
     def _drop_pending(self) -> list[Job]:
         queued, self._queue = list(self._queue), collections.deque()
         return queued
+
+    def _expire(self, transfer: Transfer) -> None:
+        """Fail a transfer still queued (deadline passed or aborted); once taken, the worker concludes it."""
+        with self._cond:
+            job = next((j for j in self._queue if j.transfer is transfer), None)
+            if job is None:
+                return
+            self._queue.remove(job)
+        reason = transfer.abort_reason or "the deadline passed while queued behind other transfers"
+        transfer._finish(TransferError(transfer.request_id, reason))
 
     @property
     def _direct_min_bytes(self) -> int:

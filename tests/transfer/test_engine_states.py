@@ -292,3 +292,22 @@ def test_a_later_larger_staged_chunk_does_not_replace_a_buffer_still_to_be_sent(
     sender.submit(envelope, src, ranges, deadline_s=5).wait()
     incoming.wait()
     assert all(torch.equal(src[o : o + n], dst[o : o + n]) for o, n in rows)
+
+
+def test_a_queued_transfer_fails_at_its_own_deadline_or_abort_not_when_dequeued(pair):
+    """Regression: a sender transfer queued behind a slow one concluded only when the worker
+    reached it, however long past its deadline or its abort."""
+    sender, _ = pair
+    ranges = torch.tensor([[0, 4096]], dtype=torch.int64)
+    src = torch.zeros(1 << 16, dtype=torch.uint8)
+    # Nobody expects "slow": the receiver holds it for unexpected_wait_s (0.3 s) before refusing.
+    slow = sender.submit(envelope_for("slow", ranges, has_slot=False), src, ranges, deadline_s=10)
+    late = sender.submit(envelope_for("late", ranges, has_slot=False), src, ranges, deadline_s=0.05)
+    gave_up = sender.submit(envelope_for("gave-up", ranges, has_slot=False), src, ranges, deadline_s=10)
+    gave_up.abort("caller gave up")
+    for transfer, reason in ((gave_up, "caller gave up"), (late, "deadline passed while queued")):
+        with pytest.raises(TransferError, match=reason):
+            transfer.wait()
+    assert not slow.done(), "both concluded while the transfer ahead of them was still running"
+    with pytest.raises(TransferError):
+        slow.wait()
