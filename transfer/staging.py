@@ -59,42 +59,49 @@ def _as_rows_torch(buf: torch.Tensor, unit: int) -> torch.Tensor:
 
 def gather(arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, out: torch.Tensor) -> None:
     """Copy the pieces of `arena` end to end into `out` (1-D uint8, exactly sum(nbytes) bytes)."""
-    off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
-    assert out.shape[0] == int(len_np.sum()), (out.shape, int(len_np.sum()))
-    rows = None if _use_loop(off_np, len_np) else _piece_rows(off_np, len_np)
-    if rows is None:
-        src, dst = (arena.numpy(), out.numpy()) if arena.device.type == "cpu" else (arena, out)
-        pos = 0
-        for off, n in zip(off_np.tolist(), len_np.tolist(), strict=True):
-            dst[pos : pos + n] = src[off : off + n]
-            pos += n
-        return
-    unit, index = rows
-    if arena.device.type == "cpu":
-        np.take(_as_rows_np(arena, unit), index, axis=0, out=_as_rows_np(out, unit), mode="clip")
-    else:
-        idx = torch.from_numpy(index).to(arena.device, non_blocking=True)
-        torch.index_select(_as_rows_torch(arena, unit), 0, idx, out=_as_rows_torch(out, unit))
+    _copy(arena, offsets, nbytes, out, into_arena=False)
 
 
 def scatter(src: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, arena: torch.Tensor) -> None:
     """Copy `src` (1-D uint8, sum(nbytes) bytes) into the pieces of `arena`, in order."""
+    _copy(arena, offsets, nbytes, src, into_arena=True)
+
+
+def _copy(
+    arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, packed: torch.Tensor, *, into_arena: bool
+) -> None:
+    """Move bytes between the pieces of `arena` and the end-to-end `packed` buffer, either way:
+    a loop per piece when pieces are few or large, else one indexed copy of equal-width rows."""
     off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
-    assert src.shape[0] == int(len_np.sum()), (src.shape, int(len_np.sum()))
+    assert packed.shape[0] == int(len_np.sum()), (packed.shape, int(len_np.sum()))
     rows = None if _use_loop(off_np, len_np) else _piece_rows(off_np, len_np)
     if rows is None:
-        source, dst = (src.numpy(), arena.numpy()) if arena.device.type == "cpu" else (src, arena)
+        a, p = (arena.numpy(), packed.numpy()) if arena.device.type == "cpu" else (arena, packed)
         pos = 0
         for off, n in zip(off_np.tolist(), len_np.tolist(), strict=True):
-            dst[off : off + n] = source[pos : pos + n]
+            if into_arena:
+                a[off : off + n] = p[pos : pos + n]
+            else:
+                p[pos : pos + n] = a[off : off + n]
             pos += n
         return
     unit, index = rows
     if arena.device.type == "cpu":
-        _as_rows_np(arena, unit)[index] = _as_rows_np(src, unit)
+        arena_rows, packed_rows = _as_rows_np(arena, unit), _as_rows_np(packed, unit)
+        # check_ranges validated every piece against the arena; this keeps that promise visible,
+        # since np.take's fast mode="clip" would otherwise copy the last row for a bad index.
+        assert index.size == 0 or int(index.max()) < arena_rows.shape[0]
+        if into_arena:
+            arena_rows[index] = packed_rows
+        else:
+            np.take(arena_rows, index, axis=0, out=packed_rows, mode="clip")
     else:
         idx = torch.from_numpy(index).to(arena.device, non_blocking=True)
-        _as_rows_torch(arena, unit).index_copy_(0, idx, _as_rows_torch(src, unit))
+        arena_rows, packed_rows = _as_rows_torch(arena, unit), _as_rows_torch(packed, unit)
+        if into_arena:
+            arena_rows.index_copy_(0, idx, packed_rows)
+        else:
+            torch.index_select(arena_rows, 0, idx, out=packed_rows)
 
 
 def checksum(arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, value: int = 0) -> int:
