@@ -205,8 +205,10 @@ class Allocator:
             requests, holdings, drops, firsts, swa_chunks, page_chunks, strict=True
         ):
             h.num_tokens += k
-            h.vpages = torch.cat([h.vpages, page_v.flip(0)])
-            h.vswa = torch.cat([h.vswa[d:], swa_v])
+            if page_v.numel():  # most decode steps cross no page boundary: no copy then
+                h.vpages = torch.cat([h.vpages, page_v.flip(0)])
+            if d or swa_v.numel():
+                h.vswa = torch.cat([h.vswa[d:], swa_v])
             h.swa_first = first
 
     def release_batch(self, request_ids: Sequence[str]) -> None:

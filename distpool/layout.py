@@ -78,17 +78,10 @@ def slot_stride_bytes(spec: ModelSpec) -> int:
 
 def layout_description(plan: PoolPlan) -> dict[str, object]:
     """Every field that decides where a byte of an envelope lives. Prefill and decode must agree."""
-    spec = plan.spec
     return {
-        "model_kind": spec.kind,
+        **json.loads(json.dumps(plan.spec.layout_fields(), default=str)),  # plain JSON values
         "page_size": plan.page_size,
         "unified": plan.unified,
-        "full_attention_layers": list(spec.full_attention_layers),
-        "sliding_window_layers": list(spec.sliding_window_layers),
-        "mamba_layers": list(spec.mamba_layers),
-        "full_attention": repr(spec.full_attention),
-        "sliding_attention": repr(spec.sliding_attention),
-        "mamba": repr(spec.mamba),
         "page_stride_bytes": plan.page_stride_bytes,
         "swa_page_stride_bytes": plan.swa_page_stride_bytes,
         "slot_stride_bytes": plan.slot_stride_bytes,

@@ -8,8 +8,6 @@ Every size here is raw (unpadded); the arena adds its own alignment.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,10 +205,6 @@ class ModelSpec:
     def layout_fields(self) -> dict[str, Any]:
         """The fields that decide byte layout (what a layout fingerprint must cover)."""
         fields = dataclasses.asdict(self)
-        for name in ("source", "architectures", "model_type"):
+        for name in ("source", "architectures", "model_type", "dtype", "hidden_size", "vocab_size"):
             fields.pop(name)
         return fields
-
-    def fingerprint(self) -> str:
-        blob = json.dumps(self.layout_fields(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
