@@ -53,8 +53,7 @@ class _Holding:
     num_tokens: int
     vslot: torch.Tensor  # 0 or 1 low-band virtual id
     vpages: torch.Tensor  # high-band virtual ids, token order
-    vswa: torch.Tensor  # low-band virtual ids of the window's pages, token order
-    swa_first: int  # token-page index of vswa[0]
+    vswa: torch.Tensor  # low-band virtual ids of the window's pages, token order: swa_range(num_tokens)
     pins: int = 0
 
 
@@ -168,7 +167,6 @@ class Allocator:
                 vslot=low_v[:slots],
                 vpages=high_v.flip(0),
                 vswa=low_v[slots:],
-                swa_first=self.swa_range(n)[0],
             )
 
     def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
@@ -180,16 +178,14 @@ class Allocator:
         for rid, h in zip(ids, holdings, strict=True):
             if h.pins:
                 raise RequestPinned(f"extend: request {rid!r} is pinned by a transfer; unpin it first")
-        new_pages, new_swa, drops, firsts = [], [], [], []
+        new_pages, new_swa, drops = [], [], []
         for (_, k), h in zip(requests, holdings, strict=True):
             total = h.num_tokens + k
             new_pages.append(self.pages_for(total) - h.vpages.numel())
+            held_first, held_end = self.swa_range(h.num_tokens)  # the window only moves forward
             first, end = self.swa_range(total)
-            held_end = h.swa_first + h.vswa.numel()
-            drop = min(max(first - h.swa_first, 0), h.vswa.numel())
             new_swa.append(max(end - max(held_end, first), 0))
-            drops.append(drop)
-            firsts.append(h.swa_first + drop if drop < h.vswa.numel() else max(held_end, first))
+            drops.append(min(max(first - held_first, 0), h.vswa.numel()))
         released = torch.cat([h.vswa[:d] for h, d in zip(holdings, drops, strict=True)] + [_EMPTY])
         low_owned = None
         if released.numel():  # fit as if the dropped window pages were already free
@@ -201,15 +197,14 @@ class Allocator:
         self.low_band.free(released)
         swa_chunks = torch.split(self.low_band.assign(fit[0]), new_swa)
         page_chunks = torch.split(self.high_band.assign(fit[1]), new_pages)
-        for (_, k), h, d, first, swa_v, page_v in zip(
-            requests, holdings, drops, firsts, swa_chunks, page_chunks, strict=True
+        for (_, k), h, d, swa_v, page_v in zip(
+            requests, holdings, drops, swa_chunks, page_chunks, strict=True
         ):
             h.num_tokens += k
             if page_v.numel():  # most decode steps cross no page boundary: no copy then
                 h.vpages = torch.cat([h.vpages, page_v.flip(0)])
             if d or swa_v.numel():
                 h.vswa = torch.cat([h.vswa[d:], swa_v])
-            h.swa_first = first
 
     def release_batch(self, request_ids: Sequence[str]) -> None:
         """Free everything the requests hold. All or nothing (unknown or pinned ids free nothing)."""
@@ -245,7 +240,7 @@ class Allocator:
         return self._holding(request_id).num_tokens
 
     def swa_first_page(self, request_id: str) -> int:
-        return self._holding(request_id).swa_first
+        return self.swa_range(self._holding(request_id).num_tokens)[0]
 
     def slot_id(self, request_id: str) -> int | None:
         vslot = self._holding(request_id).vslot
@@ -308,7 +303,5 @@ class Allocator:
             require(h.pins >= 0, f"{rid}: pin count is non-negative")
             require(h.vpages.numel() == self.pages_for(h.num_tokens), f"{rid}: one page per page_size tokens")
             require(h.vslot.numel() == int(self.has_slot), f"{rid}: one slot per request")
-            require(
-                (h.swa_first, h.vswa.numel()) == (first, end - first), f"{rid}: window pages cover the window"
-            )
+            require(h.vswa.numel() == end - first, f"{rid}: window pages cover the window")
         require(not self.frontier.bands_overlap(), "low and high band units never overlap in bytes")
