@@ -223,7 +223,7 @@ class EnvelopeSender(ChannelEnd):
                         channel.wait(work, deadline, f"sending chunk {index}")
                 gathered[ahead] = self._stage(job, chunks[ahead])
             if (future := gathered.pop(chunk.index, None)) is not None:
-                future.result()
+                future.result(timeout=max(deadline - time.monotonic(), 0.0))  # deadlines everywhere
             works, keep = [], []
             for message in chunk.messages:
                 if message.is_direct:
