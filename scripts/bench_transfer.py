@@ -122,7 +122,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         if command[0] == "exit":
             receiver.close()
             return
-        _, method, rid, num_pages, fragmentation, chunked = command
+        _, method, rid, num_pages, fragmentation, chunked = command  # fragmentation of this side
         ranges = page_table(num_pages, fragmentation, arena_bytes // PAGE_BYTES, SEED + 1)
         if method == "envelope":
             transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges, deadline_s=120)
@@ -169,8 +169,11 @@ class Bench:
         """Seconds for one transfer by `method` (checked byte-identical for envelopes)."""
         self.count += 1
         rid = f"bench-{self.count}"
-        ranges = page_table(num_pages, fragmentation, self.arena_bytes // PAGE_BYTES, SEED)
-        self.conn.send(("run", method, rid, num_pages, fragmentation, chunked))
+        sides = self.args.fragmented
+        src_frag = fragmentation if sides in ("both", "source") else 0.0
+        dst_frag = fragmentation if sides in ("both", "destination") else 0.0
+        ranges = page_table(num_pages, src_frag, self.arena_bytes // PAGE_BYTES, SEED)
+        self.conn.send(("run", method, rid, num_pages, dst_frag, chunked))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
         started = time.perf_counter()
@@ -319,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--direct-min-kib", type=int, help="runs this long go zero-copy (default: the engine's)"
     )
+    parser.add_argument(
+        "--fragmented",
+        choices=("both", "source", "destination"),
+        default="both",
+        help="which side's pages are scattered; the other side's are contiguous (default: both)",
+    )
     args = parser.parse_args(argv)
     sizes = tuple(args.sizes_mib or (QUICK_SIZES_MIB if args.quick else SIZES_MIB))
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
@@ -334,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     direct_min = bench_direct_min(args)
     print(
         f"({time.monotonic() - started:.0f} s; chunk {CHUNK_BYTES >> 20} MiB, {args.streams} streams, "
-        f"direct >= {direct_min >> 10} KiB, median of {repeats} interleaved runs)"
+        f"direct >= {direct_min >> 10} KiB, fragmented: {args.fragmented}, "
+        f"median of {repeats} interleaved runs)"
     )
     plot(rows, args.plot)
     if args.json:

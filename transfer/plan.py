@@ -7,7 +7,8 @@ Concatenating the rows in that order gives the *stream*: the byte sequence the t
     plan_runs(src, dst)  -> (m, 3) runs (src_offset, dst_offset, nbytes) in stream order, merged
                             where both sides continue contiguously
     plan_messages(runs)  -> chunks of messages: each big run is a zero-copy message of its own,
-                            the small ones of a chunk are batched into one staged message
+                            the small ones of a chunk are batched into one message, staged on
+                            each side where its pieces are not contiguous
 
 Both ends compute the same plan from the same two tables, so no per-message metadata travels.
 Plans are numpy int64 arrays: they are small, host-side, and numpy's per-call cost is a fraction
@@ -75,24 +76,38 @@ def plan_runs(src_ranges: torch.Tensor | np.ndarray, dst_ranges: torch.Tensor | 
 class Message:
     """One message on the wire, filled by `pieces` (k, 3) runs in order.
 
-    A message of one piece is sent from / received into the arena directly (zero copy); one of
-    several is gathered into a staging buffer by the sender and scattered from it by the receiver.
+    Each side moves the message in place (zero copy) where its pieces are contiguous in that
+    side's arena, and through a staging buffer elsewhere: the sender gathers, the receiver
+    scatters. A message of one piece is in place on both sides; a batched one may be in place on
+    one side only (say, scattered pages at the source landing in a contiguous reservation).
     """
 
     pieces: np.ndarray  # (k, 3) int64: src_offset, dst_offset, nbytes
     nbytes: int
-    first: tuple[int, int, int]  # the first piece as ints (all of a direct message), read per send
+    spans: tuple[int | None, int | None]  # per side (SRC, DST): arena offset if contiguous there
 
     @property
     def is_direct(self) -> bool:
         return self.pieces.shape[0] == 1
+
+    def in_place_at(self, side: int) -> int | None:
+        """The arena offset where the message lies on `side` (SRC or DST), or None where it is staged."""
+        return self.spans[side]
+
+
+def _message(pieces: np.ndarray) -> Message:
+    ends = pieces[:-1, [SRC, DST]] + pieces[:-1, NBYTES : NBYTES + 1]
+    contiguous = (pieces[1:, [SRC, DST]] == ends).all(axis=0).tolist()
+    first = pieces[0].tolist()
+    spans = (first[SRC] if contiguous[0] else None, first[DST] if contiguous[1] else None)
+    return Message(pieces=pieces, nbytes=int(pieces[:, NBYTES].sum()), spans=spans)
 
 
 @dataclass(frozen=True)
 class Chunk:
     """The messages for one `chunk_bytes` window of the stream; the unit of pipelining.
 
-    At most one message of a chunk is staged, so one staging buffer of `chunk_bytes` holds it.
+    At most one message of a chunk is batched, so one staging buffer of `chunk_bytes` holds it.
     """
 
     index: int
@@ -129,7 +144,7 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
 
     Runs are split where the stream crosses a multiple of `chunk_bytes`. In each chunk, every piece
     of a run of at least `direct_min_bytes` is its own message; all the other pieces are batched, in
-    stream order, into one staged message (sent first, so that it is gathered early).
+    stream order, into one message (sent first, so that a gather of it starts early).
     """
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
@@ -142,13 +157,8 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     for index in range(num_chunks):
         lo, hi = bounds[index], bounds[index + 1]
         in_chunk, is_direct = pieces[lo:hi], direct[lo:hi]
-        messages = []
-        if not is_direct.all():
-            staged = in_chunk[~is_direct]
-            first = tuple(staged[0].tolist())
-            messages.append(Message(pieces=staged, nbytes=int(staged[:, NBYTES].sum()), first=first))
+        messages = [] if is_direct.all() else [_message(in_chunk[~is_direct])]
         direct_pieces = in_chunk[is_direct]
-        for i, (src, dst, nbytes) in enumerate(direct_pieces.tolist()):
-            messages.append(Message(pieces=direct_pieces[i : i + 1], nbytes=nbytes, first=(src, dst, nbytes)))
+        messages += [_message(direct_pieces[i : i + 1]) for i in range(direct_pieces.shape[0])]
         chunks.append(Chunk(index=index, messages=tuple(messages)))
     return chunks

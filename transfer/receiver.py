@@ -7,8 +7,8 @@ worker thread waits for the sender's bell, then for the transfer it announces:
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, fingerprint, pages, slot, tokens, bytes,
         row sizes, chunk size; any mismatch -> REFUSE, nothing written
-    READY + our table; keep three chunks' receives posted (direct messages straight into our
-        arena, the staged one into staging buffer k % 3); land chunk k (its scatter overlaps the
+    READY + our table; keep three chunks' receives posted (messages contiguous here straight
+        into our arena, a staged one into staging buffer k % 3); land chunk k (its scatter overlaps the
         arrival of k+1 and k+2), then post chunk k+3
     END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
 
@@ -222,8 +222,8 @@ class EnvelopeReceiver(ChannelEnd):
             first_message.append(first_message[-1] + len(chunk.messages))
         # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
         # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
-        # landed; direct messages land in the arena and need none. So chunks k+1 and k+2 (at least)
-        # are arriving while chunk k is scattered.
+        # landed; messages contiguous here land in the arena in place and need none. So chunks
+        # k+1 and k+2 (at least) are arriving while chunk k is scattered.
         posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
         num_posted = num_landed = 0
 
@@ -231,7 +231,7 @@ class EnvelopeReceiver(ChannelEnd):
             nonlocal num_posted
             while num_posted < len(chunks) and (
                 num_posted - PIPELINE_DEPTH < num_landed
-                or all(m.is_direct for m in chunks[num_posted].messages)
+                or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
             ):
                 posted.append(self._post(job, chunks[num_posted], first_message[num_posted]))
                 num_posted += 1
@@ -268,9 +268,9 @@ class EnvelopeReceiver(ChannelEnd):
         works, buffers = [], []
         channel, num_streams = self.channel, self.channel.num_streams
         for i, message in enumerate(chunk.messages):
-            if message.is_direct:
-                _, offset, nbytes = message.first
-                buffer = job.arena[offset : offset + nbytes]
+            offset = message.in_place_at(DST)
+            if offset is not None:
+                buffer = job.arena[offset : offset + message.nbytes]
             else:
                 buffer = self._staging.get(chunk.index, message.nbytes)
             works.append(channel.recv(buffer, TAG_DATA + (first_message + i) % num_streams))
@@ -287,7 +287,7 @@ class EnvelopeReceiver(ChannelEnd):
         if not scatter_staged:
             return
         for message, buffer in zip(chunk.messages, buffers, strict=True):
-            if not message.is_direct:
+            if message.in_place_at(DST) is None:
                 scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.arena)
         job.transfer.num_chunks_done = chunk.index + 1
         if job.transfer.on_chunk is not None:

@@ -6,9 +6,9 @@ channel in submission order. One transfer:
     ring the bell with the HEADER (envelope, source table); wait READY (destination table) | REFUSE
     plan runs and messages from both tables (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
-        chunk that used it are done), then send chunk k's messages; big runs go straight from the
-        arena. After an abort the rest of the stream goes unfilled (no gathers): both ends stay
-        in step without a control message in the group.
+        chunk that used it are done), then send chunk k's messages; big runs, and batches that
+        are contiguous here, go straight from the arena. After an abort the rest of the stream
+        goes unfilled (no gathers): both ends stay in step without a control message in the group.
     put END (+ checksum) or ABORT in the store; wait STATUS
 
 The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
@@ -56,8 +56,8 @@ from transfer.staging import PIPELINE_DEPTH, checksum, gather
 
 
 def _staged(chunk: Chunk) -> Message | None:
-    """The chunk's staged message (it has at most one), or None when every message is direct."""
-    return next((m for m in chunk.messages if not m.is_direct), None)
+    """The chunk's message the sender gathers (at most one), or None when all go from the arena."""
+    return next((m for m in chunk.messages if m.in_place_at(SRC) is None), None)
 
 
 class EnvelopeSender(ChannelEnd):
@@ -226,9 +226,9 @@ class EnvelopeSender(ChannelEnd):
                 future.result(timeout=max(deadline - time.monotonic(), 0.0))  # deadlines everywhere
             works, keep = [], []
             for message in chunk.messages:
-                if message.is_direct:
-                    offset, _, nbytes = message.first
-                    payload = job.arena[offset : offset + nbytes]
+                offset = message.in_place_at(SRC)
+                if offset is not None:
+                    payload = job.arena[offset : offset + message.nbytes]
                 else:
                     payload = self._staging.get(chunk.index, message.nbytes)
                 # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.

@@ -20,6 +20,7 @@ from transfer_peer import (
 )
 
 import transfer.receiver as receiver_module
+import transfer.sender as sender_module
 from distpool.envelope import Envelope
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferError, TransferOptions, TransferState
 
@@ -215,6 +216,35 @@ def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
     for transfer in (outgoing, incoming):
         with pytest.raises(TransferError, match="checksum mismatch"):
             transfer.wait()
+
+
+@pytest.mark.parametrize("scattered", ["source", "destination"])
+def test_the_side_whose_pages_are_contiguous_copies_nothing(pair, monkeypatch, scattered):
+    """Scattered pages on one side only: that side stages, the other moves the bytes in place."""
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 15), make_arena(ARENA_BYTES, 16)
+    kw = dict(num_pages=60, page_bytes=PAGE_BYTES, arena_pages=ARENA_BYTES // PAGE_BYTES)
+    spread = fragmented_ranges(seed=21, fragmentation=1.0, **kw)
+    packed = fragmented_ranges(seed=22, fragmentation=0.0, **kw)
+    src, dst = (spread, packed) if scattered == "source" else (packed, spread)
+    copied = {"gather": 0, "scatter": 0}
+
+    def counting(name, real):
+        def copy(*args):
+            copied[name] += int(args[2].sum())
+            real(*args)
+
+        return copy
+
+    monkeypatch.setattr(sender_module, "gather", counting("gather", sender_module.gather))
+    monkeypatch.setattr(receiver_module, "scatter", counting("scatter", receiver_module.scatter))
+    incoming = receiver.expect(envelope_for("one-sided", dst, has_slot=False), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for("one-sided", src, has_slot=False), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+    staged_side, in_place_side = ("gather", "scatter") if scattered == "source" else ("scatter", "gather")
+    assert copied[staged_side] == 60 * PAGE_BYTES
+    assert copied[in_place_side] == 0
 
 
 def test_queued_transfers_arrive_in_any_expectation_order(pair):

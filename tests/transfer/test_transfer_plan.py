@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transfer.plan import check_ranges, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, SRC, check_ranges, plan_messages, plan_runs
 
 
 def table(rows: list[list[int]]) -> torch.Tensor:
@@ -121,6 +121,21 @@ def test_staged_and_direct_pieces_of_one_chunk():
     ]
 
 
+def test_each_side_moves_a_batch_in_place_where_it_is_contiguous_there():
+    # Pages scattered at the source, back to back at the destination: batched, in place at DST only.
+    runs = table([[3000, 0, 100], [1000, 100, 100], [5000, 200, 100]]).numpy()
+    ((message,),) = [c.messages for c in plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=1000)]
+    assert (message.in_place_at(SRC), message.in_place_at(DST)) == (None, 0)
+    swapped = runs[:, [DST, SRC, NBYTES]]
+    ((message,),) = [c.messages for c in plan_messages(swapped, chunk_bytes=1 << 20, direct_min_bytes=1000)]
+    assert (message.in_place_at(SRC), message.in_place_at(DST)) == (0, None)
+    # A direct message is in place on both sides; a batch contiguous on neither is staged on both.
+    runs = table([[0, 900, 10], [500, 100, 500], [700, 0, 10]]).numpy()
+    staged, direct = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=100)[0].messages
+    assert (staged.in_place_at(SRC), staged.in_place_at(DST)) == (None, None)
+    assert (direct.in_place_at(SRC), direct.in_place_at(DST)) == (500, 100)
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1000, 1 << 20])
 @pytest.mark.parametrize("direct_min_bytes", [1, 50, 1 << 30])
 def test_messages_cover_every_byte_once_in_order(chunk_bytes, direct_min_bytes):
@@ -148,3 +163,11 @@ def test_messages_cover_every_byte_once_in_order(chunk_bytes, direct_min_bytes):
             for s, d, n in m.pieces.tolist():
                 assert dst_stream[position[s]] == d
                 assert position[s + n - 1] - position[s] == n - 1
+    # A message is in place on a side exactly when its pieces follow each other there.
+    for c in chunks:
+        for m in c.messages:
+            for side in (SRC, DST):
+                offsets, sizes = m.pieces[:, side].tolist(), m.pieces[:, NBYTES].tolist()
+                ends = [o + n for o, n in zip(offsets, sizes, strict=True)]
+                follows = ends[:-1] == offsets[1:]
+                assert m.in_place_at(side) == (offsets[0] if follows else None)
