@@ -40,7 +40,7 @@ QUICK_SIZES_MIB = (1, 16, 64, 384)
 FRAGMENTATIONS = (0.0, 0.5, 1.0)
 REPEATS, QUICK_REPEATS = 3, 2
 NAIVE_MAX_MIB, QUICK_NAIVE_MAX_MIB = 1024, 384  # the naive loop is slow; skip it above this
-CHUNK_BYTES = 32 << 20
+CHUNK_MIB = 32
 SEED = 0
 TAG_RAW, TAG_ACK = 5, 6
 FINGERPRINT = "bench-layout"
@@ -98,10 +98,10 @@ def make_channel(rank: int, port: int, streams: int) -> Channel:
     )
 
 
-def raw_pieces(num_bytes: int, chunked: bool) -> list[tuple[int, int]]:
-    if not chunked:
+def raw_pieces(num_bytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]:
+    if chunk_bytes is None:
         return [(0, num_bytes)]
-    return [(o, min(CHUNK_BYTES, num_bytes - o)) for o in range(0, num_bytes, CHUNK_BYTES)]
+    return [(o, min(chunk_bytes, num_bytes - o)) for o in range(0, num_bytes, chunk_bytes)]
 
 
 def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
@@ -122,7 +122,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         if command[0] == "exit":
             receiver.close()
             return
-        _, method, rid, num_pages, fragmentation, chunked = command  # fragmentation of this side
+        _, method, rid, num_pages, fragmentation, raw_chunk = command  # fragmentation of this side
         ranges = page_table(num_pages, fragmentation, arena_bytes // PAGE_BYTES, SEED + 1)
         if method == "envelope":
             transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges, deadline_s=120)
@@ -130,7 +130,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
             transfer.wait()
             conn.send(crc(arena, ranges))
             continue
-        pieces = raw_pieces(num_pages * PAGE_BYTES, chunked) if method == "raw" else naive_pieces(ranges)
+        pieces = raw_pieces(num_pages * PAGE_BYTES, raw_chunk) if method == "raw" else naive_pieces(ranges)
         conn.send("ready")
         deadline = time.monotonic() + 300
         if method == "raw":  # all receives posted at once
@@ -157,7 +157,8 @@ class Bench:
         self.peer.start()
         self.channel = make_channel(0, self.port, args.streams)
         direct_min = None if args.direct_min_kib is None else args.direct_min_kib << 10
-        options = TransferOptions(chunk_bytes=CHUNK_BYTES, direct_min_bytes=direct_min)
+        self.chunk_bytes = args.chunk_mib << 20
+        options = TransferOptions(chunk_bytes=self.chunk_bytes, direct_min_bytes=direct_min)
         self.sender = EnvelopeSender(self.channel, options)
         self.sender.connect()
         # Distinct, cheap-to-make content: int64 counters.
@@ -173,7 +174,8 @@ class Bench:
         src_frag = fragmentation if sides in ("both", "source") else 0.0
         dst_frag = fragmentation if sides in ("both", "destination") else 0.0
         ranges = page_table(num_pages, src_frag, self.arena_bytes // PAGE_BYTES, SEED)
-        self.conn.send(("run", method, rid, num_pages, dst_frag, chunked))
+        raw_chunk = self.chunk_bytes if chunked else None
+        self.conn.send(("run", method, rid, num_pages, dst_frag, raw_chunk))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
         started = time.perf_counter()
@@ -185,7 +187,7 @@ class Bench:
             return seconds
         channel, streams = self.channel, self.args.streams
         if method == "raw":
-            pieces = raw_pieces(num_pages * PAGE_BYTES, chunked)
+            pieces = raw_pieces(num_pages * PAGE_BYTES, raw_chunk)
             works = [
                 channel.send(self.arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)
             ]
@@ -319,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes-mib", type=int, nargs="+", help="envelope sizes to run (MiB)")
     parser.add_argument("--repeats", type=int, help="timed repeats per method and case (median is reported)")
     parser.add_argument("--streams", type=int, default=2, help="Gloo connections carrying payload")
+    parser.add_argument("--chunk-mib", type=int, default=CHUNK_MIB, help="the engine's chunk size (MiB)")
     parser.add_argument(
         "--direct-min-kib", type=int, help="runs this long go zero-copy (default: the engine's)"
     )
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     direct_min = bench_direct_min(args)
     print(
-        f"({time.monotonic() - started:.0f} s; chunk {CHUNK_BYTES >> 20} MiB, {args.streams} streams, "
+        f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
         f"direct >= {direct_min >> 10} KiB, fragmented: {args.fragmented}, "
         f"median of {repeats} interleaved runs)"
     )

@@ -100,6 +100,16 @@ class Channel:
         if self._broken is None:
             self._broken = reason
 
+    def tear_down(self, reason: str) -> None:
+        """Mark the channel broken and destroy its group now (a rebuild makes a new one).
+
+        A transfer that fails mid-stream calls this before it concludes: an NCCL receive still
+        posted into the arena would otherwise land whenever the peer's bytes come, possibly after
+        the caller has freed those pages and handed them to another request.
+        """
+        self.mark_broken(reason)
+        self._teardown(reason)
+
     # ---- lifecycle ----------------------------------------------------------------------------
     def connect(self, timeout_s: float | None = None) -> None:
         """Rendezvous, handshake and build the group; raise ChannelError / FingerprintMismatch."""

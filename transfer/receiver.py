@@ -167,6 +167,8 @@ class EnvelopeReceiver(ChannelEnd):
             error = as_transfer_error(channel, rid, exc)
         finally:
             self._stream.synchronize()
+        if error is not None and error.channel_broken:
+            channel.tear_down(error.reason)  # no receive still posted lands in pages freed after this
         if job is not None:
             job.transfer._finish(error)
             spent_keys += job.spent_keys

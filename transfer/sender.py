@@ -177,6 +177,8 @@ class EnvelopeSender(ChannelEnd):
             error = as_transfer_error(channel, rid, exc)
         finally:
             self._stream.synchronize()
+        if error is not None and error.channel_broken:
+            channel.tear_down(error.reason)  # no send still posted reads pages freed after this
         transfer._finish(error)
         if channel.healthy and job.spent_keys:  # tidy this transfer's keys off its critical path
             channel.discard(*job.spent_keys)

@@ -341,3 +341,42 @@ def test_a_queued_transfer_fails_at_its_own_deadline_or_abort_not_when_dequeued(
     assert not slow.done(), "both concluded while the transfer ahead of them was still running"
     with pytest.raises(TransferError):
         slow.wait()
+
+
+def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
+    """A receiver failing mid-stream, with receives still posted into its arena, takes the group
+    down before it concludes: bytes the sender sends later cannot land in pages freed by then."""
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 17), make_arena(ARENA_BYTES, 18)
+    kw = dict(num_pages=64, page_bytes=PAGE_BYTES, arena_pages=ARENA_BYTES // PAGE_BYTES, fragmentation=0.0)
+    src, dst = fragmented_ranges(seed=31, **kw), fragmented_ranges(seed=32, **kw)
+
+    def fail_on_first_chunk(transfer, index):
+        raise RuntimeError("the receiving worker failed")
+
+    incoming = receiver.expect(
+        envelope_for("late", dst, has_slot=False), dst_arena, dst, deadline_s=5, on_chunk=fail_on_first_chunk
+    )
+    outgoing = sender.submit(
+        envelope_for("late", src, has_slot=False),
+        src_arena,
+        src,
+        deadline_s=5,
+        on_chunk=lambda transfer, index: time.sleep(0.2),  # later chunks leave after the failure
+    )
+    with pytest.raises(TransferError, match="the receiving worker failed"):
+        incoming.wait()
+    at_conclusion = dst_arena.clone()
+    with pytest.raises(TransferError):
+        outgoing.wait()
+    assert torch.equal(dst_arena, at_conclusion)
+    assert not receiver.channel.healthy and not sender.channel.healthy
+    # Both ends rebuild, and the channel carries the envelope whole.
+    rebuild = threading.Thread(target=receiver.rebuild)
+    rebuild.start()
+    sender.rebuild()
+    rebuild.join()
+    incoming = receiver.expect(envelope_for("again", dst, has_slot=False), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for("again", src, has_slot=False), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
