@@ -217,10 +217,23 @@ class Channel:
         return self._pg
 
     def send(self, tensor: torch.Tensor, tag: int) -> dist.Work:
-        return self._group().send([tensor], self.peer_rank, tag)
+        group = self._group()
+        try:
+            return group.send([tensor], self.peer_rank, tag)
+        except Exception as exc:  # Gloo may write at once, and fail at once on a closed link
+            raise self._link_failed("sending", exc) from None
 
     def recv(self, tensor: torch.Tensor, tag: int) -> dist.Work:
-        return self._group().recv([tensor], self.peer_rank, tag)
+        group = self._group()
+        try:
+            return group.recv([tensor], self.peer_rank, tag)
+        except Exception as exc:
+            raise self._link_failed("receiving", exc) from None
+
+    def _link_failed(self, what: str, exc: Exception) -> ChannelError:
+        reason = f"{what}: peer or link failed: {str(exc).splitlines()[0][:200]}"
+        self.mark_broken(reason)
+        return ChannelError(reason)
 
     def wait(self, work: dist.Work, deadline: float, what: str) -> None:
         """Wait for `work` until the monotonic `deadline`; on failure mark broken, raise ChannelError."""
@@ -231,11 +244,9 @@ class Channel:
             work.wait(delta(remaining))
         except Exception as exc:
             timed_out = time.monotonic() >= deadline - 0.005 or "timed out" in str(exc).lower()
-            reason = (
-                f"{what}: timed out after {max(remaining, 0):.2f} s"
-                if timed_out
-                else f"{what}: peer or link failed: {str(exc).splitlines()[0][:200]}"
-            )
+            if not timed_out:
+                raise self._link_failed(what, exc) from None
+            reason = f"{what}: timed out after {max(remaining, 0):.2f} s"
             self.mark_broken(reason)
             raise ChannelError(reason) from None
 

@@ -5,7 +5,7 @@
                                                     <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
     end/{seq}    := END (checksum) | ABORT (reason) ->  read once its receives completed
-                                                    <-  status/{seq} := STATUS (ok | reason)
+                                                    <-  status/{seq} := STATUS (ok | reason, broken)
 
 Control messages go through the rendezvous store: a store wait can time out without harming
 anything, and a garbled header costs a refusal, not the channel. The group carries payload only,
@@ -24,7 +24,7 @@ import torch
 
 from transfer.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
@@ -53,7 +53,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     WITHDRAWN: {"seq": int, "reason": str},
     END: {"seq": int, "checksum": (int, type(None))},
     ABORT: {"seq": int, "reason": str},
-    STATUS: {"seq": int, "ok": bool, "reason": str},
+    STATUS: {"seq": int, "ok": bool, "reason": str, "broken": bool},  # broken: the receiver tore down
 }
 
 # Payload message i goes with tag TAG_DATA + i % num_streams (Gloo: one connection per stream).

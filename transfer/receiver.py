@@ -168,6 +168,8 @@ class EnvelopeReceiver(ChannelEnd):
         finally:
             self._stream.synchronize()
         if error is not None and error.channel_broken:
+            if job is not None and job.transfer.began_at is not None:
+                self._tell_sender_broken(seq, error.reason)
             channel.tear_down(error.reason)  # no receive still posted lands in pages freed after this
         if job is not None:
             job.transfer._finish(error)
@@ -211,8 +213,17 @@ class EnvelopeReceiver(ChannelEnd):
             return str(exc)
         return None
 
-    def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
-        self.channel.put_once(f"status/{seq}", encode_message(STATUS, seq=seq, ok=ok, reason=reason))
+    def _tell_sender_broken(self, seq: int, reason: str) -> None:
+        """Best effort: a failed STATUS that says the channel is going down, so the sender fails now
+        rather than at its deadline (a status already there, or a store gone, leaves it be)."""
+        try:
+            self._status(seq, ok=False, reason=reason, broken=True)
+        except Exception:
+            pass
+
+    def _status(self, seq: int, *, ok: bool, reason: str = "", broken: bool = False) -> None:
+        message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=broken)
+        self.channel.put_once(f"status/{seq}", message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
         channel, transfer, deadline, runs = self.channel, job.transfer, job.transfer.deadline, job.runs

@@ -283,5 +283,8 @@ class EnvelopeSender(ChannelEnd):
         status = decode_message(blob, expect=(STATUS,), max_bytes=4096)
         if status["seq"] != seq:
             raise ProtocolError(f"status is for transfer {status['seq']}, expected {seq}")
+        if status["broken"]:
+            channel.mark_broken(f"the receiver tore the channel down: {status['reason']}")
+            raise TransferError(rid, f"receiver failed: {status['reason']}", channel_broken=True)
         if not status["ok"] and job.transfer.abort_reason is None:
             raise TransferError(rid, f"receiver failed: {status['reason']}")

@@ -366,9 +366,12 @@ def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
     )
     with pytest.raises(TransferError, match="the receiving worker failed"):
         incoming.wait()
-    at_conclusion = dst_arena.clone()
-    with pytest.raises(TransferError):
+    at_conclusion, failed_at = dst_arena.clone(), time.monotonic()
+    # The sender hears it from the closed link or from the receiver's status, whichever comes first.
+    with pytest.raises(TransferError, match="the receiving worker failed|peer or link failed") as failure:
         outgoing.wait()
+    assert failure.value.channel_broken
+    assert time.monotonic() - failed_at < 2.5  # told by the receiver, not left to its 5 s deadline
     assert torch.equal(dst_arena, at_conclusion)
     assert not receiver.channel.healthy and not sender.channel.healthy
     # Both ends rebuild, and the channel carries the envelope whole.
@@ -380,3 +383,26 @@ def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
     sender.submit(envelope_for("again", src, has_slot=False), src_arena, src, deadline_s=5).wait()
     incoming.wait()
     assert digest(dst_arena, dst) == digest(src_arena, src)
+
+
+def test_a_receiver_failing_after_the_last_chunk_tells_the_sender_at_once(pair):
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 19), make_arena(ARENA_BYTES, 20)
+    src, dst = tables(seed=41)
+
+    def fail_on_last_chunk(transfer, index):
+        if index == transfer_chunks - 1:
+            raise RuntimeError("the receiving worker failed late")
+
+    transfer_chunks = -(-int(dst[:, 1].sum()) // sender.options.chunk_bytes)
+    incoming = receiver.expect(
+        envelope_for("last", dst, has_slot=True), dst_arena, dst, deadline_s=5, on_chunk=fail_on_last_chunk
+    )
+    started = time.monotonic()
+    outgoing = sender.submit(envelope_for("last", src, has_slot=True), src_arena, src, deadline_s=5)
+    for transfer in (incoming, outgoing):
+        with pytest.raises(TransferError, match="the receiving worker failed late") as failure:
+            transfer.wait()
+        assert failure.value.channel_broken
+    assert time.monotonic() - started < 2.5  # the receiver's STATUS said so; no wait for the deadline
+    assert not sender.channel.healthy and not receiver.channel.healthy
