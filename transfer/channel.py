@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import threading
 import time
 from typing import Any
 
@@ -105,10 +106,26 @@ class Channel:
 
         A transfer that fails mid-stream calls this before it concludes: an NCCL receive still
         posted into the arena would otherwise land whenever the peer's bytes come, possibly after
-        the caller has freed those pages and handed them to another request.
+        the caller has freed those pages and handed them to another request. No store traffic:
+        the store's host may be the peer that hung, and this must not wait for it.
         """
         self.mark_broken(reason)
-        self._teardown(reason)
+        self._destroy_group()
+
+    def put_soon(self, key: str, value: bytes) -> None:
+        """Best effort, on a daemon thread: `put_once` in this generation's store. For news the
+        peer may never read; nothing waits for a store whose host may have hung."""
+        store = self._gen_store
+        if store is None:
+            return
+
+        def put() -> None:
+            try:
+                store.compare_set(key, "", value)
+            except Exception:  # the store went with its host: nobody is left to tell
+                pass
+
+        threading.Thread(target=put, name=f"put-{self.name}", daemon=True).start()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def connect(self, timeout_s: float | None = None) -> None:
@@ -156,15 +173,19 @@ class Channel:
                 self._gen_store.compare_set(f"bell/{self.transfer_seq}", "", _TEARDOWN + reason.encode())
             except Exception:  # the store may be gone with its host
                 pass
+        self._destroy_group()
+        self._gen_store, self._bell_store = None, None
+        if self.rank != SENDER_RANK:
+            self._store = None  # a client reconnects each time: the server may have restarted
+        self._broken = self._broken or reason
+
+    def _destroy_group(self) -> None:
         if self._pg is not None:
             try:
                 self._pg.abort() if self.backend == "nccl" else self._pg.shutdown()
             except Exception:  # a group already poisoned by its peer may refuse to shut down cleanly
                 pass
-        self._pg, self._gen_store, self._bell_store = None, None, None
-        if self.rank != SENDER_RANK:
-            self._store = None  # a client reconnects each time: the server may have restarted
-        self._broken = self._broken or reason
+        self._pg = None
 
     # ---- connect steps ------------------------------------------------------------------------
     def _handshake(self, gen_store: dist.Store, deadline: float) -> dict[str, Any]:

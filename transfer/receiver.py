@@ -165,12 +165,16 @@ class EnvelopeReceiver(ChannelEnd):
                 self._receive_chunks(job, seq, header)
         except Exception as exc:
             error = as_transfer_error(channel, rid, exc)
+            if error.channel_broken:
+                # Before the copy stream is synchronized (after a timed-out NCCL wait it waits on
+                # the receive) and before the caller can free pages a posted receive still targets.
+                channel.tear_down(error.reason)
+                if job is not None and job.transfer.began_at is not None:
+                    # The sender fails now rather than at its deadline (if it still reads the store).
+                    broken = encode_message(STATUS, seq=seq, ok=False, reason=error.reason, broken=True)
+                    channel.put_soon(f"status/{seq}", broken)
         finally:
             self._stream.synchronize()
-        if error is not None and error.channel_broken:
-            if job is not None and job.transfer.began_at is not None:
-                self._tell_sender_broken(seq, error.reason)
-            channel.tear_down(error.reason)  # no receive still posted lands in pages freed after this
         if job is not None:
             job.transfer._finish(error)
             spent_keys += job.spent_keys
@@ -213,16 +217,8 @@ class EnvelopeReceiver(ChannelEnd):
             return str(exc)
         return None
 
-    def _tell_sender_broken(self, seq: int, reason: str) -> None:
-        """Best effort: a failed STATUS that says the channel is going down, so the sender fails now
-        rather than at its deadline (a status already there, or a store gone, leaves it be)."""
-        try:
-            self._status(seq, ok=False, reason=reason, broken=True)
-        except Exception:
-            pass
-
-    def _status(self, seq: int, *, ok: bool, reason: str = "", broken: bool = False) -> None:
-        message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=broken)
+    def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
+        message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=False)
         self.channel.put_once(f"status/{seq}", message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:

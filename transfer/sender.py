@@ -13,6 +13,10 @@ channel in submission order. One transfer:
 
 The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
 write synchronously in the calling thread), on CUDA the copy stream beside NCCL's.
+
+A receiver that fails mid-stream tears its group down and leaves a STATUS marked broken. Over
+Gloo the closed link fails the next send at once; NCCL sends to an aborted peer stay pending, so
+there the sender learns it from STATUS once its sends are done, or at its deadline.
 """
 
 from __future__ import annotations
@@ -175,10 +179,10 @@ class EnvelopeSender(ChannelEnd):
                 self._send_chunks(job, seq, runs)
         except Exception as exc:
             error = as_transfer_error(channel, rid, exc)
+            if error.channel_broken:  # before synchronizing: no send still posted outlives the transfer
+                channel.tear_down(error.reason)
         finally:
             self._stream.synchronize()
-        if error is not None and error.channel_broken:
-            channel.tear_down(error.reason)  # no send still posted reads pages freed after this
         transfer._finish(error)
         if channel.healthy and job.spent_keys:  # tidy this transfer's keys off its critical path
             channel.discard(*job.spent_keys)

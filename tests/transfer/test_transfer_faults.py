@@ -282,6 +282,45 @@ def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(p
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, device):
+    """The frozen sender also hosts the store: the failing receiver must not wait on it."""
+    local_device, peer_device = devices(device)
+    port, name = free_port(), f"frozen-{device}"
+    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
+    receiver = local_engine(1, port, local_device, name=name)
+    receiver.connect()
+    assert peer.result()["ok"]
+    src, dst = tables(seed=6)
+    ledger = Ledger(ARENA_BYTES)
+    reserve(ledger, "frozen", dst)
+    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=11)
+    incoming = receiver.expect(
+        envelope_for("frozen", dst, has_slot=True),
+        make_arena(ARENA_BYTES, 12, local_device),
+        dst,
+        deadline_s=1.5,
+    )
+    peer.call(
+        "begin", name=name, rid="frozen", ranges=src.tolist(), has_slot=True, delay_s=0.2, deadline_s=30
+    )
+    time.sleep(0.3)
+    peer.start("stop_for", seconds=5)
+    error, waited = run_and_release(ledger, "frozen", incoming)
+    assert error.channel_broken and "timed out" in error.reason
+    assert waited < 2.0  # not the 5 s the sender (and its store) stay frozen
+    ledger.check_invariants()
+    assert ledger.free_bytes == ARENA_BYTES and not ledger.pinned
+    peer.result()
+    assert peer.call("wait", name=name, rid="frozen")["state"] == "failed"  # resumed into a closed link
+    peer.start("rebuild", name=name)
+    receiver.rebuild()
+    assert peer.result()["ok"]
+    assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid="after-frozen")
+    receiver.close()
+    peer.call("close", name=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["garbage", "wrong_fingerprint", "wrong_row_bytes"])
 def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
     local_device, peer_device = devices(device)
