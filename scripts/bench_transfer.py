@@ -127,11 +127,14 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         if method == "envelope":
             transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges, deadline_s=120)
             conn.send("ready")
+            cpu_started = time.process_time()
             transfer.wait()
-            conn.send(crc(arena, ranges))
+            cpu = time.process_time() - cpu_started
+            conn.send((crc(arena, ranges), cpu))
             continue
         pieces = raw_pieces(num_pages * PAGE_BYTES, raw_chunk) if method == "raw" else naive_pieces(ranges)
         conn.send("ready")
+        cpu_started = time.process_time()
         deadline = time.monotonic() + 300
         if method == "raw":  # all receives posted at once
             works = [channel.recv(arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)]
@@ -141,7 +144,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
             for o, n in pieces:
                 channel.wait(channel.recv(arena[o : o + n], TAG_RAW), deadline, "naive")
         channel.wait(channel.send(ack, TAG_ACK), deadline, "ack")
-        conn.send("done")
+        conn.send(("done", time.process_time() - cpu_started))
 
 
 # ---- the sending side ---------------------------------------------------------------------------------
@@ -165,6 +168,7 @@ class Bench:
         self.arena = torch.arange(arena_bytes // 8, dtype=torch.int64).view(torch.uint8)
         self.ack = torch.zeros(1, dtype=torch.uint8)
         self.count = 0
+        self.cores_busy: dict[str, list[tuple[float, float]]] = {}  # method -> (sender, receiver) cores
 
     def run(self, method: str, num_pages: int, fragmentation: float, *, chunked: bool = True) -> float:
         """Seconds for one transfer by `method` (checked byte-identical for envelopes)."""
@@ -178,12 +182,15 @@ class Bench:
         self.conn.send(("run", method, rid, num_pages, dst_frag, raw_chunk))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         if method == "envelope":
             self.sender.submit(envelope_of(rid, ranges), self.arena, ranges, deadline_s=120).wait()
             seconds = time.perf_counter() - started
-            if self.conn.recv() != crc(self.arena, ranges):
+            cpu = time.process_time() - cpu_started
+            value, peer_cpu = self.conn.recv()
+            if value != crc(self.arena, ranges):
                 raise SystemExit(f"envelope {rid} arrived corrupted")
+            self._note_cpu(method, num_pages, seconds, cpu, peer_cpu)
             return seconds
         channel, streams = self.channel, self.args.streams
         if method == "raw":
@@ -198,8 +205,16 @@ class Bench:
                 channel.wait(channel.send(self.arena[o : o + n], TAG_RAW), deadline, "naive")
         channel.wait(channel.recv(self.ack, TAG_ACK), deadline, "ack")
         seconds = time.perf_counter() - started
-        assert self.conn.recv() == "done"
+        cpu = time.process_time() - cpu_started
+        done, peer_cpu = self.conn.recv()
+        assert done == "done"
+        self._note_cpu(method, num_pages, seconds, cpu, peer_cpu)
         return seconds
+
+    def _note_cpu(self, method: str, num_pages: int, seconds: float, cpu: float, peer_cpu: float) -> None:
+        """Cores each process kept busy (all its threads), for envelopes of 64 MiB and more."""
+        if num_pages * PAGE_BYTES >= 64 << 20:
+            self.cores_busy.setdefault(method, []).append((cpu / seconds, peer_cpu / seconds))
 
     def close(self) -> None:
         self.conn.send(("exit",))
@@ -349,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         f"direct >= {direct_min >> 10} KiB, fragmented: {args.fragmented}, "
         f"median of {repeats} interleaved runs)"
     )
+    if bench.cores_busy:  # where both processes together fill the machine, copies cost throughput
+        busy = ", ".join(
+            f"{m} {statistics.median(s for s, _ in v):.2f} + {statistics.median(r for _, r in v):.2f}"
+            for m, v in sorted(bench.cores_busy.items())
+        )
+        print(f"cores kept busy (sender + receiver), envelopes >= 64 MiB, median: {busy}")
     plot(rows, args.plot)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
