@@ -67,6 +67,15 @@ def tables(seed: int, num_pages: int = 40, fragmentation: float = 1.0) -> tuple[
     return fragmented_ranges(seed=seed, **kw), fragmented_ranges(seed=seed + 1000, **kw)
 
 
+def round_trip(sender, receiver, rid: str, source, destination, *, has_slot: bool) -> None:
+    """Move one envelope, (arena, ranges) to (arena, ranges), and check it arrived byte-identical."""
+    (src_arena, src), (dst_arena, dst) = source, destination
+    incoming = receiver.expect(envelope_for(rid, dst, has_slot=has_slot), dst_arena, dst, deadline_s=5)
+    sender.submit(envelope_for(rid, src, has_slot=has_slot), src_arena, src, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+
+
 def test_states_move_waiting_transferring_success(pair):
     sender, receiver = pair
     src_arena, dst_arena = make_arena(ARENA_BYTES, 1), make_arena(ARENA_BYTES, 2)
@@ -143,10 +152,7 @@ def test_an_expectation_fails_at_its_deadline_and_the_channel_stays_usable(pair)
     assert lonely.state is TransferState.FAILED
     # The same request id can be expected again, and this time it arrives.
     src_arena = make_arena(ARENA_BYTES, 7)
-    incoming = receiver.expect(envelope_for("late", dst, has_slot=True), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for("late", src, has_slot=True), src_arena, src, deadline_s=5).wait()
-    incoming.wait()
-    assert digest(dst_arena, dst) == digest(src_arena, src)
+    round_trip(sender, receiver, "late", (src_arena, src), (dst_arena, dst), has_slot=True)
 
 
 def test_aborting_a_waiting_expectation_fails_it_at_once(pair):
@@ -189,10 +195,7 @@ def test_abort_mid_transfer_from_either_side_fails_both_and_keeps_the_channel(pa
     ledger.check_invariants()
     assert ledger.free_bytes == ARENA_BYTES
     # The next transfer on the same channel goes through.
-    incoming = receiver.expect(envelope_for("next", dst, has_slot=True), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for("next", src, has_slot=True), src_arena, src, deadline_s=5).wait()
-    incoming.wait()
-    assert digest(dst_arena, dst) == digest(src_arena, src)
+    round_trip(sender, receiver, "next", (src_arena, src), (dst_arena, dst), has_slot=True)
 
 
 def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
@@ -238,10 +241,7 @@ def test_the_side_whose_pages_are_contiguous_copies_nothing(pair, monkeypatch, s
 
     monkeypatch.setattr(sender_module, "gather", counting("gather", sender_module.gather))
     monkeypatch.setattr(receiver_module, "scatter", counting("scatter", receiver_module.scatter))
-    incoming = receiver.expect(envelope_for("one-sided", dst, has_slot=False), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for("one-sided", src, has_slot=False), src_arena, src, deadline_s=5).wait()
-    incoming.wait()
-    assert digest(dst_arena, dst) == digest(src_arena, src)
+    round_trip(sender, receiver, "one-sided", (src_arena, src), (dst_arena, dst), has_slot=False)
     staged_side, in_place_side = ("gather", "scatter") if scattered == "source" else ("scatter", "gather")
     assert copied[staged_side] == 60 * PAGE_BYTES
     assert copied[in_place_side] == 0
@@ -379,10 +379,7 @@ def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
     rebuild.start()
     sender.rebuild()
     rebuild.join()
-    incoming = receiver.expect(envelope_for("again", dst, has_slot=False), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for("again", src, has_slot=False), src_arena, src, deadline_s=5).wait()
-    incoming.wait()
-    assert digest(dst_arena, dst) == digest(src_arena, src)
+    round_trip(sender, receiver, "again", (src_arena, src), (dst_arena, dst), has_slot=False)
 
 
 def test_a_receiver_failing_after_the_last_chunk_tells_the_sender_at_once(pair):

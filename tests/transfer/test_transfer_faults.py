@@ -195,14 +195,22 @@ def peer():
     process.close()
 
 
+def connect_to_peer(peer: Peer, device: str, name: str, *, local_rank: int):
+    """This process's end of channel `name` (rank `local_rank`), connected to the peer's other end;
+    the peer's sender uses small chunks. Returns (engine, name, local device)."""
+    local_device, peer_device = devices(device)
+    port = free_port()
+    options = SMALL_CHUNKS if local_rank == 1 else None
+    peer.start("open", name=name, rank=1 - local_rank, port=port, device=peer_device, options=options)
+    engine = local_engine(local_rank, port, local_device, name=name)
+    engine.connect()
+    assert peer.result()["ok"]
+    return engine, name, local_device
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, device):
-    local_device, peer_device = devices(device)
-    port, name = free_port(), f"never-{device}"
-    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
-    receiver = local_engine(1, port, local_device, name=name)
-    receiver.connect()
-    assert peer.result()["ok"]
+    receiver, name, local_device = connect_to_peer(peer, device, f"never-{device}", local_rank=1)
     dst = tables(seed=3)[1]
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "n", dst)
@@ -221,12 +229,7 @@ def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, dev
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
-    local_device, peer_device = devices(device)
-    port, name = free_port(), f"silent-{device}"
-    peer.start("open", name=name, rank=1, port=port, device=peer_device)
-    sender = local_engine(0, port, local_device, name=name)
-    sender.connect()
-    assert peer.result()["ok"]
+    sender, name, local_device = connect_to_peer(peer, device, f"silent-{device}", local_rank=0)
     src, dst = tables(seed=4)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "s", src)
@@ -251,12 +254,7 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(peer, device):
-    local_device, peer_device = devices(device)
-    port, name = free_port(), f"slow-{device}"
-    peer.start("open", name=name, rank=1, port=port, device=peer_device)
-    sender = local_engine(0, port, local_device, name=name)
-    sender.connect()
-    assert peer.result()["ok"]
+    sender, name, local_device = connect_to_peer(peer, device, f"slow-{device}", local_rank=0)
     src, dst = tables(seed=5)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "slow", src)
@@ -284,12 +282,7 @@ def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(p
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, device):
     """The frozen sender also hosts the store: the failing receiver must not wait on it."""
-    local_device, peer_device = devices(device)
-    port, name = free_port(), f"frozen-{device}"
-    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
-    receiver = local_engine(1, port, local_device, name=name)
-    receiver.connect()
-    assert peer.result()["ok"]
+    receiver, name, local_device = connect_to_peer(peer, device, f"frozen-{device}", local_rank=1)
     src, dst = tables(seed=6)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "frozen", dst)
@@ -323,12 +316,7 @@ def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, dev
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["garbage", "wrong_fingerprint", "wrong_row_bytes"])
 def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
-    local_device, peer_device = devices(device)
-    port, name = free_port(), f"corrupt-{kind}-{device}"
-    peer.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
-    receiver = local_engine(1, port, local_device, name=name)
-    receiver.connect()
-    assert peer.result()["ok"]
+    receiver, name, local_device = connect_to_peer(peer, device, f"corrupt-{kind}-{device}", local_rank=1)
     src, dst = tables(seed=6)
     arena = make_arena(ARENA_BYTES, 11, local_device)
     before = digest(arena, dst)
