@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import sys
@@ -98,6 +99,18 @@ def make_channel(rank: int, port: int, streams: int) -> Channel:
     )
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (softirq and kernel time included), or NaN
+    where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def raw_pieces(num_bytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]:
     if chunk_bytes is None:
         return [(0, num_bytes)]
@@ -168,7 +181,7 @@ class Bench:
         self.arena = torch.arange(arena_bytes // 8, dtype=torch.int64).view(torch.uint8)
         self.ack = torch.zeros(1, dtype=torch.uint8)
         self.count = 0
-        self.cores_busy: dict[str, list[tuple[float, float]]] = {}  # method -> (sender, receiver) cores
+        self.cpu_seconds: dict[str, list[float]] = {}  # method -> [sender, receiver, machine, wall]
 
     def run(self, method: str, num_pages: int, fragmentation: float, *, chunked: bool = True) -> float:
         """Seconds for one transfer by `method` (checked byte-identical for envelopes)."""
@@ -182,15 +195,15 @@ class Bench:
         self.conn.send(("run", method, rid, num_pages, dst_frag, raw_chunk))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
-        started, cpu_started = time.perf_counter(), time.process_time()
+        started, cpu_started, busy_started = time.perf_counter(), time.process_time(), machine_busy_s()
         if method == "envelope":
             self.sender.submit(envelope_of(rid, ranges), self.arena, ranges, deadline_s=120).wait()
             seconds = time.perf_counter() - started
-            cpu = time.process_time() - cpu_started
+            cpu, busy = time.process_time() - cpu_started, machine_busy_s() - busy_started
             value, peer_cpu = self.conn.recv()
             if value != crc(self.arena, ranges):
                 raise SystemExit(f"envelope {rid} arrived corrupted")
-            self._note_cpu(method, num_pages, seconds, cpu, peer_cpu)
+            self._note_cpu(method, num_pages, seconds, (cpu, peer_cpu, busy))
             return seconds
         channel, streams = self.channel, self.args.streams
         if method == "raw":
@@ -205,16 +218,19 @@ class Bench:
                 channel.wait(channel.send(self.arena[o : o + n], TAG_RAW), deadline, "naive")
         channel.wait(channel.recv(self.ack, TAG_ACK), deadline, "ack")
         seconds = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
+        cpu, busy = time.process_time() - cpu_started, machine_busy_s() - busy_started
         done, peer_cpu = self.conn.recv()
         assert done == "done"
-        self._note_cpu(method, num_pages, seconds, cpu, peer_cpu)
+        self._note_cpu(method, num_pages, seconds, (cpu, peer_cpu, busy))
         return seconds
 
-    def _note_cpu(self, method: str, num_pages: int, seconds: float, cpu: float, peer_cpu: float) -> None:
-        """Cores each process kept busy (all its threads), for envelopes of 64 MiB and more."""
+    def _note_cpu(self, method: str, num_pages: int, seconds: float, cpu: tuple[float, float, float]) -> None:
+        """CPU seconds (sender process, receiver process, whole machine) over wall seconds, summed
+        over the runs of envelopes of 64 MiB and more (the machine's counter ticks every 10 ms)."""
         if num_pages * PAGE_BYTES >= 64 << 20:
-            self.cores_busy.setdefault(method, []).append((cpu / seconds, peer_cpu / seconds))
+            totals = self.cpu_seconds.setdefault(method, [0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate((*cpu, seconds)):
+                totals[i] += value
 
     def close(self) -> None:
         self.conn.send(("exit",))
@@ -364,12 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         f"direct >= {direct_min >> 10} KiB, fragmented: {args.fragmented}, "
         f"median of {repeats} interleaved runs)"
     )
-    if bench.cores_busy:  # where both processes together fill the machine, copies cost throughput
+    if bench.cpu_seconds:  # where the machine is already full with raw sends, copies cost throughput
         busy = ", ".join(
-            f"{m} {statistics.median(s for s, _ in v):.2f} + {statistics.median(r for _, r in v):.2f}"
-            for m, v in sorted(bench.cores_busy.items())
+            f"{m} {snd / wall:.2f} + {rcv / wall:.2f} (machine {mach / wall:.2f})"
+            for m, (snd, rcv, mach, wall) in sorted(bench.cpu_seconds.items())
         )
-        print(f"cores kept busy (sender + receiver), envelopes >= 64 MiB, median: {busy}")
+        print(f"cores busy, sender + receiver, envelopes >= 64 MiB, of {os.cpu_count()}: {busy}")
     plot(rows, args.plot)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
