@@ -12,24 +12,22 @@ import time
 import pytest
 import torch
 from transfer_peer import (
-    FINGERPRINT,
     LAYOUT,
     Ledger,
     Peer,
+    devices,
     digest,
     envelope_for,
     fragmented_ranges,
     free_port,
     make_arena,
+    make_engine,
+    open_pair,
 )
 
 from transfer import (
-    Channel,
-    EnvelopeReceiver,
-    EnvelopeSender,
     FingerprintMismatch,
     TransferError,
-    TransferOptions,
     TransferState,
 )
 
@@ -42,10 +40,6 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two C
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
 
 
-def devices(kind: str) -> tuple[str, str]:
-    return ("cpu", "cpu") if kind == "cpu" else ("cuda:0", "cuda:1")
-
-
 def tables(seed: int, num_pages: int = 480) -> tuple[torch.Tensor, torch.Tensor]:
     kw = dict(
         num_pages=num_pages,
@@ -55,24 +49,6 @@ def tables(seed: int, num_pages: int = 480) -> tuple[torch.Tensor, torch.Tensor]
         slot_bytes=SLOT_BYTES,
     )
     return fragmented_ranges(seed=seed, **kw), fragmented_ranges(seed=seed + 500, **kw)
-
-
-def local_engine(
-    rank: int, port: int, device: str, *, name: str, timeout_s: float = 10.0, layout: dict | None = None
-):
-    channel = Channel(
-        rank=rank,
-        host="127.0.0.1",
-        port=port,
-        device=device,
-        fingerprint=FINGERPRINT,
-        layout=LAYOUT if layout is None else layout,
-        timeout_s=timeout_s,
-        name=name,
-    )
-    return (
-        EnvelopeSender(channel, TransferOptions(**SMALL_CHUNKS)) if rank == 0 else EnvelopeReceiver(channel)
-    )
 
 
 def run_and_release(ledger: Ledger, rid: str, transfer) -> tuple[TransferError | None, float]:
@@ -119,7 +95,7 @@ def test_kill_the_sender_mid_transfer(device):
     doomed, replacement = Peer(), Peer()  # spawn both now: the replacement starts while we test
     try:
         doomed.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
-        receiver = local_engine(1, port, local_device, name=name)
+        receiver = make_engine(1, port, local_device, name=name, options=SMALL_CHUNKS)
         receiver.connect()
         assert doomed.result()["ok"]
         doomed.call("arena", name=name, num_bytes=ARENA_BYTES, seed=1)
@@ -161,7 +137,7 @@ def test_kill_the_receiver_mid_transfer(device):
     doomed, replacement = Peer(), Peer()
     try:
         doomed.start("open", name=name, rank=1, port=port, device=peer_device)
-        sender = local_engine(0, port, local_device, name=name)
+        sender = make_engine(0, port, local_device, name=name, options=SMALL_CHUNKS)
         sender.connect()
         assert doomed.result()["ok"]
         doomed.call("arena", name=name, num_bytes=ARENA_BYTES, seed=3)
@@ -195,22 +171,10 @@ def peer():
     process.close()
 
 
-def connect_to_peer(peer: Peer, device: str, name: str, *, local_rank: int):
-    """This process's end of channel `name` (rank `local_rank`), connected to the peer's other end;
-    the peer's sender uses small chunks. Returns (engine, name, local device)."""
-    local_device, peer_device = devices(device)
-    port = free_port()
-    options = SMALL_CHUNKS if local_rank == 1 else None
-    peer.start("open", name=name, rank=1 - local_rank, port=port, device=peer_device, options=options)
-    engine = local_engine(local_rank, port, local_device, name=name)
-    engine.connect()
-    assert peer.result()["ok"]
-    return engine, name, local_device
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, device):
-    receiver, name, local_device = connect_to_peer(peer, device, f"never-{device}", local_rank=1)
+    name, local_device = f"never-{device}", devices(device)[0]
+    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
     dst = tables(seed=3)[1]
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "n", dst)
@@ -229,7 +193,8 @@ def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, dev
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
-    sender, name, local_device = connect_to_peer(peer, device, f"silent-{device}", local_rank=0)
+    name, local_device = f"silent-{device}", devices(device)[0]
+    sender = open_pair(peer, local_rank=0, device=device, name=name, options=SMALL_CHUNKS)
     src, dst = tables(seed=4)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "s", src)
@@ -254,7 +219,8 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(peer, device):
-    sender, name, local_device = connect_to_peer(peer, device, f"slow-{device}", local_rank=0)
+    name, local_device = f"slow-{device}", devices(device)[0]
+    sender = open_pair(peer, local_rank=0, device=device, name=name, options=SMALL_CHUNKS)
     src, dst = tables(seed=5)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "slow", src)
@@ -282,7 +248,8 @@ def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(p
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, device):
     """The frozen sender also hosts the store: the failing receiver must not wait on it."""
-    receiver, name, local_device = connect_to_peer(peer, device, f"frozen-{device}", local_rank=1)
+    name, local_device = f"frozen-{device}", devices(device)[0]
+    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
     src, dst = tables(seed=6)
     ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "frozen", dst)
@@ -316,7 +283,8 @@ def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, dev
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["garbage", "wrong_fingerprint", "wrong_row_bytes"])
 def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
-    receiver, name, local_device = connect_to_peer(peer, device, f"corrupt-{kind}-{device}", local_rank=1)
+    name, local_device = f"corrupt-{kind}-{device}", devices(device)[0]
+    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
     src, dst = tables(seed=6)
     arena = make_arena(ARENA_BYTES, 11, local_device)
     before = digest(arena, dst)
@@ -348,7 +316,7 @@ def test_a_fingerprint_mismatch_between_processes_is_refused_then_fixed(peer, de
     peer.start(
         "open", name=name, rank=1, port=port, device=peer_device, layout={**LAYOUT, "page_bytes": 8192}
     )
-    sender = local_engine(0, port, local_device, name=name)
+    sender = make_engine(0, port, local_device, name=name, options=SMALL_CHUNKS)
     with pytest.raises(FingerprintMismatch) as raised:
         sender.connect()
     assert list(raised.value.fields) == ["layout.page_bytes"]

@@ -11,18 +11,17 @@ import threading
 import pytest
 import torch
 from transfer_peer import (
-    FINGERPRINT,
-    LAYOUT,
     Peer,
+    devices,
     digest,
     digest_outside,
     envelope_for,
     fragmented_ranges,
-    free_port,
     make_arena,
+    open_pair,
 )
 
-from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions, TransferState
+from transfer import TransferState
 
 ARENA_BYTES = 8 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
@@ -32,41 +31,11 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two C
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
 
 
-def devices(kind: str) -> tuple[str, str]:
-    """(this process's device, the peer's device)."""
-    return ("cpu", "cpu") if kind == "cpu" else ("cuda:0", "cuda:1")
-
-
 @pytest.fixture(scope="module")
 def peer():
     process = Peer()
     yield process
     process.close()
-
-
-def open_pair(peer: Peer, *, local_rank: int, device: str, name: str, options: dict | None = None):
-    """Open a channel with the peer; return this process's engine (sender if local_rank is 0)."""
-    local_device, peer_device = devices(device)
-    port = free_port()
-    peer.start("open", name=name, rank=1 - local_rank, port=port, device=peer_device, options=options)
-    channel = Channel(
-        rank=local_rank,
-        host="127.0.0.1",
-        port=port,
-        device=local_device,
-        fingerprint=FINGERPRINT,
-        layout=LAYOUT,
-        timeout_s=10,
-        name=name,
-    )
-    engine = (
-        EnvelopeSender(channel, TransferOptions(**(options or {})))
-        if local_rank == 0
-        else EnvelopeReceiver(channel)
-    )
-    engine.connect()
-    assert peer.result()["ok"]
-    return engine
 
 
 def ranges(seed: int, num_pages: int, fragmentation: float, slot: bool = True) -> torch.Tensor:

@@ -218,20 +218,16 @@ def _open(
     device: str = "cpu",
 ) -> dict:
     state.setdefault("devices", {})[name] = device
-    channel = Channel(
-        rank=rank,
-        host="127.0.0.1",
-        port=port,
-        device=device,
-        fingerprint=fingerprint,
-        layout=LAYOUT if layout is None else layout,
-        timeout_s=timeout_s,
+    engine = make_engine(
+        rank,
+        port,
+        device,
         name=name,
-    )
-    engine = (
-        EnvelopeSender(channel, TransferOptions(**(options or {})))
-        if rank == 0
-        else EnvelopeReceiver(channel, unexpected_wait_s=0.5)
+        options=options,
+        layout=layout,
+        timeout_s=timeout_s,
+        fingerprint=fingerprint,
+        unexpected_wait_s=0.5,
     )
     state["engines"][name] = engine
     return _connect(state, name=name, timeout_s=timeout_s)
@@ -369,3 +365,49 @@ _HANDLERS = {
     "stop_for": _stop_for,
     "exit": _exit,
 }
+
+
+def devices(kind: str) -> tuple[str, str]:
+    """(this process's device, the peer's device) for a test parameterised "cpu" | "cuda"."""
+    return ("cpu", "cpu") if kind == "cpu" else ("cuda:0", "cuda:1")
+
+
+def make_engine(
+    rank: int,
+    port: int,
+    device: str = "cpu",
+    *,
+    name: str,
+    options: dict | None = None,
+    layout: dict | None = None,
+    timeout_s: float = 10.0,
+    fingerprint: str = FINGERPRINT,
+    unexpected_wait_s: float = 1.0,
+) -> EnvelopeSender | EnvelopeReceiver:
+    """An unconnected engine on 127.0.0.1:`port`: the sender (options: TransferOptions fields) at
+    rank 0, the receiver at rank 1."""
+    channel = Channel(
+        rank=rank,
+        host="127.0.0.1",
+        port=port,
+        device=device,
+        fingerprint=fingerprint,
+        layout=LAYOUT if layout is None else layout,
+        timeout_s=timeout_s,
+        name=name,
+    )
+    if rank == 0:
+        return EnvelopeSender(channel, TransferOptions(**(options or {})))
+    return EnvelopeReceiver(channel, unexpected_wait_s=unexpected_wait_s)
+
+
+def open_pair(peer: Peer, *, local_rank: int, device: str, name: str, options: dict | None = None):
+    """Open channel `name` with the peer; return this process's connected engine (the sender if
+    `local_rank` is 0). `options` go to whichever end sends."""
+    local_device, peer_device = devices(device)
+    port = free_port()
+    peer.start("open", name=name, rank=1 - local_rank, port=port, device=peer_device, options=options)
+    engine = make_engine(local_rank, port, local_device, name=name, options=options)
+    engine.connect()
+    assert peer.result()["ok"]
+    return engine
