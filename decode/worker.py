@@ -1,10 +1,11 @@
 """The decode worker: reserves destination envelopes, receives them, and decodes with continuous batching.
 
 State contract (who owns which request, guarded by `_lock`):
-- `_waiting`: reserved here, bytes not yet received; the destination envelope is pinned while a
-  transfer writes into it.
+- `_waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
+  until its transfer concludes (its completion moves it on, or frees it).
 - `_running`: received; in the decode batch; grows one token per step.
-- `_finished`: tokens kept for the caller until `collect`; the pool holds nothing for them.
+- `_finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
+  nothing for them.
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
 step never runs out of pages.
 """
@@ -15,11 +16,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from distpool.allocator import NeedsCompaction
-from distpool.envelope import Envelope
-from distpool.pool import DoesNotFit
-from distpool.worker_base import WorkerBase
-from transfer import TransferError
+from distpool.memory.pool import DoesNotFit
+from distpool.worker.base import WorkerBase
+from transfer import Transfer, TransferError
+
+# How long a reservation waits for its prefill worker to start the transfer (queueing and prefill
+# included); the driver cancels it sooner when the request fails elsewhere.
+RESERVATION_WAIT_S = 120.0
 
 
 @dataclass
@@ -29,7 +32,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)  # generated so far (the first comes from prefill)
     admitted_at: float = 0.0
     finished_at: float = 0.0
-    error: str | None = None
+    transfer: Transfer | None = None
 
 
 class DecodeWorker(WorkerBase):
@@ -51,82 +54,96 @@ class DecodeWorker(WorkerBase):
     # ---- admission --------------------------------------------------------------------------
     def _growth_tokens(self) -> int:
         """Tokens of pages that admitted requests may still claim (rounded to whole pages)."""
-        pages_for = self.pool.allocator.pages_for
+        pages_for = self.pool.pages_for
         pages = sum(
             pages_for(req.prompt_len + req.max_new_tokens) - pages_for(self.pool.num_tokens(rid))
             for rid, req in (*self._waiting.items(), *self._running.items())
         )
         return pages * self.pool.page_size
 
-    def can_admit(self, prompt_len: int, max_new_tokens: int, *, after_compaction: bool = False) -> bool:
-        """Whether a request fits together with the growth every admitted request may still claim."""
+    def can_admit(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether a request fits (compacting if need be) beside the growth every admitted request
+        may still claim."""
         with self._lock:
-            if len(self._waiting) + len(self._running) >= self.plan.max_running_requests:
+            if len(self._waiting) + len(self._running) >= self.sizes.max_running_requests:
                 return False
-            tokens = prompt_len + max_new_tokens + self._growth_tokens()
-            if after_compaction:
-                return self.pool.can_reserve_after_compaction(tokens)
-            return self.pool.can_reserve(tokens)
+            return self.pool.can_reserve(prompt_len + max_new_tokens + self._growth_tokens(), compact=True)
 
-    def reserve(self, request_id: str, prompt_len: int, max_new_tokens: int) -> bytes:
-        """Reserve the destination envelope for a prompt; returns the encoded Envelope.
+    def reserve(self, request_id: str, prompt_len: int, max_new_tokens: int, prefill: str) -> bytes:
+        """Reserve the destination envelope for a prompt and expect it from worker `prefill`;
+        returns the encoded Envelope. The request joins the decode batch when its transfer lands
+        (the transfer header carries its first token), and is freed if the transfer fails.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
         if prompt_len < 1 or max_new_tokens < 1:
             raise ValueError(
                 f"prompt_len and max_new_tokens must be >= 1; got {prompt_len}, {max_new_tokens}"
             )
-        if prompt_len + max_new_tokens > self.plan.args.context_len:
+        if prompt_len + max_new_tokens > self.sizes.args.context_len:
             raise ValueError(
                 f"request {request_id!r} needs {prompt_len + max_new_tokens} tokens, more than the pool's "
-                f"context length {self.plan.args.context_len}; raise --context-len"
+                f"context length {self.sizes.args.context_len}; raise --context-len"
             )
         with self._lock:
             if request_id in self._waiting or request_id in self._running:
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
             if not self.can_admit(prompt_len, max_new_tokens):
-                if not self.can_admit(prompt_len, max_new_tokens, after_compaction=True):
-                    raise DoesNotFit(
-                        request_id, f"{self.name} has no room with headroom for running requests"
-                    )
-                self.pool.compact()
-            self.pool.reserve(request_id, prompt_len)
-            self._waiting[request_id] = _Request(prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+                raise DoesNotFit(request_id, f"{self.name} has no room with headroom for running requests")
+            self.pool.reserve(request_id, prompt_len, compact=True)
+            self.pool.pin(request_id)  # a transfer writes into it from now on
+            req = self._waiting[request_id] = _Request(prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+            envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
             self._note_peak()
-            return self.pool.envelope(request_id).encode()
-
-    def cancel(self, request_id: str) -> bool:
-        """Free a reservation whose transfer will not happen. Returns whether anything was freed."""
-        return self._free(self._waiting, request_id)
-
-    # ---- transfer -----------------------------------------------------------------------------
-    def receive(self, request_id: str, peer: str, first_token: int) -> dict:
-        """Receive the whole envelope from `peer` into the reservation, then join the decode batch.
-
-        On failure the reservation is freed and TransferError is raised."""
-        envelope, ranges = self._pin_envelope(self._waiting, request_id)
         try:
-            stats = self.channels.receive(peer, envelope, self.pool.arena, ranges)
+            req.transfer = self.channels.expect(
+                prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S
+            )
         except BaseException:
             self._free(self._waiting, request_id, pinned=True)
             raise
+        req.transfer.add_done_callback(self._landed)
+        return envelope.encode()
+
+    def _landed(self, transfer: Transfer) -> None:
+        """A destination's transfer concluded (on the engine's thread): admit or free it."""
+        rid = transfer.request_id
         with self._lock:
-            self.pool.unpin(request_id)
-            req = self._waiting.pop(request_id)
-            req.tokens.append(int(first_token))
+            req = self._waiting.get(rid)
+            if req is None or req.transfer is not transfer:
+                return
+            if transfer.error is not None:
+                self._free(self._waiting, rid, pinned=True)
+                return
+            del self._waiting[rid]
+            self.pool.unpin(rid)
+            req.tokens.append(int(transfer.first_token))
             req.admitted_at = time.monotonic()
             if len(req.tokens) >= req.max_new_tokens:
-                self._finish(request_id, req)
+                self._finish(rid, req)
             else:
-                self._running[request_id] = req
+                self._running[rid] = req
             self._wake.notify_all()
-        return stats
+
+    def cancel(self, request_id: str) -> bool:
+        """Give up a reservation whose transfer will not happen (or is failing): its transfer is
+        aborted and its memory freed. Returns whether the request was waiting here."""
+        with self._lock:
+            req = self._waiting.get(request_id)
+        if req is None or req.transfer is None:
+            return False
+        req.transfer.abort("cancelled: the request failed elsewhere")
+        try:  # aborting a waiting transfer concludes it at once, a running one within its deadline
+            req.transfer.wait()
+        except TransferError:
+            pass  # the expected outcome: `_landed` freed the reservation
+        return True
 
     # ---- decode loop --------------------------------------------------------------------------
     def _finish(self, request_id: str, req: _Request) -> None:
         req.finished_at = time.monotonic()
         self.pool.release(request_id)
         self._finished[request_id] = req
+        self._wake.notify_all()
 
     def _decode_loop(self) -> None:
         while True:
@@ -152,12 +169,8 @@ class DecodeWorker(WorkerBase):
                 self._finish(rid, self._running.pop(rid))
 
     def _extend_all(self, rids: list[str]) -> None:
-        batch = [(rid, 1) for rid in rids]
-        try:
-            self.pool.extend_batch(batch)
-        except NeedsCompaction:
-            self.pool.compact()  # admission kept the room; only fragmentation can be in the way
-            self.pool.extend_batch(batch)
+        # Admission kept the room; only fragmentation can be in the way, and compaction clears it.
+        self.pool.extend_batch([(rid, 1) for rid in rids], compact=True)
         self._note_peak()
 
     def poll(self, request_ids: list[str]) -> dict[str, list[int]]:
@@ -166,10 +179,16 @@ class DecodeWorker(WorkerBase):
             live = {**self._running, **self._finished}
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
 
-    def collect(self, request_ids: list[str]) -> dict[str, dict]:
-        """Finished requests among `request_ids` (removed from the worker): tokens and timings."""
+    def next_finished(self, timeout_s: float = 1.0) -> dict[str, dict]:
+        """Wait up to `timeout_s` for finished requests; hands each out once (tokens, decode_s).
+
+        The driver keeps one such call outstanding per decode worker: results arrive as they finish,
+        with no polling interval."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
-            done = {rid: self._finished.pop(rid) for rid in request_ids if rid in self._finished}
+            while not self._finished and not self._stopping and time.monotonic() < deadline:
+                self._wake.wait(deadline - time.monotonic())
+            done, self._finished = self._finished, {}
         return {
             rid: {"tokens": r.tokens, "decode_s": r.finished_at - r.admitted_at} for rid, r in done.items()
         }
@@ -190,6 +209,3 @@ class DecodeWorker(WorkerBase):
             self._wake.notify_all()
         self._stepper.join(timeout=5)
         super().shutdown()
-
-
-__all__ = ["DecodeWorker", "DoesNotFit", "Envelope", "TransferError"]

@@ -1,16 +1,18 @@
 """The prefill worker: reserves source envelopes, runs batched prefill, sends whole envelopes.
 
-State contract: `_held` maps each request whose source envelope lives here to its first token. An
-envelope stays held (and pinned while it is being sent) until `send` concludes or `drop` is called;
-either way the pool gets every page and slot back.
+State contract: `_held` names each request whose source envelope lives here, from its reserve until
+its transfer concludes (pinned meanwhile); either way the pool gets every page and slot back before
+`prefill_and_send` returns.
 """
 
 from __future__ import annotations
 
-from distpool.allocator import NeedsCompaction
-from distpool.envelope import Envelope
-from distpool.pool import DoesNotFit
-from distpool.worker_base import WorkerBase
+from distpool.memory.pool import DoesNotFit
+from distpool.worker.base import WorkerBase
+from transfer import Transfer, TransferError
+
+# What became of one request (the "outcome" of its result).
+SENT, BUSY, FAILED = "sent", "busy", "failed"
 
 
 class PrefillWorker(WorkerBase):
@@ -20,61 +22,74 @@ class PrefillWorker(WorkerBase):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._held: dict[str, int] = {}
+        self._held: dict[str, str] = {}  # request id -> the decode worker it goes to
 
-    def prefill(self, requests: list[tuple[str, list[int]]]) -> dict[str, int | str]:
-        """Prefill a batch. Returns request id -> first token, or -> an error text for a request that
-        could not be admitted (it holds nothing). Admitted requests stay held until `send` / `drop`."""
-        admitted: list[tuple[str, list[int]]] = []
-        out: dict[str, int | str] = {}
+    def prefill_and_send(self, batch: list[tuple[str, list[int], str, int | None]]) -> dict[str, dict]:
+        """Prefill a batch of (request id, prompt, decode worker, fault chunk or None) and send each
+        envelope to its decode worker, with the first token in the transfer header.
+
+        Returns request id -> {"outcome": "sent", "bytes", "seconds"} | {"outcome": "busy", "reason"}
+        (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
+        `retry` says whether another pair may succeed). Nothing is held here once it returns.
+        """
+        out: dict[str, dict] = {}
+        admitted: list[tuple[str, list[int], str, int | None]] = []
         with self._lock:
-            for rid, prompt in requests:
+            for rid, prompt, peer, fault in batch:
                 if rid in self._held:
-                    out[rid] = f"request {rid!r} is already held by {self.name}"
+                    out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
                     continue
                 try:
-                    self._reserve(rid, len(prompt))
-                    admitted.append((rid, prompt))
+                    self.pool.reserve(rid, len(prompt), compact=True)
                 except DoesNotFit as exc:
-                    out[rid] = str(exc)
-            if admitted:
-                rids = [rid for rid, _ in admitted]
-                try:
-                    first = self.model.prefill(self.pool, rids, [p for _, p in admitted])
-                except BaseException:
-                    for rid in rids:
-                        self.pool.release(rid)
-                    raise
-                for rid, token in zip(rids, first, strict=True):
-                    self._held[rid] = int(token)
-                    out[rid] = int(token)
+                    out[rid] = {"outcome": BUSY, "reason": exc.reason}
+                    continue
+                self._held[rid] = peer
+                admitted.append((rid, prompt, peer, fault))
+            self._note_peak()
+            if not admitted:
+                return out
+            rids = [rid for rid, *_ in admitted]
+            try:
+                first_tokens = self.model.prefill(self.pool, rids, [prompt for _, prompt, _, _ in admitted])
+            except BaseException:
+                for rid in rids:
+                    self._free(self._held, rid)
+                raise
+            outgoing = []
+            for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
+                self.pool.pin(rid)  # compaction may not move it while the transfer reads it
+                outgoing.append(
+                    (rid, peer, fault, int(token), self.pool.envelope(rid), self.pool.envelope_ranges(rid))
+                )
+        transfers: list[tuple[str, Transfer]] = []
+        for rid, peer, fault, token, envelope, ranges in outgoing:
+            try:
+                transfers.append(
+                    (
+                        rid,
+                        self.channels.submit(
+                            peer,
+                            envelope,
+                            self.pool.buffer,
+                            ranges,
+                            first_token=token,
+                            fault_after_chunks=fault,
+                        ),
+                    )
+                )
+            except ValueError as exc:  # no channel to that peer: nothing was queued
+                self._free(self._held, rid, pinned=True)
+                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
+        for rid, transfer in transfers:
+            try:
+                transfer.wait()
+                out[rid] = {"outcome": SENT, "bytes": transfer.num_bytes, "seconds": transfer.active_s}
+            except TransferError as exc:
+                out[rid] = {"outcome": FAILED, "reason": exc.reason, "retry": True}
+            finally:
+                self._free(self._held, rid, pinned=True)
         return out
-
-    def _reserve(self, rid: str, num_tokens: int) -> None:
-        try:
-            self.pool.reserve(rid, num_tokens)
-        except NeedsCompaction:
-            self.pool.compact()
-            self.pool.reserve(rid, num_tokens)
-        self._note_peak()
-
-    def send(
-        self, request_id: str, peer: str, destination: bytes, fault_after_chunks: int | None = None
-    ) -> dict:
-        """Send the held envelope to `peer`, into the destination envelope it reserved (`destination`
-        is its encoded Envelope). The source is freed whatever the outcome."""
-        envelope, ranges = self._pin_envelope(self._held, request_id)
-        try:
-            dst = Envelope.decode(destination)
-            if dst.request_id != request_id:
-                raise ValueError(f"destination envelope is for {dst.request_id!r}, not {request_id!r}")
-            return self.channels.send(peer, envelope, self.pool.arena, ranges, fault_after_chunks)
-        finally:
-            self._free(self._held, request_id, pinned=True)
-
-    def drop(self, request_id: str) -> bool:
-        """Free a held request that will not be sent. Returns whether anything was freed."""
-        return self._free(self._held, request_id)
 
     def stats(self) -> dict:
         with self._lock:

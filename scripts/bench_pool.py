@@ -31,11 +31,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from distpool.allocator import NeedsCompaction  # noqa: E402
-from distpool.configurator import GIB, PoolArgs, plan  # noqa: E402
-from distpool.pool import DoesNotFit  # noqa: E402
-from distpool.pools import build_pool  # noqa: E402
-from distpool.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
+from distpool.memory.arena_pool import build_pool  # noqa: E402
+from distpool.memory.pool import DoesNotFit  # noqa: E402
+from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
+from distpool.model.hf_config import spec_from_hf  # noqa: E402
+from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
@@ -86,20 +86,14 @@ def make_pool(spec: ModelSpec, budget: int, *, unified: bool, ratio: float | Non
         max_running_requests=MAX_RUNNING,
         **ratio_arg,
     )
-    return build_pool(plan(spec, args, budget), "meta")
+    return build_pool(size_pools(spec, args, budget), "meta")
 
 
 def fill(pool, lengths: list[int]) -> int:
     """Admit first come, first served until a request does not fit; returns how many were held."""
     for i, n in enumerate(lengths):
         try:
-            pool.reserve(f"r{i}", n)
-        except NeedsCompaction:
-            pool.compact()
-            try:
-                pool.reserve(f"r{i}", n)
-            except DoesNotFit:
-                return i
+            pool.reserve(f"r{i}", n, compact=True)
         except DoesNotFit:
             return i
     pool.check_invariants()
@@ -218,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     budget = BUDGET_GIB[mode] * GIB
     rng = np.random.default_rng(SEED)
-    specs = {name: ModelSpec.from_hf(path) for name, path in MODELS.items()}
+    specs = {name: spec_from_hf(path) for name, path in MODELS.items()}
 
     print(f"(a) throughput: {next(iter(specs))}, {BUDGET_GIB[mode]} GiB, batch {BATCH}", file=sys.stderr)
     tput = throughput(next(iter(specs.values())), budget, THROUGHPUT_SECONDS[mode], rng)

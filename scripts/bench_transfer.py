@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distpool.envelope import Envelope  # noqa: E402
+from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
@@ -126,6 +126,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
     torch.set_num_threads(1)
     channel = make_channel(1, port, streams)
     receiver = EnvelopeReceiver(channel, max_chunk_bytes=1 << 30)
+    receiver.start()
     receiver.connect()
     arena = torch.zeros(arena_bytes, dtype=torch.uint8)
     arena.fill_(1)  # touch every page now, not during the first transfer
@@ -176,6 +177,7 @@ class Bench:
         self.chunk_bytes = args.chunk_mib << 20
         options = TransferOptions(chunk_bytes=self.chunk_bytes, direct_min_bytes=direct_min)
         self.sender = EnvelopeSender(self.channel, options)
+        self.sender.start()
         self.sender.connect()
         # Distinct, cheap-to-make content: int64 counters.
         self.arena = torch.arange(arena_bytes // 8, dtype=torch.int64).view(torch.uint8)

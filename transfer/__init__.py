@@ -1,8 +1,8 @@
 """Whole-envelope transfer between a prefill pool and a decode pool over torch.distributed."""
 
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
-from transfer.engine import Transfer, TransferOptions, TransferState
 from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, TransferError
+from transfer.handle import Transfer, TransferOptions, TransferState
 from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender

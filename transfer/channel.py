@@ -7,26 +7,28 @@ generation: a fresh store prefix, so keys of a dead group never leak into the ne
 
 The handshake exchanges layout fingerprints before any group exists; a mismatch raises
 `FingerprintMismatch` on both ends, naming the differing fields. A failed wait marks the channel
-broken; `rebuild()` tears it down and connects a new generation, touching no other channel.
+broken; `connect()` again tears it down and connects a new generation, touching no other channel.
+Small control messages go through the generation's store (`channel.control`, see
+`transfer.control`); this class owns the group's lifecycle and the payload sends and receives.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import threading
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.handshake import exchange_hello, make_hello
+from transfer.protocol import TEARDOWN_MARK, bell_key
 from transfer.rendezvous import delta, generation_store, host_store, join_store, next_generation
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
-_TEARDOWN = b"\x00teardown:"
 
 
 def _is_loopback(host: str) -> bool:
@@ -53,7 +55,7 @@ class Channel:
         device: torch.device | str,
         fingerprint: str,
         layout: dict[str, Any] | None = None,
-        timeout_s: float = 10.0,
+        timeout_s: float,
         name: str = "distpool",
         num_streams: int | None = None,
     ) -> None:
@@ -81,10 +83,7 @@ class Channel:
         self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
         self.peer_hello: dict[str, Any] | None = None
         self._store: dist.Store | None = None  # rank 0 keeps its store (the server) across rebuilds
-        self._gen_store: dist.Store | None = None
-        # A second store connection for the receiver's blocking bell wait: a TCPStore client runs
-        # one operation at a time, and teardown must still reach the store while a wait blocks.
-        self._bell_store: dist.Store | None = None
+        self._control: ControlPlane | None = None  # this generation's store keys
         self._pg: dist.ProcessGroup | None = None
         self._broken: str | None = "not connected"
 
@@ -112,20 +111,12 @@ class Channel:
         self.mark_broken(reason)
         self._destroy_group()
 
-    def put_soon(self, key: str, value: bytes) -> None:
-        """Best effort, on a daemon thread: `put_once` in this generation's store. For news the
-        peer may never read; nothing waits for a store whose host may have hung."""
-        store = self._gen_store
-        if store is None:
-            return
-
-        def put() -> None:
-            try:
-                store.compare_set(key, "", value)
-            except Exception:  # the store went with its host: nobody is left to tell
-                pass
-
-        threading.Thread(target=put, name=f"put-{self.name}", daemon=True).start()
+    @property
+    def control(self) -> ControlPlane:
+        """This generation's control plane; ChannelError when the channel is not connected."""
+        if self._control is None:
+            raise ChannelError(f"channel {self.name} is not connected: {self._broken}")
+        return self._control
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def connect(self, timeout_s: float | None = None) -> None:
@@ -141,10 +132,14 @@ class Channel:
             gen_store = generation_store(self._store, name=self.name, generation=generation)
             self.peer_hello = self._handshake(gen_store, deadline)
             self._pg = self._make_group(gen_store, deadline)
-            self._gen_store, self.generation, self.transfer_seq = gen_store, generation, 0
+            self.generation, self.transfer_seq = generation, 0
+            bell_store = None
             if self.rank == RECEIVER_RANK:
                 waiter = join_store(self.host, self.port, deadline)
-                self._bell_store = generation_store(waiter, name=self.name, generation=generation)
+                bell_store = generation_store(waiter, name=self.name, generation=generation)
+            self._control = ControlPlane(
+                gen_store, name=self.name, on_gone=self.mark_broken, bell_store=bell_store
+            )
             self._broken = None
             self._ping(deadline)
         except ChannelError:
@@ -157,10 +152,6 @@ class Channel:
                 f"{self.host}:{self.port}: {type(exc).__name__}: {exc}"
             ) from None
 
-    def rebuild(self, timeout_s: float | None = None) -> None:
-        """Tear the group down and connect a new generation (the peer must rebuild too)."""
-        self.connect(timeout_s)
-
     def close(self) -> None:
         """Tear down the group and drop the store; the channel cannot be used again."""
         self._teardown("closed")
@@ -168,13 +159,10 @@ class Channel:
         self._broken = "closed"
 
     def _teardown(self, reason: str = "torn down") -> None:
-        if self._gen_store is not None:
-            try:  # wake a receiver blocked on the next bell of this generation (ours or the peer's)
-                self._gen_store.compare_set(f"bell/{self.transfer_seq}", "", _TEARDOWN + reason.encode())
-            except Exception:  # the store may be gone with its host
-                pass
+        if self._control is not None:  # wake a receiver blocked on the next bell (ours or the peer's)
+            self._control.wake(self.transfer_seq, reason)
         self._destroy_group()
-        self._gen_store, self._bell_store = None, None
+        self._control = None
         if self.rank != SENDER_RANK:
             self._store = None  # a client reconnects each time: the server may have restarted
         self._broken = self._broken or reason
@@ -259,26 +247,25 @@ class Channel:
     def wait(self, work: dist.Work, deadline: float, what: str) -> None:
         """Wait for `work` until the monotonic `deadline`; on failure mark broken, raise ChannelError."""
         remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            reason = f"{what}: the deadline passed before the wait began"
+            self.mark_broken(reason)
+            raise ChannelError(reason)
         try:
-            if remaining <= 0:
-                raise TimeoutError("deadline already passed")
             work.wait(delta(remaining))
         except Exception as exc:
-            timed_out = time.monotonic() >= deadline - 0.005 or "timed out" in str(exc).lower()
-            if not timed_out:
-                raise self._link_failed(what, exc) from None
-            reason = f"{what}: timed out after {max(remaining, 0):.2f} s"
+            # Gloo raises the same RuntimeError for a wait that timed out and for a peer that went
+            # away; either way the group is unusable and the reason keeps torch's own words.
+            reason = f"{what}: timed out after {remaining:.2f} s, or the peer or link failed: "
+            reason += str(exc).splitlines()[0][:200]
             self.mark_broken(reason)
             raise ChannelError(reason) from None
 
-    # ---- control plane: store keys of this generation ------------------------------------------
-    # The sender puts transfer `seq`'s header on "bell/{seq}" (compare-and-set, so a teardown
-    # marker already there is seen); the receiver blocks on that key, so an idle channel costs
-    # nothing. Teardown puts the marker on the next bell to wake a waiting receiver.
-    def ring_bell(self, value: bytes) -> int:
+    # ---- bells: the sequence of transfers on this generation ------------------------------------
+    def ring_bell(self, header: bytes) -> int:
         """Sender: announce the next transfer with its header; returns its sequence number."""
         seq = self.transfer_seq
-        if self.put_once(f"bell/{seq}", value) != value:
+        if self.control.put_once(bell_key(seq), header) != header:
             self.mark_broken("the peer is tearing the channel down")
             raise ChannelError(f"channel {self.name}: {self._broken}")
         self.transfer_seq += 1
@@ -287,50 +274,15 @@ class Channel:
     def wait_bell(self, timeout_s: float) -> tuple[int, bytes] | None:
         """Receiver: block until the sender rings (seq, header); None on timeout or teardown.
 
-        Safe to call without the engine's lock: a rebuild meanwhile wakes it, and then nothing
+        Safe to call without the engine's lock: a reconnect meanwhile wakes it, and then nothing
         of the new generation is touched.
         """
-        store, generation, seq = self._bell_store, self.generation, self.transfer_seq
-        if store is None:
-            raise ChannelError(f"channel {self.name} is not connected as a receiver: {self._broken}")
-        value = self._wait(store, f"bell/{seq}", timeout_s)
+        control, generation, seq = self.control, self.generation, self.transfer_seq
+        value = control.wait_bell(seq, timeout_s)
         if value is None or generation != self.generation:
             return None
-        if value.startswith(_TEARDOWN):
-            self.mark_broken(value[len(_TEARDOWN) :].decode(errors="replace") or "torn down")
+        if value.startswith(TEARDOWN_MARK):
+            self.mark_broken(value[len(TEARDOWN_MARK) :].decode(errors="replace") or "torn down")
             return None
         self.transfer_seq += 1
         return seq, value
-
-    def put_once(self, key: str, value: bytes) -> bytes:
-        """Set `key` unless it is already set; returns what the key holds now (`value` if we won)."""
-        return self._control().compare_set(key, "", value)
-
-    def wait_value(self, key: str, timeout_s: float) -> bytes | None:
-        """Block until `key` is set (its value) or `timeout_s` passes (None)."""
-        return self._wait(self._control(), key, timeout_s)
-
-    def discard(self, *keys: str) -> None:
-        """Delete keys a finished transfer left; a store that is gone marks the channel broken."""
-        try:
-            for key in keys:
-                self._control().delete_key(key)
-        except Exception as exc:
-            self.mark_broken(f"store unreachable: {str(exc).splitlines()[0][:200]}")
-
-    def _wait(self, store: dist.Store, key: str, timeout_s: float) -> bytes | None:
-        started = time.monotonic()
-        try:
-            # A get blocks until the key exists: one round trip where wait + get take two.
-            store.set_timeout(delta(timeout_s))
-            return store.get(key)
-        except Exception as exc:
-            if time.monotonic() - started < 0.9 * timeout_s:  # failed early: the store itself is gone
-                self.mark_broken(f"store unreachable: {str(exc).splitlines()[0][:200]}")
-                raise ChannelError(f"channel {self.name}: {self._broken}") from None
-            return None
-
-    def _control(self) -> dist.Store:
-        if self._gen_store is None:
-            raise ChannelError(f"channel {self.name} is not connected: {self._broken}")
-        return self._gen_store

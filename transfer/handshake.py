@@ -15,7 +15,7 @@ import msgpack
 import torch.distributed as dist
 
 from transfer.errors import FingerprintMismatch
-from transfer.protocol import PROTOCOL_VERSION
+from transfer.protocol import PROTOCOL_VERSION, hello_key
 
 
 def make_hello(*, backend: str, fingerprint: str, layout: dict[str, Any]) -> bytes:
@@ -27,9 +27,9 @@ def exchange_hello(
     store: dist.Store, *, rank: int, hello: bytes, timeout: datetime.timedelta
 ) -> dict[str, Any]:
     """Publish our hello, read the peer's; raise FingerprintMismatch if they differ, else return theirs."""
-    store.set(f"hello/{rank}", hello)
-    store.wait([f"hello/{1 - rank}"], timeout)
-    theirs = msgpack.unpackb(store.get(f"hello/{1 - rank}"), raw=False, strict_map_key=False)
+    store.set(hello_key(rank), hello)
+    store.wait([hello_key(1 - rank)], timeout)
+    theirs = msgpack.unpackb(store.get(hello_key(1 - rank)), raw=False, strict_map_key=False)
     ours = msgpack.unpackb(hello, raw=False, strict_map_key=False)  # the same normalisation as theirs
     differing = differing_fields(ours, theirs)
     if differing:

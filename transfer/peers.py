@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from distpool.envelope import Envelope
+from distpool.memory.envelope import Envelope
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
-from transfer.engine import Transfer, TransferOptions
+from transfer.handle import Transfer, TransferOptions
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
@@ -33,16 +33,14 @@ class PeerChannels:
         fingerprint: str,
         layout: dict[str, Any],
         device: torch.device,
-        timeout_s: float,
-        chunk_bytes: int,
+        options: TransferOptions,
     ) -> None:
         self.own_name = own_name
         self.rank = rank
         self.fingerprint = fingerprint
         self.layout = layout
         self.device = device
-        self.timeout_s = timeout_s
-        self.options = TransferOptions(chunk_bytes=chunk_bytes)
+        self.options = options
         self._ends: dict[str, EnvelopeSender | EnvelopeReceiver] = {}
         self._lock = threading.Lock()
 
@@ -61,12 +59,13 @@ class PeerChannels:
             device=self.device,
             fingerprint=self.fingerprint,
             layout=self.layout,
-            timeout_s=self.timeout_s,
+            timeout_s=self.options.timeout_s,
             name=channel_name(*names),
         )
         end = EnvelopeSender(channel, self.options) if self.rank == SENDER_RANK else EnvelopeReceiver(channel)
         try:
             end.connect()
+            end.start()
         except BaseException:
             end.close()
             raise
@@ -82,15 +81,17 @@ class PeerChannels:
     def broken(self, peer: str) -> bool:
         return not self._end(peer).channel.healthy
 
-    def send(
+    def submit(
         self,
         peer: str,
         envelope: Envelope,
-        arena: torch.Tensor,
+        buffer: torch.Tensor,
         ranges: torch.Tensor,
+        *,
+        first_token: int,
         fault_after_chunks: int | None = None,
-    ) -> dict:
-        """Send one envelope and wait for the receiver's verdict; raises TransferError on failure."""
+    ) -> Transfer:
+        """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeSender), "only the rank-0 end sends"
         hook = None
@@ -100,15 +101,17 @@ class PeerChannels:
                 if chunk >= fault_after_chunks:
                     transfer.abort(INJECTED_FAULT)
 
-        transfer = end.submit(envelope, arena, ranges, deadline_s=self.timeout_s, on_chunk=hook).wait()
-        return {"bytes": envelope.num_bytes, "seconds": transfer.active_s}
+        return end.submit(envelope, buffer, ranges, first_token=first_token, on_chunk=hook)
 
-    def receive(self, peer: str, envelope: Envelope, arena: torch.Tensor, ranges: torch.Tensor) -> dict:
-        """Receive into the reserved `envelope`; raises TransferError on failure."""
+    def expect(
+        self, peer: str, envelope: Envelope, buffer: torch.Tensor, ranges: torch.Tensor, *, wait_s: float
+    ) -> Transfer:
+        """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        transfer = end.expect(envelope, arena, ranges, deadline_s=self.timeout_s).wait()
-        return {"bytes": envelope.num_bytes, "seconds": transfer.active_s}
+        return end.expect(
+            envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=self.options.timeout_s
+        )
 
     def close_all(self) -> None:
         with self._lock:

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SRC, DST, NBYTES = 0, 1, 2  # columns of a run table
+from distpool.memory.runs import DST, NBYTES, SRC, merge_runs
+
+__all__ = ["DST", "NBYTES", "SRC", "Chunk", "Message", "check_ranges", "plan_messages", "plan_runs"]
 
 
 def check_ranges(ranges: torch.Tensor, arena_bytes: int, *, name: str = "ranges") -> None:
@@ -63,13 +65,7 @@ def plan_runs(src_ranges: torch.Tensor | np.ndarray, dst_ranges: torch.Tensor | 
             f"row {i} has {int(src_table[i, 1])} bytes at the source and {int(dst_table[i, 1])} at the "
             "destination: the layouts differ"
         )
-    src, dst, nbytes = src_table[:, 0], dst_table[:, 0], src_table[:, 1]
-    # Row i continues row i-1 when both sides start exactly where the previous row ended.
-    follows = (src[1:] == src[:-1] + nbytes[:-1]) & (dst[1:] == dst[:-1] + nbytes[:-1])
-    starts = np.concatenate([[True], ~follows])
-    first_rows = np.flatnonzero(starts)
-    run_bytes = np.add.reduceat(nbytes, first_rows)
-    return np.stack([src[first_rows], dst[first_rows], run_bytes], axis=1)
+    return merge_runs(src_table[:, 0], dst_table[:, 0], src_table[:, 1])
 
 
 @dataclass(frozen=True)

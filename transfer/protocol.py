@@ -1,7 +1,7 @@
 """The wire protocol of one transfer: control through the store, payload through the process group.
 
     sender                                              receiver
-    bell/{seq}   := HEADER (envelope, source table) ->  (blocked on bell/{seq})
+    bell/{seq}   := HEADER (source table, first token) ->  (blocked on bell/{seq})
                                                     <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
     end/{seq}    := END (checksum) | ABORT (reason) ->  read once its receives completed
@@ -24,7 +24,7 @@ import torch
 
 from transfer.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
@@ -42,8 +42,9 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "version": int,
         "seq": int,
         "request_id": str,
-        "envelope": bytes,
-        "table": bytes,  # (n, 2) int64 source ranges, raw
+        "num_tokens": int,
+        "first_token": int,  # what prefill generated: decode's first token
+        "table": bytes,  # (n, 2) int64 source ranges, raw: the one description of the source
         "chunk_bytes": int,
         "direct_min_bytes": int,
         "checksum": bool,
@@ -58,6 +59,47 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 # Payload message i goes with tag TAG_DATA + i % num_streams (Gloo: one connection per stream).
 TAG_DATA = 1
+# On a bell key instead of a header: the channel is being torn down (wakes a blocked receiver).
+TEARDOWN_MARK = b"\x00teardown:"
+
+
+# ---- store keys: every key name of the protocol lives here ------------------------------------
+def bell_key(seq: int) -> str:
+    return f"bell/{seq}"
+
+
+def reply_key(seq: int) -> str:
+    return f"reply/{seq}"
+
+
+def end_key(seq: int) -> str:
+    return f"end/{seq}"
+
+
+def status_key(seq: int) -> str:
+    return f"status/{seq}"
+
+
+def hello_key(rank: int) -> str:
+    return f"hello/{rank}"
+
+
+# Rendezvous, under the channel's name: the generation counter, the one rank 0 opened last, and
+# rank 1's claim on a generation.
+def generation_counter_key(channel: str) -> str:
+    return f"{channel}/gen"
+
+
+def current_generation_key(channel: str) -> str:
+    return f"{channel}/gen_current"
+
+
+def join_key(channel: str, generation: int) -> str:
+    return f"{channel}/join/{generation}"
+
+
+def generation_prefix(channel: str, generation: int) -> str:
+    return f"{channel}/g{generation}/"
 
 
 def encode_message(kind: str, **fields: Any) -> bytes:
@@ -67,8 +109,11 @@ def encode_message(kind: str, **fields: Any) -> bytes:
     return msgpack.packb({"kind": kind, **fields}, use_bin_type=True)
 
 
-def decode_message(blob: bytes, *, expect: tuple[str, ...], max_bytes: int) -> dict[str, Any]:
-    """Parse and validate a message whose kind must be one of `expect`; raise ProtocolError."""
+def decode_message(blob: object, *, expect: tuple[str, ...], max_bytes: int) -> dict[str, Any]:
+    """Parse and validate a message whose kind must be one of `expect`; raise ProtocolError (and
+    nothing else) for any input at all."""
+    if not isinstance(blob, (bytes, bytearray)):
+        raise ProtocolError(f"a {'/'.join(expect)} message must be bytes, got {type(blob).__name__}")
     if len(blob) > max_bytes:
         raise ProtocolError(
             f"a {'/'.join(expect)} message of {len(blob)} bytes exceeds the limit of {max_bytes}"
@@ -92,8 +137,8 @@ def decode_message(blob: bytes, *, expect: tuple[str, ...], max_bytes: int) -> d
             f"expected a {' or '.join(expect)} message, got {kind or type(fields).__name__!r}"
         )
     spec = _FIELDS[kind]
-    if set(fields) != set(spec) | {"kind"}:
-        raise ProtocolError(f"{kind} message has fields {sorted(fields)}, expected {sorted(spec)}")
+    if set(fields) != set(spec) | {"kind"}:  # keys may be of mixed types: never sort them raw
+        raise ProtocolError(f"{kind} message has fields {sorted(map(repr, fields))}, expected {sorted(spec)}")
     for name, allowed in spec.items():
         value = fields[name]
         if isinstance(value, bool) != (allowed is bool) or not isinstance(value, allowed):

@@ -5,8 +5,8 @@ worker thread waits for the sender's bell, then for the transfer it announces:
 
     decode the bell's HEADER (bounded); take the expectation it names (waiting up to
         `unexpected_wait_s` for `expect`)
-    check it against the reservation: request id, fingerprint, pages, slot, tokens, bytes,
-        row sizes, chunk size; any mismatch -> REFUSE, nothing written
+    check it against the reservation: request id, tokens, row count and row sizes (the source
+        table must pair with ours), chunk size; any mismatch -> REFUSE, nothing written
     READY + our table; keep three chunks' receives posted (messages contiguous here straight
         into our arena, a staged one into staging buffer k % 3); land chunk k (its scatter overlaps the
         arrival of k+1 and k+2), then post chunk k+3
@@ -22,10 +22,11 @@ import time
 
 import torch
 
-from distpool.envelope import MAX_PAGES, Envelope, EnvelopeError
+from distpool.memory.envelope import MAX_PAGES, Envelope
 from transfer.channel import RECEIVER_RANK, Channel
-from transfer.engine import ChannelEnd, ChunkHook, Job, Stopped, Transfer, as_transfer_error
+from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.handle import ChunkHook, Transfer
 from transfer.plan import DST, NBYTES, Chunk, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
@@ -36,8 +37,12 @@ from transfer.protocol import (
     REFUSE,
     STATUS,
     TAG_DATA,
+    bell_key,
     decode_message,
     encode_message,
+    end_key,
+    reply_key,
+    status_key,
     table_bytes,
     table_from_bytes,
 )
@@ -65,75 +70,84 @@ class EnvelopeReceiver(ChannelEnd):
     ) -> None:
         self.max_chunk_bytes, self.max_pages = max_chunk_bytes, max_pages
         self.unexpected_wait_s, self.idle_wait_s = unexpected_wait_s, idle_wait_s
-        # bell header: envelope (<= 9 bytes a page) + source table (16 bytes a row) + fields
-        self._max_header_bytes = 9 * max_pages + 16 * (max_pages + 1) + 4096
-        self._expected: dict[str, Job] = {}
         super().__init__(channel, RECEIVER_RANK)
+        # bell header: source table (16 bytes a row: the pages and the slot) + fields
+        self._max_header_bytes = 16 * (max_pages + 1) + 4096
+        self._expected: dict[str, Job] = {}
 
     def expect(
         self,
         envelope: Envelope,
-        arena: torch.Tensor,
+        buffer: torch.Tensor,
         ranges: torch.Tensor,
         *,
         deadline_s: float = 30.0,
+        active_timeout_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:
-        """Register a reserved destination (its bytes at `ranges` in `arena`) for `envelope.request_id`.
+        """Register a reserved destination (its bytes at `ranges` in `buffer`) for `envelope.request_id`.
 
-        Raises ValueError for bad arguments or a request already expected; every other failure
-        (nothing arrives by the deadline, a refused header, a broken link) concludes the transfer.
+        The transfer must begin within `deadline_s`; once it has, `active_timeout_s` (default: the
+        rest of that deadline) bounds it. Its `first_token` is the header's. Raises ValueError for bad
+        arguments or a request already expected; every other failure (nothing arrives by the
+        deadline, a refused header, a broken link) concludes the transfer.
         """
-        job = self._new_job(envelope, arena, ranges, deadline_s, on_chunk)
-        job.transfer._expire = self._expire
-        with self._cond:
-            if self._closed:
+        job = self.new_job(
+            envelope,
+            buffer,
+            ranges,
+            deadline_s=deadline_s,
+            on_chunk=on_chunk,
+            on_expire=self._expire,
+            active_timeout_s=active_timeout_s,
+        )
+        with self.cond:
+            if self.closed:
                 raise ValueError("the receiver is closed")
             if envelope.request_id in self._expected:
                 raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
             self._expected[envelope.request_id] = job
-            self._cond.notify_all()
+            self.cond.notify_all()
         return job.transfer
 
-    def _drop_pending(self) -> list[Job]:
+    def drop_pending(self) -> list[Job]:
         jobs, self._expected = list(self._expected.values()), {}
         return jobs
 
     # ---- registry --------------------------------------------------------------------------------
     def _expire(self, transfer: Transfer) -> None:
-        with self._cond:
+        with self.cond:
             job = self._expected.get(transfer.request_id)
             if job is None or job.transfer is not transfer:
                 return  # already taken by the worker, which concludes it
             del self._expected[transfer.request_id]
         reason = transfer.abort_reason or "no transfer arrived from the sender before the deadline"
-        transfer._finish(TransferError(transfer.request_id, reason))
+        transfer.conclude(TransferError(transfer.request_id, reason))
 
     def _take(self, request_id: str) -> Job | None:
         limit = time.monotonic() + self.unexpected_wait_s
-        with self._cond:
-            while request_id not in self._expected and not self._closed and time.monotonic() < limit:
-                self._cond.wait(limit - time.monotonic())
+        with self.cond:
+            while request_id not in self._expected and not self.closed and time.monotonic() < limit:
+                self.cond.wait(limit - time.monotonic())
             return self._expected.pop(request_id, None)
 
     # ---- worker ----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._closed:
+    def run(self) -> None:
+        while not self.closed:
             if not self.channel.healthy:
-                with self._cond:
-                    self._cond.wait(0.05)
+                with self.cond:
+                    self.cond.wait(0.05)
                 continue
             try:
                 bell = self.channel.wait_bell(self.idle_wait_s)
             except ChannelError:
-                continue  # marked broken; wait for a rebuild
-            if bell is None or self._closed:
+                continue  # marked broken (or reconnecting); wait for the next generation
+            if bell is None or self.closed:
                 continue
-            with self._io_lock:
+            with self.io_lock:
                 self._receive_one(*bell)
 
     def _receive_one(self, seq: int, blob: bytes) -> None:
-        channel = self.channel
         header, job, reason = None, None, None
         try:
             header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
@@ -146,40 +160,31 @@ class EnvelopeReceiver(ChannelEnd):
         except ProtocolError as exc:
             reason = f"malformed header: {exc}"
         rid = header["request_id"] if header is not None else "?"
-        error: TransferError | None = None
-        spent_keys = [f"bell/{seq}"]
-        try:
-            with self._stream.active():
-                reply = (
-                    encode_message(REFUSE, seq=seq, reason=reason)
-                    if reason is not None
-                    else encode_message(READY, seq=seq, table=table_bytes(job.ranges))
-                )
-                if channel.put_once(f"reply/{seq}", reply) != reply:
-                    spent_keys.append(f"reply/{seq}")  # the sender's withdrawal: ours to tidy
-                    raise Stopped("the sender withdrew the transfer (its deadline passed)")
-                if reason is not None:
-                    raise Stopped(f"refused the sender's header: {reason}")
-                assert job is not None and header is not None
-                job.transfer._begin()
-                self._receive_chunks(job, seq, header)
-        except Exception as exc:
-            error = as_transfer_error(channel, rid, exc)
-            if error.channel_broken:
-                # Before the copy stream is synchronized (after a timed-out NCCL wait it waits on
-                # the receive) and before the caller can free pages a posted receive still targets.
-                channel.tear_down(error.reason)
-                if job is not None and job.transfer.began_at is not None:
-                    # The sender fails now rather than at its deadline (if it still reads the store).
-                    broken = encode_message(STATUS, seq=seq, ok=False, reason=error.reason, broken=True)
-                    channel.put_soon(f"status/{seq}", broken)
-        finally:
-            self._stream.synchronize()
-        if job is not None:
-            job.transfer._finish(error)
-            spent_keys += job.spent_keys
-        if channel.healthy:  # tidy this transfer's keys off its critical path
-            channel.discard(*spent_keys)
+
+        def receive() -> None:
+            reply = (
+                encode_message(REFUSE, seq=seq, reason=reason)
+                if reason is not None
+                else encode_message(READY, seq=seq, table=table_bytes(job.ranges))
+            )
+            if self.channel.control.put_once(reply_key(seq), reply) != reply:
+                spent_keys.append(reply_key(seq))  # the sender's withdrawal: ours to tidy
+                raise Stopped("the sender withdrew the transfer (its deadline passed)")
+            if reason is not None:
+                raise Stopped(f"refused the sender's header: {reason}")
+            assert job is not None and header is not None
+            job.transfer.first_token = header["first_token"]
+            job.transfer.begin()
+            self._receive_chunks(job, seq, header)
+
+        def tell_sender(error: TransferError) -> None:
+            if job is not None and job.transfer.began_at is not None:
+                # The sender fails now rather than at its deadline (if it still reads the store).
+                broken = encode_message(STATUS, seq=seq, ok=False, reason=error.reason, broken=True)
+                self.channel.control.put_soon(status_key(seq), broken)
+
+        spent_keys = [bell_key(seq)]
+        self.conclude(rid, job, receive, spent_keys=spent_keys, on_broken=tell_sender)
 
     def _check_header(self, job: Job, seq: int, header: dict) -> str | None:
         """Why the header cannot fill this reservation, or None if it can."""
@@ -188,20 +193,12 @@ class EnvelopeReceiver(ChannelEnd):
             return transfer.abort_reason
         if time.monotonic() >= transfer.deadline:
             return "the reservation's deadline passed before the transfer could start"
-        try:
-            sent = Envelope.decode(header["envelope"], max_pages=self.max_pages)
-            src_table = table_from_bytes(header["table"], num_rows=job.ranges.shape[0])
-        except (EnvelopeError, ProtocolError) as exc:
-            return f"malformed header: {exc}"
+        num_rows = len(header["table"]) // 16
         checks = [
             ("protocol version", PROTOCOL_VERSION, header["version"]),
             ("transfer sequence number", seq, header["seq"]),
-            ("request id", header["request_id"], sent.request_id),
-            ("fingerprint", expected.fingerprint, sent.fingerprint),
-            ("number of pages", expected.num_pages, sent.num_pages),
-            ("has a state slot", expected.slot_id is not None, sent.slot_id is not None),
-            ("number of tokens", expected.num_tokens, sent.num_tokens),
-            ("number of bytes", expected.num_bytes, sent.num_bytes),
+            ("number of tokens", expected.num_tokens, header["num_tokens"]),
+            ("number of byte ranges (slot and pages)", job.ranges.shape[0], num_rows),
         ]
         for what, mine, theirs in checks:
             if mine != theirs:
@@ -212,17 +209,17 @@ class EnvelopeReceiver(ChannelEnd):
                 f"be in (0, {self.max_chunk_bytes}] and > 0"
             )
         try:
-            job.runs = plan_runs(src_table, job.ranges)
-        except ValueError as exc:
+            job.runs = plan_runs(table_from_bytes(header["table"], num_rows=num_rows), job.ranges)
+        except (ProtocolError, ValueError) as exc:
             return str(exc)
         return None
 
     def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
         message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=False)
-        self.channel.put_once(f"status/{seq}", message)
+        self.channel.control.put_once(status_key(seq), message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
-        channel, transfer, deadline, runs = self.channel, job.transfer, job.transfer.deadline, job.runs
+        transfer, deadline, runs = job.transfer, job.transfer.deadline, job.runs
         chunks = plan_messages(
             runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
         )
@@ -252,24 +249,23 @@ class EnvelopeReceiver(ChannelEnd):
             num_landed += 1
             post_ahead()
             aborted = aborted or transfer.abort_reason
-        blob = channel.wait_value(f"end/{seq}", deadline - time.monotonic())
-        if blob is None:
+        end = self.await_message(
+            end_key(seq), seq, expect=(END, ABORT), timeout_s=deadline - time.monotonic(), max_bytes=4096
+        )
+        if end is None:
             raise ChannelError("the sender did not finish the transfer before the deadline")
-        job.spent_keys.append(f"end/{seq}")
-        end = decode_message(blob, expect=(END, ABORT), max_bytes=4096)
-        if end["seq"] != seq:
-            raise ProtocolError(f"end message is for transfer {end['seq']}, expected {seq}")
+        job.spent_keys.append(end_key(seq))
         if end["kind"] == ABORT or aborted is not None:
             reason = aborted or f"sender aborted: {end['reason']}"
             self._status(seq, ok=False, reason=reason)
             raise Stopped(reason)
         if header["checksum"]:
-            ours = checksum(job.arena, runs[:, DST], runs[:, NBYTES])
+            ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
             if end["checksum"] != ours:
                 reason = f"checksum mismatch: sender {end['checksum']}, receiver {ours}"
                 self._status(seq, ok=False, reason=reason)
                 raise Stopped(reason)
-        self._stream.synchronize()  # the bytes are in place before anyone hears "success"
+        self.stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq, ok=True)
 
     def _post(self, job: Job, chunk: Chunk, first_message: int) -> tuple[Chunk, list, list]:
@@ -279,9 +275,9 @@ class EnvelopeReceiver(ChannelEnd):
         for i, message in enumerate(chunk.messages):
             offset = message.in_place_at(DST)
             if offset is not None:
-                buffer = job.arena[offset : offset + message.nbytes]
+                buffer = job.buffer[offset : offset + message.nbytes]
             else:
-                buffer = self._staging.get(chunk.index, message.nbytes)
+                buffer = self.staging.get(chunk.index, message.nbytes)
             works.append(channel.recv(buffer, TAG_DATA + (first_message + i) % num_streams))
             buffers.append(buffer)
         return chunk, works, buffers
@@ -297,7 +293,7 @@ class EnvelopeReceiver(ChannelEnd):
             return
         for message, buffer in zip(chunk.messages, buffers, strict=True):
             if message.in_place_at(DST) is None:
-                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.arena)
+                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
         job.transfer.num_chunks_done = chunk.index + 1
         if job.transfer.on_chunk is not None:
             job.transfer.on_chunk(job.transfer, chunk.index)

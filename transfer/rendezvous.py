@@ -18,6 +18,12 @@ import time
 import torch.distributed as dist
 
 from transfer.errors import ChannelError
+from transfer.protocol import (
+    current_generation_key,
+    generation_counter_key,
+    generation_prefix,
+    join_key,
+)
 
 POLL_S = 0.05
 
@@ -52,13 +58,13 @@ def join_store(host: str, port: int, deadline: float) -> dist.TCPStore:
 def next_generation(store: dist.Store, *, name: str, rank: int, deadline: float) -> int:
     """The generation this connect builds: rank 0 opens it, rank 1 claims the one rank 0 opened."""
     if rank == 0:
-        generation = store.add(f"{name}/gen", 1)
-        store.set(f"{name}/gen_current", str(generation))
+        generation = store.add(generation_counter_key(name), 1)
+        store.set(current_generation_key(name), str(generation))
         return generation
     while True:
-        store.wait([f"{name}/gen_current"], delta(deadline - time.monotonic()))
-        generation = int(store.get(f"{name}/gen_current"))
-        if store.add(f"{name}/join/{generation}", 1) == 1:
+        store.wait([current_generation_key(name)], delta(deadline - time.monotonic()))
+        generation = int(store.get(current_generation_key(name)))
+        if store.add(join_key(name, generation), 1) == 1:
             return generation
         if time.monotonic() + POLL_S > deadline:
             raise ChannelError(
@@ -69,4 +75,4 @@ def next_generation(store: dist.Store, *, name: str, rank: int, deadline: float)
 
 
 def generation_store(store: dist.Store, *, name: str, generation: int) -> dist.PrefixStore:
-    return dist.PrefixStore(f"{name}/g{generation}/", store)
+    return dist.PrefixStore(generation_prefix(name, generation), store)

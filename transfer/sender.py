@@ -3,7 +3,7 @@
 `EnvelopeSender.submit` returns a `Transfer` at once; a worker thread runs the transfers on the
 channel in submission order. One transfer:
 
-    ring the bell with the HEADER (envelope, source table); wait READY (destination table) | REFUSE
+    ring the bell with the HEADER (source table, first token); wait READY (destination table) | REFUSE
     plan runs and messages from both tables (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
         chunk that used it are done), then send chunk k's messages; big runs, and batches that
@@ -28,18 +28,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from distpool.envelope import Envelope
+from distpool.memory.envelope import Envelope
 from transfer.channel import SENDER_RANK, Channel
-from transfer.engine import (
-    ChannelEnd,
-    ChunkHook,
-    Job,
-    Stopped,
-    Transfer,
-    TransferOptions,
-    as_transfer_error,
-)
+from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ProtocolError, TransferError
+from transfer.handle import ChunkHook, Transfer, TransferOptions
 from transfer.plan import NBYTES, SRC, Chunk, Message, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
@@ -51,8 +44,10 @@ from transfer.protocol import (
     STATUS,
     TAG_DATA,
     WITHDRAWN,
-    decode_message,
     encode_message,
+    end_key,
+    reply_key,
+    status_key,
     table_bytes,
     table_from_bytes,
 )
@@ -72,36 +67,44 @@ class EnvelopeSender(ChannelEnd):
     def __init__(self, channel: Channel, options: TransferOptions | None = None) -> None:
         self.options = options or TransferOptions()
         self._queue: collections.deque[Job] = collections.deque()
+        super().__init__(channel, SENDER_RANK)
         # CPU gathers run on their own thread so that they overlap a send the worker thread writes.
         self._gatherer = (
             ThreadPoolExecutor(1, thread_name_prefix=f"gather-{channel.name}")
             if channel.device.type == "cpu"
             else None
         )
-        super().__init__(channel, SENDER_RANK)
 
     def submit(
         self,
         envelope: Envelope,
-        arena: torch.Tensor,
+        buffer: torch.Tensor,
         ranges: torch.Tensor,
         *,
-        deadline_s: float = 30.0,
+        first_token: int = 0,
+        deadline_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:
-        """Queue `envelope` (its bytes at `ranges` in `arena`, canonical order) for sending.
-
-        Raises ValueError for arguments that cannot describe an envelope in this arena; every other
-        failure concludes the returned transfer as FAILED.
+        """Queue `envelope` (its bytes at `ranges` in `buffer`, canonical order) for sending, with the
+        token prefill produced (`first_token`, carried in the header). The deadline defaults to the
+        options' timeout. Raises ValueError for arguments that cannot describe an envelope in this
+        buffer; every other failure concludes the returned transfer as FAILED.
         """
-        job = self._new_job(envelope, arena, ranges, deadline_s, on_chunk)
-        job.transfer._expire = self._expire  # a queued transfer fails at its deadline or abort, not later
-        with self._cond:
-            if self._closed:
-                job.transfer._finish(TransferError(envelope.request_id, "the sender is closed"))
+        job = self.new_job(
+            envelope,
+            buffer,
+            ranges,
+            deadline_s=deadline_s or self.options.timeout_s,
+            on_chunk=on_chunk,
+            on_expire=self._expire,  # a queued transfer fails at its deadline or abort, not later
+            first_token=first_token,
+        )
+        with self.cond:
+            if self.closed:
+                job.transfer.conclude(TransferError(envelope.request_id, "the sender is closed"))
             else:
                 self._queue.append(job)
-                self._cond.notify_all()
+                self.cond.notify_all()
         return job.transfer
 
     def close(self) -> None:
@@ -109,99 +112,88 @@ class EnvelopeSender(ChannelEnd):
         if self._gatherer is not None:
             self._gatherer.shutdown(wait=True)
 
-    def _drop_pending(self) -> list[Job]:
+    def drop_pending(self) -> list[Job]:
         queued, self._queue = list(self._queue), collections.deque()
         return queued
 
     def _expire(self, transfer: Transfer) -> None:
         """Fail a transfer still queued (deadline passed or aborted); once taken, the worker concludes it."""
-        with self._cond:
+        with self.cond:
             job = next((j for j in self._queue if j.transfer is transfer), None)
             if job is None:
                 return
             self._queue.remove(job)
         reason = transfer.abort_reason or "the deadline passed while queued behind other transfers"
-        transfer._finish(TransferError(transfer.request_id, reason))
+        transfer.conclude(TransferError(transfer.request_id, reason))
 
     @property
     def _direct_min_bytes(self) -> int:
         return self.options.direct_min_bytes_for(self.channel.device)
 
     # ---- worker ----------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+            with self.cond:
+                while not self._queue and not self.closed:
+                    self.cond.wait()
+                if self.closed:
                     return
                 job = self._queue.popleft()
                 # A broken channel holds the queue until the owner rebuilds it or the deadline passes.
                 while (
-                    not self.channel.healthy and not self._closed and time.monotonic() < job.transfer.deadline
+                    not self.channel.healthy and not self.closed and time.monotonic() < job.transfer.deadline
                 ):
-                    self._cond.wait(min(0.05, max(job.transfer.deadline - time.monotonic(), 0.0)))
+                    self.cond.wait(min(0.05, max(job.transfer.deadline - time.monotonic(), 0.0)))
             transfer, channel = job.transfer, self.channel
             if transfer.abort_reason is not None:
-                transfer._finish(TransferError(transfer.request_id, transfer.abort_reason))
+                transfer.conclude(TransferError(transfer.request_id, transfer.abort_reason))
             elif time.monotonic() >= transfer.deadline:
                 state = channel.broken_reason or "busy"
                 reason = f"deadline passed before the transfer started (channel: {state})"
-                transfer._finish(TransferError(transfer.request_id, reason))
+                transfer.conclude(TransferError(transfer.request_id, reason))
             elif not channel.healthy:
                 reason = f"channel down: {channel.broken_reason}"
-                transfer._finish(TransferError(transfer.request_id, reason, channel_broken=True))
+                transfer.conclude(TransferError(transfer.request_id, reason, channel_broken=True))
             else:
-                with self._io_lock:
-                    self._send_one(job)
+                with self.io_lock:
+                    self.conclude(
+                        transfer.request_id, job, lambda job=job: self._send_one(job), spent_keys=[]
+                    )
 
     def _send_one(self, job: Job) -> None:
         channel, transfer, options = self.channel, job.transfer, self.options
-        rid = transfer.request_id
-        error: TransferError | None = None
-        try:
-            with self._stream.active():
-                self._stream.wait_for(job.ready)
-                header = encode_message(
-                    HEADER,
-                    version=PROTOCOL_VERSION,
-                    seq=channel.transfer_seq,
-                    request_id=rid,
-                    envelope=job.envelope.encode(),
-                    table=table_bytes(job.ranges),
-                    chunk_bytes=options.chunk_bytes,
-                    direct_min_bytes=self._direct_min_bytes,
-                    checksum=options.checksum,
-                )
-                seq = channel.ring_bell(header)
-                runs = self._await_reply(job, seq)
-                transfer._begin()
-                self._send_chunks(job, seq, runs)
-        except Exception as exc:
-            error = as_transfer_error(channel, rid, exc)
-            if error.channel_broken:  # before synchronizing: no send still posted outlives the transfer
-                channel.tear_down(error.reason)
-        finally:
-            self._stream.synchronize()
-        transfer._finish(error)
-        if channel.healthy and job.spent_keys:  # tidy this transfer's keys off its critical path
-            channel.discard(*job.spent_keys)
+        self.stream.wait_for(job.ready)
+        header = encode_message(
+            HEADER,
+            version=PROTOCOL_VERSION,
+            seq=channel.transfer_seq,
+            request_id=transfer.request_id,
+            num_tokens=job.envelope.num_tokens,
+            first_token=transfer.first_token or 0,
+            table=table_bytes(job.ranges),
+            chunk_bytes=options.chunk_bytes,
+            direct_min_bytes=self._direct_min_bytes,
+            checksum=options.checksum,
+        )
+        seq = channel.ring_bell(header)
+        runs = self._await_reply(job, seq)
+        transfer.begin()
+        self._send_chunks(job, seq, runs)
 
     def _await_reply(self, job: Job, seq: int) -> np.ndarray:
         """Wait for READY (return the plan's runs) or REFUSE (raise TransferError)."""
-        channel, rid, deadline = self.channel, job.transfer.request_id, job.transfer.deadline
-        key = f"reply/{seq}"
-        blob = channel.wait_value(key, deadline - time.monotonic())
+        control, rid, deadline = self.channel.control, job.transfer.request_id, job.transfer.deadline
+        key = reply_key(seq)
+        blob = control.wait_value(key, deadline - time.monotonic())
         if blob is None:
             # Withdraw, so that a late READY cannot start a transfer nobody sends.
             withdrawal = encode_message(WITHDRAWN, seq=seq, reason="sender's deadline passed")
-            blob = channel.put_once(key, withdrawal)
+            blob = control.put_once(key, withdrawal)
             if blob == withdrawal:  # the receiver finds it there, and tidies it
                 raise TransferError(rid, "the receiver did not answer the header before the deadline")
         job.spent_keys.append(key)
-        reply = decode_message(blob, expect=(READY, REFUSE), max_bytes=job.ranges.shape[0] * 16 + 1024)
-        if reply["seq"] != seq:
-            raise ProtocolError(f"reply is for transfer {reply['seq']}, expected {seq}")
+        max_bytes = job.ranges.shape[0] * 16 + 1024
+        reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:
             raise TransferError(rid, f"receiver refused: {reply['reason']}")
         try:
@@ -234,9 +226,9 @@ class EnvelopeSender(ChannelEnd):
             for message in chunk.messages:
                 offset = message.in_place_at(SRC)
                 if offset is not None:
-                    payload = job.arena[offset : offset + message.nbytes]
+                    payload = job.buffer[offset : offset + message.nbytes]
                 else:
-                    payload = self._staging.get(chunk.index, message.nbytes)
+                    payload = self.staging.get(chunk.index, message.nbytes)
                 # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.
                 works.append(channel.send(payload, TAG_DATA + num_messages % num_streams))
                 keep.append(payload)
@@ -250,9 +242,9 @@ class EnvelopeSender(ChannelEnd):
         if aborted is not None:
             end = encode_message(ABORT, seq=seq, reason=aborted)
         else:
-            value = checksum(job.arena, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
+            value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
             end = encode_message(END, seq=seq, checksum=value)
-        channel.put_once(f"end/{seq}", end)  # the receiver reads it once its receives complete
+        channel.control.put_once(end_key(seq), end)  # the receiver reads it once its receives complete
         for index, works, _ in in_flight:
             for work in works:
                 channel.wait(work, deadline, f"sending chunk {index}")
@@ -270,8 +262,8 @@ class EnvelopeSender(ChannelEnd):
         message = _staged(chunk)
         if message is None or job.transfer.abort_reason is not None:
             return None
-        buffer = self._staging.get(chunk.index, message.nbytes)
-        args = (job.arena, message.pieces[:, SRC], message.pieces[:, NBYTES], buffer)
+        staged = self.staging.get(chunk.index, message.nbytes)
+        args = (job.buffer, message.pieces[:, SRC], message.pieces[:, NBYTES], staged)
         if self._gatherer is None:
             gather(*args)
             return None
@@ -279,14 +271,17 @@ class EnvelopeSender(ChannelEnd):
 
     def _await_status(self, job: Job, seq: int) -> None:
         channel, rid = self.channel, job.transfer.request_id
-        blob = channel.wait_value(f"status/{seq}", job.transfer.deadline - time.monotonic())
-        if blob is None:
+        status = self.await_message(
+            status_key(seq),
+            seq,
+            expect=(STATUS,),
+            timeout_s=job.transfer.deadline - time.monotonic(),
+            max_bytes=4096,
+        )
+        if status is None:
             channel.mark_broken("the receiver sent no status before the deadline")
             raise TransferError(rid, "the receiver sent no status before the deadline", channel_broken=True)
-        job.spent_keys.append(f"status/{seq}")
-        status = decode_message(blob, expect=(STATUS,), max_bytes=4096)
-        if status["seq"] != seq:
-            raise ProtocolError(f"status is for transfer {status['seq']}, expected {seq}")
+        job.spent_keys.append(status_key(seq))
         if status["broken"]:
             channel.mark_broken(f"the receiver tore the channel down: {status['reason']}")
             raise TransferError(rid, f"receiver failed: {status['reason']}", channel_broken=True)

@@ -3,27 +3,16 @@ and every pool back to empty afterwards."""
 
 import pytest
 import torch
-from serving_helpers import mixed_requests, serve
 
-from distpool.configs import REFERENCE_CONFIG
-from distpool.configurator import PoolArgs
-from distpool.launcher import DeploymentSpec
-from distpool.parity import colocated_tokens
-from distpool.reference_model import ReferenceModel
-from distpool.workload import Request
+from distpool.reference.model import ReferenceModel
+from distpool.serving.parity import colocated_tokens
+from distpool.serving.workload import Request
+from tests.serving.helpers import make_spec, mixed_requests, serve
 
 pytestmark = pytest.mark.ray
 # The NCCL variant places each worker on its own GPU through a placement group.
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
-
-
-def make_spec(**changes) -> DeploymentSpec:
-    fields = dict(
-        pool_args=PoolArgs(page_size=4, context_len=256), budget_bytes=8 << 20, transfer_timeout_s=5.0
-    )
-    fields.update(changes)
-    return DeploymentSpec(**fields)
 
 
 def assert_drained(stats):
@@ -39,7 +28,7 @@ def test_1p1d_unified_matches_colocated_and_no_cache_oracle(ray_session, device)
     got = {o.request_id: o.tokens for o in outcomes}
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     assert got == colocated_tokens(spec, requests)
-    oracle = ReferenceModel(str(REFERENCE_CONFIG), seed=spec.seed)
+    oracle = ReferenceModel(spec.worker.spec, seed=spec.worker.seed)
     for r in requests[:4]:
         assert got[r.request_id] == oracle.generate_nocache(r.prompt, r.max_new_tokens)
     assert server.retried == 0

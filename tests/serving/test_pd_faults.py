@@ -7,27 +7,22 @@ import threading
 import time
 
 import pytest
-from serving_helpers import mixed_requests
 
-from distpool.configs import REFERENCE_CONFIG
-from distpool.configurator import PoolArgs
-from distpool.launcher import Deployment, DeploymentSpec
-from distpool.parity import colocated_tokens
-from distpool.serve import ServeOptions, Server
+from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.serving.deployment import Deployment, DeploymentSpec
+from distpool.serving.driver import ServeOptions, Server
+from distpool.serving.parity import colocated_tokens
+from tests.factories import FIXTURES
+from tests.serving import helpers
+from tests.serving.helpers import mixed_requests
 
 pytestmark = pytest.mark.ray
-CONFIGS = REFERENCE_CONFIG.parent
+CONFIGS = REFERENCE_HYBRID_CONFIG.parent
 TRANSFER_TIMEOUT_S = 3.0
 
 
 def make_spec(**changes) -> DeploymentSpec:
-    fields = dict(
-        pool_args=PoolArgs(page_size=4, context_len=256),
-        budget_bytes=8 << 20,
-        transfer_timeout_s=TRANSFER_TIMEOUT_S,
-    )
-    fields.update(changes)
-    return DeploymentSpec(**fields)
+    return helpers.make_spec(transfer_timeout_s=TRANSFER_TIMEOUT_S, **changes)
 
 
 def serve_and_kill(spec: DeploymentSpec, victim: str, requests):
@@ -93,10 +88,10 @@ def test_refusals_exit_2_before_any_actor_exists(config, expected):
 
 @pytest.mark.parametrize(
     "config, expected",
-    [("qwen3_next.json", "Nemotron-H style"), ("nemotron_h.json", "small test configs only")],
+    [("qwen3_next.json", "hybrid Mamba2 models only"), ("nemotron_h.json", "small configs only")],
 )
 def test_models_the_workers_cannot_run_are_refused_before_ray_starts(config, expected):
-    fixture = REFERENCE_CONFIG.parents[2] / "tests" / "fixtures" / config
+    fixture = FIXTURES / config
     proc = run_cli("--model", str(fixture), "--memory-gib", "64")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expected in proc.stderr and "Traceback" not in proc.stderr

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from distpool import workload
-from distpool.report import percentile, summarize
-from distpool.router import NoWorkerAlive, Router
-from distpool.serve import Outcome
+from distpool.serving import workload
+from distpool.serving.driver import Outcome
+from distpool.serving.report import percentile, summarize
+from distpool.serving.router import NoWorkerAlive, Router
 
 
 def test_prefill_goes_to_least_loaded_live_worker():
@@ -99,7 +99,7 @@ def test_typed_errors_cross_process_boundaries_as_themselves():
     arrived as UnserializableException and was told apart by its message text)."""
     import pickle
 
-    from distpool.allocator import NeedsCompaction
+    from distpool.memory.allocator import NeedsCompaction
     from transfer import TransferError
 
     err = pickle.loads(pickle.dumps(NeedsCompaction("r1", "fragmented")))

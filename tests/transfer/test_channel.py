@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-from transfer_peer import FINGERPRINT, LAYOUT, free_port
 
+from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port
 from transfer import Channel, ChannelError, FingerprintMismatch
 
 

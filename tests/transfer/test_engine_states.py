@@ -7,7 +7,11 @@ import time
 
 import pytest
 import torch
-from transfer_peer import (
+
+import transfer.receiver as receiver_module
+import transfer.sender as sender_module
+from distpool.memory.envelope import Envelope
+from tests.transfer.transfer_peer import (
     FINGERPRINT,
     LAYOUT,
     Ledger,
@@ -18,10 +22,6 @@ from transfer_peer import (
     free_port,
     make_arena,
 )
-
-import transfer.receiver as receiver_module
-import transfer.sender as sender_module
-from distpool.envelope import Envelope
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferError, TransferOptions, TransferState
 
 ARENA_BYTES = 4 << 20
@@ -47,6 +47,8 @@ def pair():
     ]
     sender = EnvelopeSender(channels[0], TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10))
     receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=0.3)
+    sender.start()
+    receiver.start()
     connect = threading.Thread(target=receiver.connect)
     connect.start()
     sender.connect()
@@ -375,9 +377,9 @@ def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
     assert torch.equal(dst_arena, at_conclusion)
     assert not receiver.channel.healthy and not sender.channel.healthy
     # Both ends rebuild, and the channel carries the envelope whole.
-    rebuild = threading.Thread(target=receiver.rebuild)
+    rebuild = threading.Thread(target=receiver.connect)
     rebuild.start()
-    sender.rebuild()
+    sender.connect()
     rebuild.join()
     round_trip(sender, receiver, "again", (src_arena, src), (dst_arena, dst), has_slot=False)
 

@@ -11,12 +11,13 @@ import threading
 
 import pytest
 import torch
-from transfer_peer import free_port
 
-from distpool.configurator import PoolArgs, plan
-from distpool.layout import layout_description
-from distpool.pools import build_pool
-from distpool.spec import HYBRID_MAMBA, AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
+from distpool.memory.arena_pool import build_pool
+from distpool.memory.fingerprint import layout_description
+from distpool.memory.sizing import PoolArgs, size_pools
+from distpool.model.spec import HYBRID_MAMBA, AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
+from tests.factories import free_units
+from tests.transfer.transfer_peer import free_port
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions, TransferState
 
 PROMPT_TOKENS = 37
@@ -52,7 +53,7 @@ def make_pools():
     pools = {}
     for mode in ("prefill", "decode"):
         args = PoolArgs(enable_unified_memory=True, disaggregation_mode=mode, page_size=4, context_len=64)
-        pools[mode] = build_pool(plan(spec, args, 64 << 10), "cpu")
+        pools[mode] = build_pool(size_pools(spec, args, 64 << 10), "cpu")
     return pools["prefill"], pools["decode"]
 
 
@@ -70,7 +71,7 @@ def fragment(pool, prefix: str, count: int) -> list[str]:
 def channel_pair(request):
     prefill_pool, decode_pool = make_pools()
     assert prefill_pool.fingerprint == decode_pool.fingerprint
-    port, layout = free_port(), layout_description(prefill_pool.plan)
+    port, layout = free_port(), layout_description(prefill_pool.sizes)
     ends = [
         Channel(
             rank=r,
@@ -86,6 +87,8 @@ def channel_pair(request):
     ]
     sender = EnvelopeSender(ends[0], TransferOptions(chunk_bytes=1024, direct_min_bytes=512))
     receiver = EnvelopeReceiver(ends[1])
+    sender.start()
+    receiver.start()
     connecting = threading.Thread(target=receiver.connect)
     connecting.start()
     sender.connect()
@@ -97,7 +100,7 @@ def channel_pair(request):
 
 def test_a_real_envelope_moves_between_fragmented_pools(channel_pair):
     prefill_pool, decode_pool, sender, receiver = channel_pair
-    fresh = {id(pool): pool.free_capacity() for pool in (prefill_pool, decode_pool)}
+    fresh = {id(pool): free_units(pool) for pool in (prefill_pool, decode_pool)}
     fragment(prefill_pool, "p", 6)
     fragment(decode_pool, "d", 9)
     prefill_pool.reserve("req", PROMPT_TOKENS)
@@ -118,10 +121,10 @@ def test_a_real_envelope_moves_between_fragmented_pools(channel_pair):
     decode_pool.pin("req")
     prefill_pool.pin("req")
     incoming = receiver.expect(
-        decode_pool.envelope("req"), decode_pool.arena, decode_pool.envelope_ranges("req"), deadline_s=10
+        decode_pool.envelope("req"), decode_pool.buffer, decode_pool.envelope_ranges("req"), deadline_s=10
     )
     outgoing = sender.submit(
-        prefill_pool.envelope("req"), prefill_pool.arena, prefill_pool.envelope_ranges("req"), deadline_s=10
+        prefill_pool.envelope("req"), prefill_pool.buffer, prefill_pool.envelope_ranges("req"), deadline_s=10
     )
     try:
         outgoing.wait()
@@ -145,5 +148,5 @@ def test_a_real_envelope_moves_between_fragmented_pools(channel_pair):
         for rid in list(pool.request_ids):
             pool.release(rid)
         pool.check_invariants()
-        assert pool.stats()["num_requests"] == 0
-        assert pool.free_capacity() == fresh[id(pool)]  # every byte came back
+        assert pool.request_ids == []
+        assert free_units(pool) == fresh[id(pool)]  # every byte came back

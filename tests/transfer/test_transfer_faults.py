@@ -8,10 +8,12 @@ transfer, unpin and release on every outcome); a spawned peer holds the other en
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
-from transfer_peer import (
+
+from tests.transfer.transfer_peer import (
     LAYOUT,
     Ledger,
     Peer,
@@ -24,8 +26,9 @@ from transfer_peer import (
     make_engine,
     open_pair,
 )
-
 from transfer import (
+    EnvelopeReceiver,
+    EnvelopeSender,
     FingerprintMismatch,
     TransferError,
     TransferState,
@@ -114,7 +117,7 @@ def test_kill_the_sender_mid_transfer(device):
         doomed.kill()
 
         replacement.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
-        receiver.rebuild()
+        receiver.connect()
         assert replacement.result()["ok"]
         assert_works_again(receiver, replacement, name, local_device, local_is_sender=False, rid="after")
 
@@ -154,7 +157,7 @@ def test_kill_the_receiver_mid_transfer(device):
         doomed.kill()
 
         replacement.start("open", name=name, rank=1, port=port, device=peer_device)
-        sender.rebuild()
+        sender.connect()
         assert replacement.result()["ok"]
         assert sender.channel.generation == 2
         assert_works_again(sender, replacement, name, local_device, local_is_sender=True, rid="after")
@@ -171,12 +174,38 @@ def peer():
     process.close()
 
 
+@dataclass
+class Scenario:
+    """One fault scenario's local end (opened with the peer), its device and its memory ledger."""
+
+    name: str
+    local_device: str
+    end: EnvelopeSender | EnvelopeReceiver
+    ledger: Ledger
+
+
+@pytest.fixture
+def scenario(peer, device):
+    """Opens a channel with the peer as `scenario(stem, local_rank=...)`; closes both ends after."""
+    opened: list[Scenario] = []
+
+    def open_scenario(stem: str, *, local_rank: int) -> Scenario:
+        name = f"{stem}-{device}"
+        end = open_pair(peer, local_rank=local_rank, device=device, name=name, options=SMALL_CHUNKS)
+        opened.append(Scenario(name, devices(device)[0], end, Ledger(ARENA_BYTES)))
+        return opened[-1]
+
+    yield open_scenario
+    for s in opened:
+        s.end.close()
+        peer.call("close", name=s.name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, device):
-    name, local_device = f"never-{device}", devices(device)[0]
-    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
+def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, device, scenario):
+    s = scenario("never", local_rank=1)
+    name, local_device, receiver, ledger = s.name, s.local_device, s.end, s.ledger
     dst = tables(seed=3)[1]
-    ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "n", dst)
     incoming = receiver.expect(
         envelope_for("n", dst, has_slot=True), make_arena(ARENA_BYTES, 5, local_device), dst, deadline_s=1.0
@@ -187,16 +216,13 @@ def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, dev
     ledger.check_invariants()
     assert receiver.channel.healthy  # nothing was in flight: the channel is fine as it is
     assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid="after-never")
-    receiver.close()
-    peer.call("close", name=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
-    name, local_device = f"silent-{device}", devices(device)[0]
-    sender = open_pair(peer, local_rank=0, device=device, name=name, options=SMALL_CHUNKS)
+def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, scenario):
+    s = scenario("silent", local_rank=0)
+    name, local_device, sender, ledger = s.name, s.local_device, s.end, s.ledger
     src, dst = tables(seed=4)
-    ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "s", src)
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
     peer.call("begin", name=name, rid="s", ranges=dst.tolist(), has_slot=True, deadline_s=30)
@@ -213,16 +239,13 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device):
     # The peer, resumed, finds the header withdrawn: its side fails too, and both stay in step.
     assert "withdrew" in peer.call("wait", name=name, rid="s")["error"]["reason"]
     assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent")
-    sender.close()
-    peer.call("close", name=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(peer, device):
-    name, local_device = f"slow-{device}", devices(device)[0]
-    sender = open_pair(peer, local_rank=0, device=device, name=name, options=SMALL_CHUNKS)
+def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(peer, device, scenario):
+    s = scenario("slow", local_rank=0)
+    name, local_device, sender, ledger = s.name, s.local_device, s.end, s.ledger
     src, dst = tables(seed=5)
-    ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "slow", src)
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=8)
     peer.call("begin", name=name, rid="slow", ranges=dst.tolist(), has_slot=True, delay_s=0.3, deadline_s=30)
@@ -238,20 +261,17 @@ def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(p
     ledger.check_invariants()
     assert peer.call("wait", name=name, rid="slow")["state"] == "failed"
     peer.start("rebuild", name=name)
-    sender.rebuild()
+    sender.connect()
     assert peer.result()["ok"]
     assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-slow")
-    sender.close()
-    peer.call("close", name=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, device):
+def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, device, scenario):
     """The frozen sender also hosts the store: the failing receiver must not wait on it."""
-    name, local_device = f"frozen-{device}", devices(device)[0]
-    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
+    s = scenario("frozen", local_rank=1)
+    name, local_device, receiver, ledger = s.name, s.local_device, s.end, s.ledger
     src, dst = tables(seed=6)
-    ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "frozen", dst)
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=11)
     incoming = receiver.expect(
@@ -273,22 +293,19 @@ def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, dev
     peer.result()
     assert peer.call("wait", name=name, rid="frozen")["state"] == "failed"  # resumed into a closed link
     peer.start("rebuild", name=name)
-    receiver.rebuild()
+    receiver.connect()
     assert peer.result()["ok"]
     assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid="after-frozen")
-    receiver.close()
-    peer.call("close", name=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["garbage", "wrong_fingerprint", "wrong_row_bytes"])
-def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
-    name, local_device = f"corrupt-{kind}-{device}", devices(device)[0]
-    receiver = open_pair(peer, local_rank=1, device=device, name=name, options=SMALL_CHUNKS)
+@pytest.mark.parametrize("kind", ["garbage", "wrong_tokens", "wrong_row_bytes"])
+def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device, scenario):
+    s = scenario(f"corrupt-{kind}", local_rank=1)
+    name, local_device, receiver, ledger = s.name, s.local_device, s.end, s.ledger
     src, dst = tables(seed=6)
     arena = make_arena(ARENA_BYTES, 11, local_device)
     before = digest(arena, dst)
-    ledger = Ledger(ARENA_BYTES)
     reserve(ledger, "c", dst)
     incoming = receiver.expect(envelope_for("c", dst, has_slot=True), arena, dst, deadline_s=1.0)
     reply = peer.call("corrupt_header", name=name, rid="c", kind=kind, ranges=src.tolist())
@@ -296,7 +313,7 @@ def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
     error, waited = run_and_release(ledger, "c", incoming)
     expected = {
         "garbage": "no transfer arrived",
-        "wrong_fingerprint": "fingerprint differs",
+        "wrong_tokens": "number of tokens differs",
         "wrong_row_bytes": "row 0 has 12289 bytes at the source and 12288 at the destination",
     }[kind]
     assert expected in error.reason
@@ -305,8 +322,6 @@ def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device):
     ledger.check_invariants()
     assert receiver.channel.healthy and not error.channel_broken
     assert_works_again(receiver, peer, name, local_device, local_is_sender=False, rid=f"after-{kind}")
-    receiver.close()
-    peer.call("close", name=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -330,8 +345,6 @@ def test_a_fingerprint_mismatch_between_processes_is_refused_then_fixed(peer, de
     }
     peer.call("close", name=name)
     peer.start("open", name=name, rank=1, port=port, device=peer_device)
-    sender.rebuild()
+    sender.connect()
     assert peer.result()["ok"]
     assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-mismatch")
-    sender.close()
-    peer.call("close", name=name)

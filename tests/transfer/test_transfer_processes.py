@@ -10,7 +10,8 @@ import threading
 
 import pytest
 import torch
-from transfer_peer import (
+
+from tests.transfer.transfer_peer import (
     Peer,
     devices,
     digest,
@@ -20,7 +21,6 @@ from transfer_peer import (
     make_arena,
     open_pair,
 )
-
 from transfer import TransferState
 
 ARENA_BYTES = 8 << 20
@@ -156,7 +156,7 @@ def test_several_channels_in_one_process_both_directions_and_an_independent_rebu
     incoming = receiver.expect(envelope_for("i2", in_dst, has_slot=True), dst_arena, in_dst, deadline_s=10)
     peer.call("begin", name=f"in-{device}", rid="i2", ranges=in_src.tolist(), has_slot=True)
     peer.start("rebuild", name=f"out-{device}")
-    rebuild = threading.Thread(target=sender.rebuild)
+    rebuild = threading.Thread(target=sender.connect)
     rebuild.start()
     incoming.wait()
     rebuild.join(timeout=30)

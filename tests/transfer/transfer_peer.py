@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from distpool.envelope import Envelope
+from distpool.memory.envelope import Envelope
 from transfer import (
     Channel,
     ChannelError,
@@ -28,7 +28,7 @@ from transfer import (
     TransferError,
     TransferOptions,
 )
-from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, table_bytes
+from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_key, table_bytes
 
 FINGERPRINT = "f00dfeedf00dfeed"
 LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
@@ -309,10 +309,10 @@ def _corrupt_header(state: dict, *, name: str, rid: str, kind: str, ranges: list
         )
     else:  # well-formed, but describing an envelope that cannot fill the reservation
         table = torch.tensor(ranges, dtype=torch.int64)
-        if kind == "wrong_fingerprint":
-            envelope = envelope_for(rid, table, has_slot=True, fingerprint="0123456789abcdef").encode()
+        num_tokens = envelope_for(rid, table, has_slot=True).num_tokens
+        if kind == "wrong_tokens":
+            num_tokens += 1
         elif kind == "wrong_row_bytes":
-            envelope = envelope_for(rid, table, has_slot=True).encode()
             table = table.clone()
             table[0, 1] += 1
             table[1, 1] -= 1
@@ -323,14 +323,15 @@ def _corrupt_header(state: dict, *, name: str, rid: str, kind: str, ranges: list
             version=PROTOCOL_VERSION,
             seq=seq,
             request_id=rid,
-            envelope=envelope,
+            num_tokens=num_tokens,
+            first_token=0,
             table=table_bytes(table),
             chunk_bytes=1 << 20,
             direct_min_bytes=1 << 20,
             checksum=False,
         )
     seq = channel.ring_bell(blob)
-    reply = channel.wait_value(f"reply/{seq}", 5.0)
+    reply = channel.control.wait_value(reply_key(seq), 5.0)
     return "" if reply is None else reply.decode(errors="replace")
 
 
@@ -397,8 +398,11 @@ def make_engine(
         name=name,
     )
     if rank == 0:
-        return EnvelopeSender(channel, TransferOptions(**(options or {})))
-    return EnvelopeReceiver(channel, unexpected_wait_s=unexpected_wait_s)
+        engine = EnvelopeSender(channel, TransferOptions(**(options or {})))
+    else:
+        engine = EnvelopeReceiver(channel, unexpected_wait_s=unexpected_wait_s)
+    engine.start()
+    return engine
 
 
 def open_pair(peer: Peer, *, local_rank: int, device: str, name: str, options: dict | None = None):

@@ -1,6 +1,0 @@
-"""Bundled model configs: the reference models the main job and the tests run."""
-
-from pathlib import Path
-
-CONFIG_DIR = Path(__file__).parent
-REFERENCE_CONFIG = CONFIG_DIR / "reference-hybrid.json"  # the main job's default model

@@ -1,0 +1,199 @@
+"""The arena: one `uint8` tensor holding every page and slot, and zero-copy per-layer views of it.
+
+The arena owns bytes only; which position belongs to whom is the allocator's business.
+
+    offset 0                                                                  arena_bytes
+    | low band: units grow up ->   |   gap (frontier)   |  <- high band: pages grow down | sink |
+    | u0 | u1 | u2 | ...           |                    |  ... | p[P-3] | p[P-2] | p[P-1] |      |
+    ^ low.base_bytes = 0                                ^ high.base_bytes + i * page_stride
+
+- Low band units are Mamba slots (hybrid Mamba) or sliding-window pages (hybrid SWA); unit j sits at
+  `j * low_stride`. High band units are full-attention pages; page i sits at
+  `high.base_bytes + i * page_stride`, and page P-1 ends where the sink starts.
+- Unified: both bands span the whole usable region and overlap in bytes; the allocator only hands out
+  a position that does not overlap a live unit of the other band, so the frontier moves at run time.
+- Static: each band has its planned number of positions and the two never overlap (a fixed frontier).
+- The sink (`sizes.sink_bytes`, at the very top) is scratch for padded writes and is never handed out.
+
+A position index is the physical id: dim 0 of every view of a band is indexed by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from distpool.memory.layout import ALIGN_BYTES, TensorPlace, page_places, slot_places
+from distpool.memory.sizing import PoolSizes
+from distpool.model.dtypes import torch_dtype
+from distpool.model.spec import AttentionSpec
+
+
+@dataclass(frozen=True)
+class BandGeometry:
+    """Geometry of one band: `num_positions` units of `stride_bytes`, position 0 at `base_bytes`."""
+
+    name: str  # what the units are: "slots", "swa_pages" or "pages"
+    base_bytes: int
+    stride_bytes: int
+    num_positions: int
+
+    @property
+    def end_bytes(self) -> int:
+        return self.base_bytes + self.num_positions * self.stride_bytes
+
+    def offsets(self, positions: torch.Tensor) -> torch.Tensor:
+        """Byte offset of each position (int64, same shape)."""
+        return self.base_bytes + positions.to(torch.int64) * self.stride_bytes
+
+
+def band_geometry(sizes: PoolSizes) -> tuple[BandGeometry | None, BandGeometry | None]:
+    """(low, high) band geometry of the arena `sizes` describes. Pure."""
+    spec = sizes.spec
+    if spec.mamba is not None and spec.sliding_attention is not None:
+        raise ValueError(
+            f"{spec.architectures or spec.model_type} has both Mamba and sliding-window layers; the arena "
+            "holds two bands (state or sliding-window pages below, full-attention pages above), not three. "
+            "Fix: serve this model with a pool that supports three kinds of per-request memory."
+        )
+    usable = sizes.arena_bytes - sizes.sink_bytes
+    assert usable % ALIGN_BYTES == 0 and sizes.sink_bytes >= sizes.page_stride_bytes
+    low_name, low_stride, low_count = None, 0, 0
+    if spec.mamba is not None:
+        low_name, low_stride, low_count = "slots", sizes.slot_stride_bytes, sizes.num_slots
+    elif spec.sliding_attention is not None:
+        low_name, low_stride, low_count = "swa_pages", sizes.swa_page_stride_bytes, sizes.num_swa_pages
+    page_stride = sizes.page_stride_bytes if spec.full_attention is not None else 0
+    if sizes.unified:  # both bands may reach across the whole usable region
+        low_count = usable // low_stride if low_stride else 0
+        page_count = usable // page_stride if page_stride else 0
+    else:
+        page_count = sizes.num_pages if page_stride else 0
+    low = BandGeometry(low_name, 0, low_stride, low_count) if low_name else None
+    high = None
+    if page_stride:
+        high = BandGeometry("pages", usable - page_count * page_stride, page_stride, page_count)
+    if not sizes.unified and low is not None and high is not None and low.end_bytes > high.base_bytes:
+        raise ValueError(
+            f"static plan overlaps its bands: low ends at {low.end_bytes}, high at {high.base_bytes}"
+        )
+    return low, high
+
+
+def _find(
+    places: list[TensorPlace], layer: int, name: str, what: str, layers: tuple[int, ...]
+) -> TensorPlace:
+    for place in places:
+        if place.layer == layer and place.name == name:
+            return place
+    raise ValueError(f"layer {layer} is not a {what} layer of this model; {what} layers: {list(layers)}")
+
+
+class Arena:
+    """Every byte a pool owns, on one device, with strided per-layer views (no copies)."""
+
+    def __init__(self, sizes: PoolSizes, device: torch.device | str = "cpu") -> None:
+        self.sizes = sizes
+        self.low, self.high = band_geometry(sizes)
+        self.sink_offset = sizes.arena_bytes - sizes.sink_bytes
+        # Zeroed, not empty: a fresh envelope reads as zeros on every device, which tests rely on.
+        self.buffer = torch.zeros(sizes.arena_bytes, dtype=torch.uint8, device=device)
+        spec = sizes.spec
+        self._page_places = page_places(spec.full_attention_layers, spec.full_attention, sizes.page_size)
+        self._swa_places = page_places(spec.sliding_window_layers, spec.sliding_attention, sizes.page_size)
+        self._slot_places = slot_places(spec)
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffer.device
+
+    @property
+    def sink(self) -> torch.Tensor:
+        """The sink's bytes: scratch for padded writes, never part of any envelope."""
+        return self.buffer[self.sink_offset :]
+
+    def _typed(
+        self, band: BandGeometry, place: TensorPlace, dtype_name: str, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """(band.num_positions, *shape) in `dtype_name`: dim 0 steps one unit, the rest contiguous."""
+        dtype = torch_dtype(dtype_name)
+        item = dtype.itemsize
+        assert band.stride_bytes % item == 0 and (band.base_bytes + place.offset) % item == 0
+        inner, stride = [], 1
+        for dim in reversed(shape):  # contiguous strides of one unit's tensor
+            inner.insert(0, stride)
+            stride *= dim
+        return self.buffer.view(dtype).as_strided(
+            size=(band.num_positions, *shape),
+            stride=(band.stride_bytes // item, *inner),
+            storage_offset=(band.base_bytes + place.offset) // item,
+        )
+
+    def _kv(
+        self,
+        band: BandGeometry | None,
+        places: list[TensorPlace],
+        attn: AttentionSpec | None,
+        layers: tuple[int, ...],
+        layer: int,
+        what: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if band is None or attn is None:
+            raise ValueError(f"this model has no {what} layers; asked for layer {layer}")
+        k = _find(places, layer, "k", what, layers)
+        v = _find(places, layer, "v", what, layers)
+        ps = self.sizes.page_size
+        return (
+            self._typed(band, k, attn.dtype, (ps, attn.num_kv_heads, attn.head_dim)),
+            self._typed(band, v, attn.dtype, (ps, attn.num_kv_heads, attn.v_head_dim)),
+        )
+
+    def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of full-attention layer `layer`: each (num_page_positions, page_size, kv_heads, dim)."""
+        spec = self.sizes.spec
+        return self._kv(
+            self.high,
+            self._page_places,
+            spec.full_attention,
+            spec.full_attention_layers,
+            layer,
+            "full-attention",
+        )
+
+    def swa_kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of sliding-window layer `layer`: each (num_swa_positions, page_size, kv_heads, dim)."""
+        spec = self.sizes.spec
+        band = self.low if self.low is not None and self.low.name == "swa_pages" else None
+        return self._kv(
+            band,
+            self._swa_places,
+            spec.sliding_attention,
+            spec.sliding_window_layers,
+            layer,
+            "sliding-window",
+        )
+
+    def state_view(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """One (num_slot_positions, *shape) tensor per `MambaSpec.tensors` entry of Mamba layer `layer`."""
+        spec = self.sizes.spec
+        if spec.mamba is None or self.low is None:
+            raise ValueError(f"this model has no Mamba layers; asked for layer {layer}")
+        return tuple(
+            self._typed(
+                self.low,
+                _find(self._slot_places, layer, t.name, "Mamba", spec.mamba_layers),
+                t.dtype,
+                t.shape,
+            )
+            for t in spec.mamba.tensors
+        )
+
+    def copy_runs(self, runs_bytes: np.ndarray) -> None:
+        """Execute moves: one `copy_` per row of (r, 3) int64 [src_offset, dst_offset, nbytes].
+
+        The caller guarantees no destination overlaps any source, so the order does not matter.
+        """
+        for src, dst, nbytes in runs_bytes.tolist():
+            self.buffer[dst : dst + nbytes].copy_(self.buffer[src : src + nbytes])

@@ -1,0 +1,192 @@
+"""The pool: an arena (bytes) plus an allocator (ids), behind the `Pool` interface.
+
+One class serves both modes, so the rest of the system and the benchmarks swap one for the other:
+- unified (`--enable-unified-memory`): the frontier between the low band (Mamba slots, or
+  sliding-window pages) and the high band (full-attention pages) moves; compaction closes holes.
+- static (the baseline): a fixed state pool (or SWA pool) and a fixed KV pool, split at boot by the
+  sizes' ratio; each band has its planned size and compaction moves nothing.
+Dense models have only the high band; attention-free models only the low band.
+
+Compaction happens only when a caller allows it (`compact=True`, or `compact()`): a reserve that
+would fit after compaction otherwise raises `NeedsCompaction` (a `DoesNotFit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from distpool.memory.allocator import Allocator
+from distpool.memory.arena import Arena
+from distpool.memory.envelope import Envelope
+from distpool.memory.fingerprint import layout_fingerprint
+from distpool.memory.pool import BandUsage, NeedsCompaction
+from distpool.memory.sizing import PoolSizes
+
+
+class ArenaPool:
+    """A pool over one arena: unified or static according to `sizes.unified`."""
+
+    def __init__(self, sizes: PoolSizes, device: torch.device | str = "cpu") -> None:
+        self.sizes = sizes
+        self.arena = Arena(sizes, device)
+        self.buffer = self.arena.buffer  # uint8 (arena_bytes,): every byte this pool owns
+        self.page_size = sizes.page_size
+        self.fingerprint = layout_fingerprint(sizes)
+        self.allocator = Allocator(
+            self.arena.low,
+            self.arena.high,
+            page_size=sizes.page_size,
+            sliding_window=sizes.spec.sliding_window,
+            unified=sizes.unified,
+        )
+
+    @property
+    def kind(self) -> str:
+        return "unified" if self.sizes.unified else "static"
+
+    # ---- ownership -----------------------------------------------------------------------------
+    def pages_for(self, num_tokens: int) -> int:
+        """Full-attention pages a request of `num_tokens` holds."""
+        return self.allocator.pages_for(num_tokens)
+
+    def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool:
+        """Whether a request of `num_tokens` fits now (or, with `compact`, after a compaction)."""
+        return self.allocator.can_reserve(num_tokens, after_compaction=compact)
+
+    def reserve(self, request_id: str, num_tokens: int, *, compact: bool = False) -> None:
+        """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing)."""
+        self.reserve_batch([(request_id, num_tokens)], compact=compact)
+
+    def reserve_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
+        """Reserve every (request_id, num_tokens), all or nothing."""
+        self._compacting_if(compact, self.allocator.reserve_batch, requests)
+
+    def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None:
+        self.extend_batch([(request_id, num_new_tokens)], compact=compact)
+
+    def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
+        """Grow every (request_id, num_new_tokens), all or nothing."""
+        self._compacting_if(compact, self.allocator.extend_batch, requests)
+
+    def _compacting_if(self, compact: bool, take: Callable[[Sequence], None], requests: Sequence) -> None:
+        try:
+            take(requests)
+        except NeedsCompaction:
+            if not compact:
+                raise
+            self.compact()  # the allocator said compaction makes room: this cannot refuse again
+            take(requests)
+
+    def release(self, request_id: str) -> None:
+        self.allocator.release_batch([request_id])
+
+    def release_batch(self, request_ids: Sequence[str]) -> None:
+        self.allocator.release_batch(request_ids)
+
+    def pin(self, request_id: str) -> None:
+        """Hold the envelope in place (a transfer reads or writes it); pins nest."""
+        self.allocator.pin(request_id)
+
+    def unpin(self, request_id: str) -> None:
+        self.allocator.unpin(request_id)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.allocator.holdings)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.allocator.holdings
+
+    # ---- physical ids (valid until the next compaction) -------------------------------------
+    def page_ids(self, request_id: str) -> torch.Tensor:
+        """Physical full-attention page ids, int64, token order."""
+        return self.allocator.page_ids(request_id)
+
+    def swa_page_ids(self, request_id: str) -> torch.Tensor:
+        """Physical sliding-window page ids of the window, int64, token order."""
+        return self.allocator.swa_page_ids(request_id)
+
+    def swa_first_page(self, request_id: str) -> int:
+        """Token-page index of `swa_page_ids(request_id)[0]` (earlier pages left the window)."""
+        return self.allocator.swa_first_page(request_id)
+
+    def slot_id(self, request_id: str) -> int | None:
+        """Physical slot id; None for a model without recurrent state."""
+        return self.allocator.slot_id(request_id)
+
+    def num_tokens(self, request_id: str) -> int:
+        return self.allocator.num_tokens(request_id)
+
+    # ---- views ------------------------------------------------------------------------------
+    def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of full-attention layer `layer`: each (num_page_positions, page_size, kv_heads, dim)."""
+        return self.arena.kv_view(layer)
+
+    def swa_kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of sliding-window layer `layer`: each (num_swa_positions, page_size, kv_heads, dim)."""
+        return self.arena.swa_kv_view(layer)
+
+    def state_view(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """One (num_slot_positions, *shape) tensor per MambaSpec.tensors entry of Mamba layer `layer`."""
+        return self.arena.state_view(layer)
+
+    # ---- envelopes --------------------------------------------------------------------------
+    def envelope_ranges(self, request_id: str) -> torch.Tensor:
+        """(n, 2) int64 [offset, nbytes]: the slot, each full page in token order, then each
+        window page in token order. nbytes is the unit's stride (padding included)."""
+        parts = [torch.empty((0, 2), dtype=torch.int64)]
+        slot = self.allocator.slot_id(request_id)
+        low, high = self.arena.low, self.arena.high
+        if slot is not None and low is not None:
+            parts.append(torch.tensor([[low.base_bytes + slot * low.stride_bytes, low.stride_bytes]]))
+        for geometry, ids in ((high, self.page_ids(request_id)), (low, self.swa_page_ids(request_id))):
+            if geometry is not None and ids.numel():
+                nbytes = torch.full_like(ids, geometry.stride_bytes)
+                parts.append(torch.stack([geometry.offsets(ids), nbytes], dim=1))
+        return torch.cat(parts)
+
+    def envelope(self, request_id: str) -> Envelope:
+        """The request's envelope: physical ids (slot None without recurrent state) and byte count."""
+        ranges = self.envelope_ranges(request_id)
+        return Envelope(
+            request_id=request_id,
+            fingerprint=self.fingerprint,
+            page_ids=tuple(self.page_ids(request_id).tolist()),
+            slot_id=self.allocator.slot_id(request_id),
+            num_tokens=self.num_tokens(request_id),
+            num_bytes=int(ranges[:, 1].sum()),
+        )
+
+    # ---- compaction and accounting --------------------------------------------------------------
+    def compact(self) -> int:
+        """Pack the bands around pinned envelopes (unified only); returns bytes moved."""
+        moves = self.allocator.compaction_moves()
+        self.arena.copy_runs(moves.runs_bytes)
+        self.allocator.apply_compaction(moves)
+        return moves.bytes_moved
+
+    def available(self, *, after_compaction: bool = False) -> dict[str, int]:
+        """Units per band that could be handed out now (or after a compaction). Unified: the low
+        band and the pages each count the shared gap between the bands."""
+        low_units, pages = self.allocator.available(after_compaction=after_compaction)
+        out = {}
+        if self.arena.high is not None:
+            out["pages"] = pages
+        if self.arena.low is not None:
+            out[self.arena.low.name] = low_units
+        return out
+
+    def usage(self) -> dict[str, BandUsage]:
+        """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned."""
+        return self.allocator.usage()
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the broken accounting invariant (see Allocator.check_invariants)."""
+        self.allocator.check_invariants()
+
+
+def build_pool(sizes: PoolSizes, device: torch.device | str = "cpu") -> ArenaPool:
+    """The pool `sizes` describes, its arena allocated on `device`."""
+    return ArenaPool(sizes, device)

@@ -1,0 +1,71 @@
+"""Byte layout of one page envelope and one slot envelope (the only code that decides offsets).
+
+Page envelope, `page_size` tokens of every full-attention layer, page-major:
+
+    | L0.K | L0.V | L1.K | L1.V | ... |      each (page_size, kv_heads, head_dim) in the KV dtype
+
+Slot envelope, one request's recurrent state of every Mamba layer:
+
+    | L0.conv | L0.ssm | L1.conv | L1.ssm | ... |   each tensor in its own dtype, ALIGN_BYTES-aligned
+
+Both strides are rounded up to ALIGN_BYTES so every view starts on an aligned address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distpool.model.dtypes import dtype_bytes
+from distpool.model.spec import AttentionSpec, ModelSpec
+
+# 64 bytes: a cache line on CPUs and a multiple of every dtype's size, so views never straddle.
+ALIGN_BYTES = 64
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align_up(nbytes: int, alignment: int = ALIGN_BYTES) -> int:
+    return ceil_div(nbytes, alignment) * alignment
+
+
+@dataclass(frozen=True)
+class TensorPlace:
+    """Where one per-layer tensor sits inside its envelope."""
+
+    layer: int  # model layer index
+    name: str  # "k", "v", or the state tensor's name
+    offset: int  # bytes from the envelope's start
+    nbytes: int
+
+
+def page_places(layers: tuple[int, ...], attn: AttentionSpec | None, page_size: int) -> list[TensorPlace]:
+    """K then V of each layer in `layers`, for one page of `page_size` tokens."""
+    if attn is None:
+        return []
+    k_bytes = page_size * attn.num_kv_heads * attn.head_dim * dtype_bytes(attn.dtype)
+    v_bytes = page_size * attn.num_kv_heads * attn.v_head_dim * dtype_bytes(attn.dtype)
+    places, offset = [], 0
+    for layer in layers:
+        places.append(TensorPlace(layer=layer, name="k", offset=offset, nbytes=k_bytes))
+        places.append(TensorPlace(layer=layer, name="v", offset=offset + k_bytes, nbytes=v_bytes))
+        offset += k_bytes + v_bytes
+    return places
+
+
+def slot_places(spec: ModelSpec) -> list[TensorPlace]:
+    """Every Mamba layer's state tensors, in slot order, each start aligned."""
+    if spec.mamba is None:
+        return []
+    places, offset = [], 0
+    for layer in spec.mamba_layers:
+        for tensor in spec.mamba.tensors:
+            places.append(TensorPlace(layer=layer, name=tensor.name, offset=offset, nbytes=tensor.nbytes))
+            offset = align_up(offset + tensor.nbytes)
+    return places
+
+
+def slot_stride_bytes(spec: ModelSpec) -> int:
+    places = slot_places(spec)
+    return align_up(places[-1].offset + places[-1].nbytes) if places else 0

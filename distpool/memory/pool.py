@@ -1,0 +1,103 @@
+"""The interface every pool offers, and its errors: the only part of memory that workers see.
+
+Callers above the pool (workers, the reference model, the transfer engine) see requests by id and
+physical ids only through these calls; the pool alone decides where bytes live.
+
+Contract:
+- A *physical page id* indexes dim 0 of `kv_view(layer)`; a *physical slot id* indexes dim 0 of
+  every tensor from `state_view(layer)`. They are valid until the next compaction; re-read
+  `page_ids` / `slot_id` after one (the request id never changes).
+- `slot_id` is None for a model without recurrent state (one sentinel, everywhere).
+- `reserve` / `extend` are all or nothing: a request that does not fit raises `DoesNotFit` and holds
+  nothing. With `compact=True` the pool compacts first when, and only when, that makes it fit.
+- `envelope_ranges(request_id)` lists the request's bytes in `buffer` as `(offset, nbytes)` rows in
+  canonical order: the slot first (if the model has one), then each page in token order, then each
+  window page. Two pools with the same layout fingerprint list the same number of rows with the
+  same `nbytes`, which is what lets a transfer pair source and destination row by row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from distpool.memory.envelope import Envelope
+
+
+class DoesNotFit(Exception):
+    """A reserve or extend that the pool cannot satisfy now; nothing was taken."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id!r} does not fit: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+    def __reduce__(self):  # crosses Ray's process boundary as itself, so callers can catch it by type
+        return type(self), (self.request_id, self.reason)
+
+
+class NeedsCompaction(DoesNotFit):
+    """Does not fit now, but would after a compaction; nothing was taken."""
+
+
+class UnknownRequest(KeyError):
+    """A request id the pool does not hold."""
+
+
+class DuplicateRequest(ValueError):
+    """A reserve of a request id the pool already holds (or that appears twice in one batch)."""
+
+
+class RequestPinned(ValueError):
+    """A release or extend of a request whose envelope a transfer holds (pinned)."""
+
+
+@dataclass(frozen=True)
+class BandUsage:
+    """One band's units: `free + held == capacity`; `pinned` of the held units belong to requests a
+    transfer holds (they may not move or be released until it concludes)."""
+
+    capacity: int
+    free: int
+    held: int
+    pinned: int
+
+    @property
+    def used(self) -> int:
+        """Held by requests no transfer holds."""
+        return self.held - self.pinned
+
+
+class Pool(Protocol):
+    buffer: torch.Tensor  # uint8, 1-D, on the pool's device: every byte the pool owns
+    page_size: int
+    fingerprint: str
+
+    def pages_for(self, num_tokens: int) -> int: ...  # full-attention pages a request of n tokens holds
+    def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool: ...
+    def reserve(self, request_id: str, num_tokens: int, *, compact: bool = False) -> None: ...
+    def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None: ...
+    def release(self, request_id: str) -> None: ...
+    # all-or-nothing batch forms: one placement per batch, not per request
+    def reserve_batch(self, requests: list[tuple[str, int]], *, compact: bool = False) -> None: ...
+    def extend_batch(self, requests: list[tuple[str, int]], *, compact: bool = False) -> None: ...
+    def release_batch(self, request_ids: list[str]) -> None: ...
+
+    def page_ids(self, request_id: str) -> torch.Tensor: ...  # int64, physical, token order
+    def slot_id(self, request_id: str) -> int | None: ...  # None for a model without recurrent state
+    def num_tokens(self, request_id: str) -> int: ...
+
+    # (num_pages, page_size, kv_heads, head_dim) each, for full-attention layer `layer`
+    def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    # one (num_slots, *shape) tensor per MambaSpec.tensors entry, for Mamba layer `layer`
+    def state_view(self, layer: int) -> tuple[torch.Tensor, ...]: ...
+
+    def envelope(self, request_id: str) -> Envelope: ...
+    def envelope_ranges(self, request_id: str) -> torch.Tensor: ...  # (n, 2) int64: offset, nbytes
+    def pin(self, request_id: str) -> None: ...
+    def unpin(self, request_id: str) -> None: ...
+
+    def usage(self) -> dict[str, BandUsage]: ...  # per band present: "pages", "slots", "swa_pages"
+    def check_invariants(self) -> None: ...  # raises AssertionError naming the broken invariant

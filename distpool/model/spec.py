@@ -1,0 +1,185 @@
+"""What the pool needs to know about a model: layer kinds, KV widths, state shapes, dtypes.
+
+A `ModelSpec` is derived once from a Hugging Face `config.json` (`distpool.model.hf_config.spec_from_hf`)
+and is frozen. Only the `hf_*` modules of this package know Hugging Face field names; everything else
+works from the spec, and the spec is what crosses process boundaries (never the raw config).
+Every size here is raw (unpadded); the arena adds its own alignment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from distpool.model.dtypes import canonical_dtype, dtype_bytes
+
+# Model kinds (design.md "Vocabulary").
+HYBRID_MAMBA = "hybrid_mamba"
+HYBRID_SWA = "hybrid_swa"
+DEEPSEEK_V4 = "deepseek_v4"
+DENSE = "dense"
+MODEL_KINDS = (HYBRID_MAMBA, HYBRID_SWA, DEEPSEEK_V4, DENSE)
+# ModelSpec fields that describe compute, not memory: outside the layout fingerprint.
+COMPUTE_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "norm_eps")
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """KV cache shape of one attention layer kind (full or sliding window).
+
+    K is `(num_kv_heads, head_dim)` per token and V is `(num_kv_heads, v_head_dim)`.
+    MLA models cache one latent per token: `num_kv_heads=1`, `head_dim=kv_lora_rank + rope dim`,
+    `v_head_dim=0`.
+    """
+
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: str
+    sliding_window: int | None = None  # tokens; None for full attention
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes one token occupies in one layer."""
+        return self.num_kv_heads * (self.head_dim + self.v_head_dim) * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class StateTensorSpec:
+    """One per-request recurrent state tensor of one Mamba-like layer (e.g. conv or ssm)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return _prod(self.shape) * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """Recurrent state of one Mamba / linear-attention layer.
+
+    `family` is one of mamba2, mamba1, gated_delta_net, kda, short_conv. `tensors` lists the
+    state tensors in slot order: conv state(s) first, then the SSM / recurrent state.
+    """
+
+    family: str
+    tensors: tuple[StateTensorSpec, ...]
+
+    @property
+    def bytes_per_layer(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the pool needs to know about one model. Build with `hf_config.spec_from_hf`."""
+
+    kind: str
+    architectures: tuple[str, ...]
+    model_type: str
+    num_layers: int
+    full_attention_layers: tuple[int, ...]
+    sliding_window_layers: tuple[int, ...]
+    mamba_layers: tuple[int, ...]
+    full_attention: AttentionSpec | None
+    sliding_attention: AttentionSpec | None
+    mamba: MambaSpec | None
+    dtype: str  # the model's own dtype
+    # The model's compute dimensions (0 where the config does not say); pools ignore them, the
+    # reference model runs from them.
+    hidden_size: int = 0
+    vocab_size: int = 0
+    num_attention_heads: int = 0
+    intermediate_size: int = 0
+    norm_eps: float = 1e-5
+    source: str = "<dict>"
+
+    def __post_init__(self) -> None:
+        assert self.kind in MODEL_KINDS, self.kind
+        assert (self.full_attention is None) == (not self.full_attention_layers)
+        assert (self.sliding_attention is None) == (not self.sliding_window_layers)
+        assert (self.mamba is None) == (not self.mamba_layers)
+
+    # ---- layer counts ------------------------------------------------------------------
+    @property
+    def num_full_attention_layers(self) -> int:
+        return len(self.full_attention_layers)
+
+    @property
+    def num_sliding_window_layers(self) -> int:
+        return len(self.sliding_window_layers)
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return len(self.mamba_layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.kind in (HYBRID_MAMBA, HYBRID_SWA)
+
+    # ---- byte sizes --------------------------------------------------------------------
+    @property
+    def full_kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token over every full-attention layer."""
+        if self.full_attention is None:
+            return 0
+        return self.num_full_attention_layers * self.full_attention.bytes_per_token
+
+    @property
+    def swa_kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token over every sliding-window layer."""
+        if self.sliding_attention is None:
+            return 0
+        return self.num_sliding_window_layers * self.sliding_attention.bytes_per_token
+
+    @property
+    def slot_bytes(self) -> int:
+        """One request's whole recurrent state over every Mamba layer (unpadded)."""
+        if self.mamba is None:
+            return 0
+        return self.num_mamba_layers * self.mamba.bytes_per_layer
+
+    @property
+    def sliding_window(self) -> int | None:
+        return None if self.sliding_attention is None else self.sliding_attention.sliding_window
+
+    def with_dtypes(
+        self, *, kv_dtype: str | None = None, conv_dtype: str | None = None, ssm_dtype: str | None = None
+    ) -> ModelSpec:
+        """A copy with the KV, conv-state and SSM-state dtypes overridden (None keeps the spec's own)."""
+        kv_dtype, conv_dtype, ssm_dtype = (
+            None if name is None else canonical_dtype(name, what)
+            for name, what in ((kv_dtype, "kv dtype"), (conv_dtype, "conv dtype"), (ssm_dtype, "ssm dtype"))
+        )
+        full, swa, mamba = self.full_attention, self.sliding_attention, self.mamba
+        if kv_dtype is not None:
+            full = full and dataclasses.replace(full, dtype=kv_dtype)
+            swa = swa and dataclasses.replace(swa, dtype=kv_dtype)
+        if mamba is not None and (conv_dtype or ssm_dtype):
+            tensors = tuple(
+                dataclasses.replace(
+                    t, dtype=(conv_dtype if t.name.startswith("conv") else ssm_dtype) or t.dtype
+                )
+                for t in mamba.tensors
+            )
+            mamba = dataclasses.replace(mamba, tensors=tensors)
+        return dataclasses.replace(self, full_attention=full, sliding_attention=swa, mamba=mamba)
+
+    # ---- identity ----------------------------------------------------------------------
+    def layout_fields(self) -> dict[str, Any]:
+        """The fields that decide byte layout (what a layout fingerprint must cover)."""
+        fields = dataclasses.asdict(self)
+        for name in ("source", "architectures", "model_type", "dtype", *COMPUTE_FIELDS):
+            fields.pop(name)
+        return fields

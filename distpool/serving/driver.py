@@ -1,0 +1,267 @@
+"""Serving a workload through a PD deployment (the driver side of design.md's "PD flow").
+
+Per request, three driver <-> actor calls: reserve a destination on a decode worker with room (it
+then expects the envelope from the chosen prefill worker) -> batched prefill + whole-envelope send
+on that prefill worker (the transfer header carries the first token) -> the result, which arrives
+through one long-poll per decode worker (`next_finished`). A failed transfer, a dead actor or no
+room frees both sides and retries the request on another pair (at most `max_attempts` tries);
+anything else is a bug and fails the request at once. Requests wait in a bounded queue when every
+pool is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import ray
+from ray.exceptions import RayActorError
+
+from distpool.memory.pool import DoesNotFit
+from distpool.serving.deployment import Deployment
+from distpool.serving.router import NoWorkerAlive, Router
+from distpool.serving.workload import Request
+
+ADMISSION_POLL_S = 0.005
+RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
+PREFILL_BATCH = 8
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    tokens: list[int] | None = None
+    error: str | None = None
+    attempts: int = 0
+    ttft_s: float = 0.0  # submit -> the envelope (with the first token) landed on the decode worker
+    decode_s: float = 0.0  # first token -> last token
+    transfer_bytes: int = 0
+    transfer_s: float = 0.0
+
+
+@dataclass
+class ServeOptions:
+    fault_rate: float = 0.0  # probability that a transfer is aborted mid-stream (then retried)
+    max_attempts: int = 4
+    queue_bound: int = 64  # requests admitted into the pipeline at once
+    admission_timeout_s: float = 60.0
+    seed: int = 0
+    progress: bool = True
+
+
+class _Busy(Exception):
+    """A pool had no room right now: wait and try again; this does not count as a failed attempt."""
+
+
+class _Retry(Exception):
+    """This attempt failed in a way another pair may not (a failed transfer, a dead worker)."""
+
+
+@dataclass
+class _Batcher:
+    """Collects prefill requests for one worker and runs them as one `prefill_and_send` call."""
+
+    handle: ray.actor.ActorHandle
+    pending: list[tuple[tuple, asyncio.Future]] = field(default_factory=list)
+    drain: asyncio.Task | None = None
+
+    async def submit(self, item: tuple) -> dict:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((item, future))
+        if self.drain is None or self.drain.done():
+            self.drain = asyncio.get_running_loop().create_task(self._drain())  # kept: never collected
+        return await future
+
+    async def _drain(self) -> None:
+        while self.pending:
+            await asyncio.sleep(0)  # let requests that arrive together join the batch
+            batch, self.pending = self.pending[:PREFILL_BATCH], self.pending[PREFILL_BATCH:]
+            try:
+                out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
+                for item, future in batch:
+                    future.set_result(out[item[0]])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+
+
+class Server:
+    def __init__(self, deployment: Deployment, options: ServeOptions) -> None:
+        self.dep = deployment
+        self.options = options
+        self.router = Router(list(deployment.prefill), list(deployment.decode))
+        self.rng = random.Random(options.seed)
+        self.batchers = {name: _Batcher(h) for name, h in deployment.prefill.items()}
+        self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
+        self.arrived: dict[str, dict] = {}  # results that came before their request asked for them
+        self.retried = 0
+        self.done = 0
+
+    async def serve(self, requests: list[Request]) -> list[Outcome]:
+        queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=self.options.queue_bound)
+        outcomes: list[Outcome] = []
+        background = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
+        background.append(asyncio.create_task(self._progress_loop(len(requests))))
+
+        async def worker() -> None:
+            while (req := await queue.get()) is not None:
+                outcomes.append(await self._serve_one(req))
+                self.done += 1
+
+        workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
+        try:
+            for req in requests:
+                await queue.put(req)  # blocks when the pipeline is full: backpressure
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for task in (*workers, *background):
+                task.cancel()
+        return sorted(outcomes, key=lambda o: o.request_id)
+
+    async def _serve_one(self, req: Request) -> Outcome:
+        out = Outcome(request_id=req.request_id)
+        submitted = time.monotonic()
+        avoid: set[str] = set()
+        while out.attempts < self.options.max_attempts:
+            out.attempts += 1
+            try:
+                await self._attempt(req, out, submitted, avoid)
+                return out
+            except NoWorkerAlive as exc:
+                out.error = str(exc)
+                return out
+            except _Busy as exc:
+                out.attempts -= 1
+                if time.monotonic() - submitted > self.options.admission_timeout_s:
+                    out.error = f"not admitted within {self.options.admission_timeout_s} s: {exc}"
+                    return out
+                await asyncio.sleep(ADMISSION_POLL_S)
+            except _Retry as exc:  # both sides already freed what they held
+                out.error = str(exc)
+                if out.attempts < self.options.max_attempts:
+                    self.retried += 1
+            except Exception as exc:  # a bug, not bad luck: retrying would only repeat it
+                out.error = f"{type(exc).__name__}: {exc}"
+                return out
+        return out
+
+    async def _attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> None:
+        rid = req.request_id
+        prefill_name = self.router.pick_prefill()
+        self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
+        try:
+            decode_name = await self._reserve_decode(req, prefill_name, avoid)
+        except BaseException:
+            self.router.end(prefill_name)
+            raise
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = (decode_name, future)
+        if rid in self.arrived:
+            future.set_result(self.arrived.pop(rid))
+        try:
+            fault = 0 if self.rng.random() < self.options.fault_rate else None
+            item = (rid, req.prompt, decode_name, fault)
+            sent = await self._call(prefill_name, self.batchers[prefill_name].submit(item))
+            if sent["outcome"] == "busy":  # the prefill pool is full: give the destination back, try again
+                raise _Busy(sent["reason"])
+            if sent["outcome"] != "sent":
+                avoid.add(decode_name)
+                raise (_Retry if sent["retry"] else RuntimeError)(sent["reason"])
+            out.ttft_s = time.monotonic() - submitted
+            out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
+            result = await future
+            out.tokens, out.decode_s, out.error = result["tokens"], result["decode_s"], None
+        except BaseException:
+            await self._after_failure(rid, prefill_name, decode_name)
+            raise
+        finally:
+            self.waiting.pop(rid, None)
+            self.router.end(prefill_name, decode_name)
+
+    async def _reserve_decode(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
+        deadline = time.monotonic() + self.options.admission_timeout_s
+        while True:
+            for name in self.router.decode_candidates(avoid):
+                # Counted as in flight from the moment of asking, so concurrent requests spread out.
+                self.router.begin(name)
+                try:
+                    ref = self.dep.decode[name].reserve.remote(
+                        req.request_id, len(req.prompt), req.max_new_tokens, prefill_name
+                    )
+                    await self._call(name, ref)  # the encoded destination Envelope: decode keeps it
+                    return name
+                except DoesNotFit:
+                    self.router.end(name)
+                except _Retry:  # that worker died: try the next one
+                    self.router.end(name)
+                except BaseException:
+                    self.router.end(name)
+                    raise
+            if time.monotonic() > deadline:
+                raise _Busy(f"no decode worker had room for {req.request_id}")
+            await asyncio.sleep(ADMISSION_POLL_S)
+
+    async def _call(self, name: str, awaitable):
+        try:
+            return await awaitable
+        except RayActorError as exc:
+            self.router.mark_dead(name)
+            self._fail_results_on(name)
+            raise _Retry(f"{name} died") from exc
+
+    async def _quiet(self, ref) -> None:
+        try:
+            await ref
+        except Exception:  # the peer is gone or never held it: nothing left to free there
+            pass
+
+    async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:
+        """The destination is given up (the source was freed by prefill); a broken channel is rebuilt."""
+        p, d = self.dep.prefill[prefill_name], self.dep.decode[decode_name]
+        await self._quiet(d.cancel.remote(rid))
+        if {prefill_name, decode_name} & self.router.dead:
+            return
+        lock = self.rebuild_locks.setdefault((prefill_name, decode_name), asyncio.Lock())
+        async with lock:
+            try:
+                broken = await asyncio.gather(
+                    p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name)
+                )
+                if any(broken):
+                    await self.dep.connect_async(prefill_name, decode_name)
+            except Exception as exc:
+                # Not fatal: a pair that cannot reconnect fails its next transfer within its deadline,
+                # and that request is retried on another pair. Say so, since it costs throughput.
+                pair = f"{prefill_name}->{decode_name}"
+                print(f"distpool: warning: channel {pair} not rebuilt: {exc}", flush=True)
+
+    def _fail_results_on(self, decode_name: str) -> None:
+        for name, future in list(self.waiting.values()):
+            if name == decode_name and not future.done():
+                future.set_exception(_Retry(f"{decode_name} died"))
+
+    async def _results_from(self, name: str) -> None:
+        """One outstanding `next_finished` per decode worker: results arrive as requests finish."""
+        handle = self.dep.decode[name]
+        while name not in self.router.dead:
+            try:
+                done = await self._call(name, handle.next_finished.remote(RESULT_WAIT_S))
+            except _Retry:
+                return
+            for rid, result in done.items():
+                waiting = self.waiting.get(rid)
+                if waiting is not None and not waiting[1].done():
+                    waiting[1].set_result(result)
+                else:
+                    self.arrived[rid] = result
+
+    async def _progress_loop(self, total: int) -> None:
+        while self.options.progress:
+            await asyncio.sleep(1.0)
+            print(f"  progress: {self.done}/{total} requests done, {self.retried} retried", flush=True)

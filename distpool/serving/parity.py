@@ -1,0 +1,34 @@
+"""Colocated re-generation of a sample of PD outputs: the main job's correctness check."""
+
+from __future__ import annotations
+
+from distpool.memory.arena_pool import build_pool
+from distpool.memory.sizing import size_pools
+from distpool.reference.model import ReferenceModel
+from distpool.serving.deployment import DeploymentSpec
+from distpool.serving.driver import Outcome
+from distpool.serving.workload import Request
+
+
+def colocated_tokens(spec: DeploymentSpec, requests: list[Request]) -> dict[str, list[int]]:
+    """Greedy tokens for `requests` from one colocated pool and the same seeded reference model."""
+    worker = spec.worker
+    model = ReferenceModel(worker.spec, seed=worker.seed, device="cpu")
+    pool = build_pool(size_pools(worker.spec, worker.for_role(None), worker.budget_bytes), "cpu")
+    out: dict[str, list[int]] = {}
+    for req in requests:  # one at a time: a sample is small and this keeps the pool need minimal
+        out[req.request_id] = list(model.generate(pool, [req.prompt], req.max_new_tokens)[0])
+    return out
+
+
+def check_parity(
+    spec: DeploymentSpec, requests: list[Request], outcomes: list[Outcome], sample: int
+) -> tuple[int, int]:
+    """(checked, mismatches) over the first `sample` completed requests."""
+    done = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
+    chosen = [r for r in requests if r.request_id in done][: max(sample, 0)]
+    if not chosen:
+        return 0, 0
+    expected = colocated_tokens(spec, chosen)
+    mismatches = sum(expected[r.request_id] != done[r.request_id] for r in chosen)
+    return len(chosen), mismatches

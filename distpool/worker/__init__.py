@@ -1,0 +1,1 @@
+"""What prefill and decode workers share: their configuration and the worker base."""

@@ -1,0 +1,110 @@
+"""What prefill and decode workers share: one pool, the reference model, channels to peers, stats.
+
+Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import torch
+
+from distpool.memory.arena_pool import build_pool
+from distpool.memory.fingerprint import layout_description
+from distpool.memory.pool import Pool
+from distpool.memory.sizing import size_pools
+from distpool.reference.model import ReferenceModel
+from distpool.worker.config import WorkerConfig
+from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
+
+BANDS = ("pages", "slots")  # what the summary reports per worker
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class WorkerBase:
+    role: str  # "prefill" | "decode": the disaggregation mode this worker's pool is planned for
+
+    def __init__(self, *, name: str, config: WorkerConfig) -> None:
+        self.name = name
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.model = ReferenceModel(config.spec, seed=config.seed, device=self.device)
+        self.sizes = size_pools(config.spec, config.for_role(self.role), config.budget_bytes)
+        built = build_pool(self.sizes, self.device)
+        self.pool: Pool = built
+        self._lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
+        self.channels = PeerChannels(
+            own_name=name,
+            rank=SENDER_RANK if self.role == "prefill" else RECEIVER_RANK,
+            fingerprint=built.fingerprint,
+            layout=layout_description(self.sizes),
+            device=self.device,
+            options=config.transfer,
+        )
+        self._peak = dict.fromkeys(BANDS, 0)
+
+    # ---- identity and wiring ------------------------------------------------------------------
+    def ping(self) -> str:
+        return self.name
+
+    def node_id(self) -> str | None:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Host and a free port on this node for a channel's rendezvous store (prefill ends host it)."""
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, s.getsockname()[1]
+
+    def open_channel(self, peer: str, host: str, port: int) -> None:
+        """Open (or rebuild) the channel to `peer`; the peer must do the same concurrently.
+        The prefill end hosts the rendezvous store at `host:port`."""
+        self.channels.open(peer, host=host, port=port)
+
+    def channel_broken(self, peer: str) -> bool:
+        return self.channels.broken(peer)
+
+    # ---- requests this worker owns ------------------------------------------------------------
+    def _free(self, owned: dict, request_id: str, *, pinned: bool = False) -> bool:
+        """Forget an owned request and give its memory back. Returns whether it was owned."""
+        with self._lock:
+            if owned.pop(request_id, None) is None:
+                return False
+            if pinned:
+                self.pool.unpin(request_id)
+            self.pool.release(request_id)
+            return True
+
+    # ---- accounting ---------------------------------------------------------------------------
+    def _note_peak(self) -> None:
+        """Called after every reserve and decode step: reads only the allocator's cheap counts."""
+        for name, usage in self.pool.usage().items():
+            if name in self._peak:
+                self._peak[name] = max(self._peak[name], usage.held)
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._note_peak()
+            usage = self.pool.usage()
+            self.pool.check_invariants()
+            out: dict = {"name": self.name, "role": self.role, "node_id": self.node_id()}
+            for name in BANDS:
+                band = usage.get(name)
+                out[f"{name}_used"] = band.held if band else 0
+                out[f"{name}_peak"] = self._peak[name]
+                out[f"{name}_capacity"] = band.capacity if band else 0
+            return out
+
+    def shutdown(self) -> None:
+        self.channels.close_all()

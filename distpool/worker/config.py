@@ -1,0 +1,41 @@
+"""The one frozen configuration a worker is built from; the launcher makes it once and passes it down."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from distpool.memory.sizing import PoolArgs
+from distpool.model.spec import ModelSpec
+from transfer import TransferOptions
+
+DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a prefill or decode worker needs, derived once by the driver.
+
+    `spec` is the classified model (workers never re-read config.json); `pool_args` carries the
+    resolved unified flag, and each worker plans its pool for its own role (`for_role`).
+    """
+
+    spec: ModelSpec
+    pool_args: PoolArgs = PoolArgs()
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    transfer: TransferOptions = field(default_factory=TransferOptions)
+    device: str = "auto"  # auto: a GPU when the worker has one
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes <= 0:
+            raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(
+                f"--device must be one of {', '.join(DEVICES)} (cuda:N too); got {self.device!r}"
+            )
+
+    def for_role(self, role: str | None) -> PoolArgs:
+        """The pool arguments of a worker in `role` ("prefill", "decode", or None: colocated)."""
+        return dataclasses.replace(self.pool_args, disaggregation_mode=role)

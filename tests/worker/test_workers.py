@@ -1,0 +1,177 @@
+"""Prefill and decode workers built directly (no Ray), joined by a real Gloo channel in one process."""
+
+import inspect
+import threading
+import time
+
+import pytest
+
+from decode.worker import DecodeWorker
+from distpool.memory.pool import DoesNotFit, Pool
+from distpool.memory.sizing import PoolArgs
+from distpool.model.hf_config import spec_from_hf
+from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.reference.model import ReferenceModel
+from distpool.worker.config import WorkerConfig
+from prefill.worker import PrefillWorker
+from transfer import TransferOptions
+
+ARGS = PoolArgs(enable_unified_memory=True, page_size=4, context_len=128)
+SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)
+
+
+def make_pair(budget_bytes: int = 4 << 20, timeout_s: float = 5.0, wrap=None):
+    config = WorkerConfig(
+        spec=SPEC, pool_args=ARGS, budget_bytes=budget_bytes, transfer=TransferOptions(timeout_s=timeout_s)
+    )
+    p = PrefillWorker(name="prefill-0", config=config)
+    d = DecodeWorker(name="decode-0", config=config)
+    if wrap is not None:
+        p.pool, d.pool = wrap(p.pool), wrap(d.pool)
+    host, port = p.rendezvous_address()
+    opener = threading.Thread(target=d.open_channel, args=("prefill-0", host, port))
+    opener.start()
+    p.open_channel("decode-0", host, port)
+    opener.join()
+    return p, d
+
+
+@pytest.fixture
+def pair():
+    p, d = make_pair()
+    yield p, d
+    p.shutdown()
+    d.shutdown()
+
+
+def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) -> dict[str, dict]:
+    """The driver's three calls: reserve on decode, prefill-and-send, wait for what finished."""
+    for rid, prompt in prompts.items():
+        d.reserve(rid, len(prompt), max_new_tokens, "prefill-0")
+    return p.prefill_and_send([(rid, prompt, "decode-0", fault) for rid, prompt in prompts.items()])
+
+
+def wait_finished(d, rids, timeout_s=30.0):
+    done, deadline = {}, time.monotonic() + timeout_s
+    while len(done) < len(rids) and time.monotonic() < deadline:
+        done |= d.next_finished(0.5)
+    return done
+
+
+def assert_nothing_held(*workers):
+    for worker in workers:
+        s = worker.stats()
+        assert (s["pages_used"], s["slots_used"]) == (0, 0)
+
+
+def test_prefill_transfer_decode_matches_the_oracle(pair):
+    p, d = pair
+    prompts = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [9], "c": list(range(20))}
+    started = time.monotonic()
+    sent = serve(p, d, prompts, 5)
+    wall_s = time.monotonic() - started
+    assert {r["outcome"] for r in sent.values()} == {"sent"}
+    # the rate counts only the time bytes were moving, not the wait for the peer
+    assert all(r["bytes"] > 0 and 0 < r["seconds"] < wall_s for r in sent.values())
+    streamed = d.poll(list(prompts))  # tokens as they are produced: a prefix of the final answer
+    assert all(1 <= len(t) <= 5 for t in streamed.values())
+    done = wait_finished(d, list(prompts))
+    assert all(done[rid]["tokens"][: len(t)] == t for rid, t in streamed.items())
+    oracle = ReferenceModel(SPEC)
+    assert {rid: r["tokens"] for rid, r in done.items()} == {
+        rid: oracle.generate_nocache(prompt, 5) for rid, prompt in prompts.items()
+    }
+    assert_nothing_held(p, d)
+    assert d.stats()["steps"] >= 4
+
+
+def test_the_first_token_travels_in_the_transfer_header(pair):
+    p, d = pair
+    sent = serve(p, d, {"one": [5, 4, 3]}, 1)  # decode generates nothing: its only token is prefill's
+    assert sent["one"]["outcome"] == "sent"
+    assert wait_finished(d, ["one"])["one"]["tokens"] == ReferenceModel(SPEC).generate_nocache([5, 4, 3], 1)
+
+
+def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
+    p, d = pair
+    sent = serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3, fault=0)
+    assert sent["x"]["outcome"] == "failed" and sent["x"]["retry"]
+    assert "injected fault" in sent["x"]["reason"]
+    deadline = time.monotonic() + 5
+    while d.stats()["pages_used"] and time.monotonic() < deadline:  # decode frees on its own thread
+        time.sleep(0.01)
+    assert_nothing_held(p, d)
+    # the retry on the same pair goes through
+    assert serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3)["x"]["outcome"] == "sent"
+    assert wait_finished(d, ["x"])["x"]["tokens"] == ReferenceModel(SPEC).generate_nocache(
+        [3, 1, 4, 1, 5, 9], 3
+    )
+
+
+def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
+    _, d = pair
+    with pytest.raises(ValueError, match="context"):
+        d.reserve("long", 100, 29, "prefill-0")  # 129 tokens > --context-len 128
+    with pytest.raises(ValueError):
+        d.reserve("bad", 0, 1, "prefill-0")
+    admitted = 0
+    with pytest.raises(DoesNotFit):
+        for i in range(1000):  # each prompt of 8 fits alone; admission counts every request's growth
+            before = d.stats()
+            d.reserve(f"r{i}", 8, 120, "prefill-0")
+            admitted += 1
+    assert d.stats() == before  # the refused request holds nothing
+    # 4 MiB holds about 95 requests at their full 128 tokens (32 pages of 1 KiB + a 9.6 KB slot)
+    assert 80 <= admitted <= 100
+    assert d.stats()["pages_used"] == admitted * 2
+    assert d.cancel("never-reserved") is False
+
+
+def test_cancel_returns_the_reservation(pair):
+    p, d = pair
+    d.reserve("r", 10, 2, "prefill-0")
+    assert d.stats()["pages_used"] > 0
+    assert d.cancel("r")
+    assert_nothing_held(p, d)
+    # the prefill that comes too late is refused by decode, and frees its own copy
+    sent = p.prefill_and_send([("r", list(range(10)), "decode-0", None)])
+    assert sent["r"]["outcome"] == "failed" and "no reservation" in sent["r"]["reason"]
+    assert_nothing_held(p, d)
+
+
+def test_a_reservation_from_an_unknown_prefill_worker_holds_nothing(pair):
+    _, d = pair
+    with pytest.raises(ValueError, match="no channel"):
+        d.reserve("r", 10, 2, "prefill-9")
+    assert_nothing_held(d)
+
+
+class InterfaceOnly:
+    """A pool that offers exactly the `Pool` interface: anything else a worker reaches for fails."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+        self._names = {n for n in dir(Pool) if not n.startswith("_")} | set(Pool.__annotations__)
+
+    def __getattr__(self, name: str):
+        if name not in self._names:
+            raise AttributeError(f"workers use {name!r}, which the Pool interface does not offer")
+        return getattr(self._pool, name)
+
+
+def test_workers_use_nothing_but_the_pool_interface():
+    assert {"reserve", "extend_batch", "usage", "pages_for"} <= {
+        n for n, _ in inspect.getmembers(Pool, inspect.isfunction)
+    }
+    p, d = make_pair(wrap=InterfaceOnly)
+    try:
+        sent = serve(p, d, {"a": [1, 2, 3, 4, 5], "b": list(range(30))}, 6)
+        assert {r["outcome"] for r in sent.values()} == {"sent"}
+        assert len(wait_finished(d, ["a", "b"])) == 2
+        with pytest.raises(DoesNotFit):
+            for i in range(1000):
+                d.reserve(f"r{i}", 8, 120, "prefill-0")
+        assert_nothing_held(p)
+    finally:
+        p.shutdown()
+        d.shutdown()

@@ -1,0 +1,207 @@
+"""What both ends of a channel share: the job record, the worker thread, staging, and the skeleton
+every transfer concludes through.
+
+    conclude(job, body):   run body on the copy stream
+                           -> on failure: the typed TransferError; a broken channel's group is
+                              destroyed before anything else (no posted receive outlives it)
+                           -> synchronize the copy stream -> conclude the Transfer -> tidy its keys
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from distpool.memory.envelope import Envelope
+from transfer.channel import Channel
+from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.handle import ChunkHook, Transfer
+from transfer.plan import check_ranges
+from transfer.protocol import decode_message
+from transfer.staging import CopyStream, StagingBuffers
+
+
+@dataclass
+class Job:
+    """One transfer's inputs at one end (the engine's own record; `runs` is set once planned)."""
+
+    transfer: Transfer
+    envelope: Envelope
+    buffer: torch.Tensor  # the arena's 1-D uint8 buffer, on the channel's device
+    ranges: torch.Tensor  # (n, 2) int64 on the host: this end's bytes, canonical order
+    ready: torch.cuda.Event | None = None  # CUDA: the caller's writes the gather must wait for
+    runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
+    spent_keys: list[str] = field(default_factory=list)  # store keys to delete once it concluded
+
+
+class Stopped(Exception):
+    """This transfer ends without success (refused, withdrawn, aborted); the channel is still in step."""
+
+
+def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> TransferError:
+    """The TransferError a transfer concludes with after `exc`; anything unexpected breaks the channel."""
+    if isinstance(exc, TransferError):
+        return exc
+    if isinstance(exc, Stopped):
+        return TransferError(request_id, str(exc))
+    reason = str(exc) if isinstance(exc, ChannelError) else f"internal error: {type(exc).__name__}: {exc}"
+    channel.mark_broken(reason)
+    return TransferError(request_id, reason, channel_broken=True)
+
+
+class ChannelEnd(abc.ABC):
+    """A channel end: its worker thread (started by `start()`), staging buffers, the copy stream, and
+    the lock that orders a transfer against a reconnect. Subclasses implement `run` and `drop_pending`."""
+
+    role = ""
+
+    def __init__(self, channel: Channel, rank: int) -> None:
+        if channel.rank != rank:
+            raise ValueError(
+                f"an {type(self).__name__} needs the rank-{rank} end of a channel, got rank {channel.rank}"
+            )
+        self.channel = channel
+        self.staging = StagingBuffers(channel.device)
+        self.stream = CopyStream(channel.device)
+        self.cond = threading.Condition()
+        self.io_lock = threading.Lock()  # held while a transfer or a reconnect uses the channel
+        self.closed = False
+        self._thread = threading.Thread(target=self.run, name=f"{self.role}-{channel.name}", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread (once)."""
+        if not self._thread.is_alive() and not self.closed:
+            self._thread.start()
+
+    def connect(self, timeout_s: float | None = None) -> None:
+        """(Re)connect the channel (the peer must do the same); waits for a transfer in flight first."""
+        with self.io_lock:
+            self.channel.connect(timeout_s)
+        with self.cond:
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        """Fail what is pending, tear the channel down and stop the worker."""
+        with self.cond:
+            self.closed = True
+            pending = self.drop_pending()
+            self.cond.notify_all()
+        for job in pending:
+            job.transfer.conclude(TransferError(job.transfer.request_id, f"the {self.role} was closed"))
+        with self.io_lock:
+            self.channel.close()  # also wakes a worker blocked on the store
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.channel.timeout_s)
+
+    def new_job(
+        self,
+        envelope: Envelope,
+        buffer: torch.Tensor,
+        ranges: torch.Tensor,
+        *,
+        deadline_s: float,
+        on_chunk: ChunkHook | None,
+        on_expire: Callable[[Transfer], None],
+        active_timeout_s: float | None = None,
+        first_token: int | None = None,
+    ) -> Job:
+        """Check the caller's arguments (ValueError) and make the job and its transfer."""
+        channel = self.channel
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+            raise ValueError(
+                "the arena buffer must be a contiguous 1-D uint8 tensor, "
+                f"got {tuple(buffer.shape)} {buffer.dtype}"
+            )
+        if buffer.device != channel.device and not (
+            buffer.device.type == channel.device.type == "cuda" and channel.device.index is None
+        ):
+            raise ValueError(
+                f"the buffer is on {buffer.device} but the channel was built for {channel.device}"
+            )
+        if ranges.device.type != "cpu":
+            raise ValueError("ranges must be a CPU tensor (the plan is computed on the host)")
+        check_ranges(ranges, buffer.shape[0])
+        total = int(ranges[:, 1].sum())
+        if total != envelope.num_bytes:
+            raise ValueError(
+                f"ranges cover {total} bytes but envelope {envelope.request_id!r} says {envelope.num_bytes}"
+            )
+        transfer = Transfer(
+            request_id=envelope.request_id,
+            role=self.role,
+            num_bytes=envelope.num_bytes,
+            deadline_s=deadline_s,
+            on_chunk=on_chunk,
+            on_expire=on_expire,
+            active_timeout_s=active_timeout_s,
+            first_token=first_token,
+        )
+        return Job(
+            transfer=transfer,
+            envelope=envelope,
+            buffer=buffer,
+            ranges=ranges.clone(),
+            ready=self.stream.record(),
+        )
+
+    # ---- the skeleton every transfer concludes through ---------------------------------------------
+    def conclude(
+        self,
+        request_id: str,
+        job: Job | None,
+        body: Callable[[], None],
+        *,
+        spent_keys: list[str],
+        on_broken: Callable[[TransferError], None] | None = None,
+    ) -> None:
+        """Run `body`; whatever happens, the transfer (if any) concludes exactly once, no posted
+        send or receive outlives a broken channel's group, and the transfer's keys are tidied."""
+        channel, error = self.channel, None
+        try:
+            with self.stream.active():
+                body()
+        except Exception as exc:
+            error = as_transfer_error(channel, request_id, exc)
+            if error.channel_broken:
+                # Before the copy stream is synchronized (after a timed-out NCCL wait it would wait
+                # on the posted operation) and before the caller can free pages one still targets.
+                channel.tear_down(error.reason)
+                if on_broken is not None:
+                    on_broken(error)
+        finally:
+            self.stream.synchronize()
+        if job is not None:
+            job.transfer.conclude(error)
+            spent_keys = spent_keys + job.spent_keys
+        if channel.healthy and spent_keys:  # tidy this transfer's keys off its critical path
+            channel.control.discard(*spent_keys)
+
+    def read_message(
+        self, blob: bytes, seq: int, *, expect: tuple[str, ...], max_bytes: int
+    ) -> dict[str, Any]:
+        """Decode a control message of transfer `seq` (ProtocolError when it is not one)."""
+        message = decode_message(blob, expect=expect, max_bytes=max_bytes)
+        if message["seq"] != seq:
+            raise ProtocolError(f"{message['kind']} message is for transfer {message['seq']}, expected {seq}")
+        return message
+
+    def await_message(
+        self, key: str, seq: int, *, expect: tuple[str, ...], timeout_s: float, max_bytes: int
+    ) -> dict[str, Any] | None:
+        """Wait for `key`, then read it as a message of transfer `seq`; None if it never came."""
+        blob = self.channel.control.wait_value(key, timeout_s)
+        return None if blob is None else self.read_message(blob, seq, expect=expect, max_bytes=max_bytes)
+
+    @abc.abstractmethod
+    def run(self) -> None:
+        """The end's worker thread: moves queued transfers until closed."""
+
+    @abc.abstractmethod
+    def drop_pending(self) -> list[Job]:
+        """Under the condition lock: remove and return the jobs not started yet."""
