@@ -90,7 +90,7 @@ def make_sizes(
     spec: ModelSpec | None = None,
     *,
     unified: bool = True,
-    budget_bytes: int = 8192,
+    budget_bytes: int = 7680,
     page_size: int = PAGE_SIZE,
     context_len: int = CONTEXT_LEN,
     **args: object,

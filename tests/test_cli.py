@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from distpool.cli import main
-from tests.factories import FIXTURES  # noqa: E402
+from tests.factories import FIXTURES
 
 GIB = 1 << 30
 
@@ -84,3 +84,24 @@ def test_invalid_json_and_unknown_architecture(tmp_path, capsys):
 def test_unified_hybrid_swa_is_allowed_colocated(capsys):
     out = check_json(capsys, str(FIXTURES / "gpt_oss.json"), "--enable-unified-memory")
     assert out["model_kind"] == "hybrid_swa" and out["unified"] is True and out["num_swa_layers"] > 0
+
+
+@pytest.mark.parametrize(
+    "alias, canonical", [("bf16", "bfloat16"), ("fp32", "float32"), ("fp8_e4m3", "float8_e4m3fn")]
+)
+def test_dtype_aliases_work_on_the_command_line_as_in_python(capsys, alias, canonical):
+    by_alias = check_json(capsys, str(FIXTURES / "llama3.json"), "--kv-dtype", alias)
+    by_name = check_json(capsys, str(FIXTURES / "llama3.json"), "--kv-dtype", canonical)
+    assert by_alias == by_name
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "0", "-1", "lots"])
+def test_a_budget_that_is_not_a_finite_positive_size_is_refused_naming_the_flag(capsys, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(FIXTURES / "llama3.json"), "--memory-gib", value])
+    assert exit_info.value.code == 2 and "--memory-gib" in capsys.readouterr().err
+
+
+def test_a_bad_transfer_timeout_is_refused_before_ray_starts(capsys):
+    assert main(["run", "--transfer-timeout", "0"]) == 2
+    assert "transfer timeout must be 0.1 to 3600" in capsys.readouterr().err

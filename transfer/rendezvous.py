@@ -28,6 +28,13 @@ from transfer.protocol import (
 POLL_S = 0.05
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now (for a rank-0 store to bind next)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def delta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=max(seconds, 0.001))
 

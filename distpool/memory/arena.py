@@ -3,17 +3,16 @@
 The arena owns bytes only; which position belongs to whom is the allocator's business.
 
     offset 0                                                                  arena_bytes
-    | low band: units grow up ->   |   gap (frontier)   |  <- high band: pages grow down | sink |
+    | low band: units grow up ->   |   gap (frontier)   |  <- high band: pages grow down |
     | u0 | u1 | u2 | ...           |                    |  ... | p[P-3] | p[P-2] | p[P-1] |      |
     ^ low.base_bytes = 0                                ^ high.base_bytes + i * page_stride
 
 - Low band units are Mamba slots (hybrid Mamba) or sliding-window pages (hybrid SWA); unit j sits at
   `j * low_stride`. High band units are full-attention pages; page i sits at
-  `high.base_bytes + i * page_stride`, and page P-1 ends where the sink starts.
+  `high.base_bytes + i * page_stride`, and page P-1 ends at the top of the arena.
 - Unified: both bands span the whole usable region and overlap in bytes; the allocator only hands out
   a position that does not overlap a live unit of the other band, so the frontier moves at run time.
 - Static: each band has its planned number of positions and the two never overlap (a fixed frontier).
-- The sink (`sizes.sink_bytes`, at the very top) is scratch for padded writes and is never handed out.
 
 A position index is the physical id: dim 0 of every view of a band is indexed by it.
 """
@@ -58,8 +57,8 @@ def band_geometry(sizes: PoolSizes) -> tuple[BandGeometry | None, BandGeometry |
             "holds two bands (state or sliding-window pages below, full-attention pages above), not three. "
             "Fix: serve this model with a pool that supports three kinds of per-request memory."
         )
-    usable = sizes.arena_bytes - sizes.sink_bytes
-    assert usable % ALIGN_BYTES == 0 and sizes.sink_bytes >= sizes.page_stride_bytes
+    usable = sizes.arena_bytes
+    assert usable % ALIGN_BYTES == 0
     low_name, low_stride, low_count = None, 0, 0
     if spec.mamba is not None:
         low_name, low_stride, low_count = "slots", sizes.slot_stride_bytes, sizes.num_slots
@@ -97,7 +96,6 @@ class Arena:
     def __init__(self, sizes: PoolSizes, device: torch.device | str = "cpu") -> None:
         self.sizes = sizes
         self.low, self.high = band_geometry(sizes)
-        self.sink_offset = sizes.arena_bytes - sizes.sink_bytes
         # Zeroed, not empty: a fresh envelope reads as zeros on every device, which tests rely on.
         self.buffer = torch.zeros(sizes.arena_bytes, dtype=torch.uint8, device=device)
         spec = sizes.spec
@@ -108,11 +106,6 @@ class Arena:
     @property
     def device(self) -> torch.device:
         return self.buffer.device
-
-    @property
-    def sink(self) -> torch.Tensor:
-        """The sink's bytes: scratch for padded writes, never part of any envelope."""
-        return self.buffer[self.sink_offset :]
 
     def _typed(
         self, band: BandGeometry, place: TensorPlace, dtype_name: str, shape: tuple[int, ...]

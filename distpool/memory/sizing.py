@@ -74,8 +74,7 @@ class PoolSizes:
     spec: ModelSpec
     args: PoolArgs
     budget_bytes: int
-    arena_bytes: int  # the whole uint8 buffer, sink included
-    sink_bytes: int  # scratch for padding writes; never handed out
+    arena_bytes: int  # the whole uint8 buffer
     page_bytes: int  # one full-attention page over all full-attention layers (unpadded)
     page_stride_bytes: int
     swa_page_bytes: int
@@ -120,7 +119,7 @@ class PoolSizes:
             by_swa = self.num_swa_pages // self.swa_pages_per_request if self.swa_pages_per_request else None
             by_slots = self.num_slots if self.slot_stride_bytes else None
             return min(n for n in (by_pages, by_swa, by_slots) if n is not None)
-        return (self.arena_bytes - self.sink_bytes) // self.request_bytes_at_full_context
+        return self.arena_bytes // self.request_bytes_at_full_context
 
     def summary(self) -> dict[str, object]:
         spec = self.spec
@@ -197,12 +196,11 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
     # A request keeps the pages its window touches: the window can straddle one extra page.
     window = spec.sliding_window or args.context_len
     swa_ppr = min(ceil_div(args.context_len, ps), ceil_div(window, ps) + 1) if swa_page_bytes else 0
-    sink = max(page_stride, swa_stride)  # one page of scratch for padded writes
     arena_bytes = budget_bytes - budget_bytes % ALIGN_BYTES
-    usable = arena_bytes - sink
+    usable = arena_bytes
     worst = slot_stride + ppr * page_stride + swa_ppr * swa_stride
     if worst > usable:
-        _refuse_budget(spec, args, worst + sink, budget_bytes)
+        _refuse_budget(spec, args, worst, budget_bytes)
     # The least a running request holds: its slot, one full page, and (once it is a window long)
     # the SWA pages of its window, which it keeps for the rest of its life.
     min_request = slot_stride + (page_stride if ppr else 0) + swa_ppr * swa_stride
@@ -220,13 +218,13 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
         num_slots = min(int(usable * state_share) // slot_stride, cap)
         num_pages = (usable - num_slots * slot_stride) // page_stride if ppr else 0
         running = min(num_slots, num_pages) if ppr else num_slots
-        _check_static_fits(spec, args, num_slots >= 1 and num_pages >= ppr, "state/KV", worst + sink)
+        _check_static_fits(spec, args, num_slots >= 1 and num_pages >= ppr, "state/KV", worst)
     elif swa_ppr:
         # full_pages * page_stride + ratio * full_pages * swa_stride == usable (same page size)
         num_pages = int(usable / (page_stride + args.swa_full_tokens_ratio * swa_stride)) if ppr else 0
         num_swa = (usable - num_pages * page_stride) // swa_stride
         running = min(cap, num_swa, num_pages) if ppr else min(cap, num_swa)
-        _check_static_fits(spec, args, num_pages >= ppr and num_swa >= swa_ppr, "full/SWA", worst + sink)
+        _check_static_fits(spec, args, num_pages >= ppr and num_swa >= swa_ppr, "full/SWA", worst)
     else:
         num_pages = usable // page_stride
         running = min(cap, num_pages)
@@ -235,7 +233,6 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
         args=args,
         budget_bytes=budget_bytes,
         arena_bytes=arena_bytes,
-        sink_bytes=sink,
         page_bytes=page_bytes,
         page_stride_bytes=page_stride,
         swa_page_bytes=swa_page_bytes,

@@ -5,7 +5,6 @@ Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import torch
@@ -17,6 +16,7 @@ from distpool.memory.sizing import size_pools
 from distpool.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
+from transfer.rendezvous import free_port
 
 BANDS = ("pages", "slots")  # what the summary reports per worker
 
@@ -63,9 +63,7 @@ class WorkerBase:
         import ray
 
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return host, s.getsockname()[1]
+        return host, free_port(host)
 
     def open_channel(self, peer: str, host: str, port: int) -> None:
         """Open (or rebuild) the channel to `peer`; the peer must do the same concurrently.

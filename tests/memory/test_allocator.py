@@ -1,8 +1,8 @@
 """Pool scenarios: exact ids, all-or-nothing reserves, compaction, pins, sliding windows, static limits.
 
-Default pool (factories.py): unified hybrid Mamba, 8192-byte arena, 512-byte sink on top, 7680 usable
-bytes: slot positions 0..9 (768 bytes each, from offset 0) and page positions 0..14 (512 bytes each,
-page 14 ends at 7680). Every scenario ends with `check_invariants()`.
+Default pool (factories.py): unified hybrid Mamba, a 7680-byte arena: slot positions 0..9 (768 bytes
+each, from offset 0) and page positions 0..14 (512 bytes each, page 14 ends at 7680). Every scenario
+ends with `check_invariants()`.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_a_full_static_swa_pool_still_slides_the_window():
 
 
 def test_static_state_pool_full_while_kv_has_room_but_unified_takes_it():
-    static = make_pool(unified=False, budget_bytes=8192)  # 5 slots, 7 pages
+    static = make_pool(unified=False, budget_bytes=7680)  # 5 slots, 7 pages
     static.reserve_batch([(f"r{i}", 1) for i in range(5)])
     assert static.available()["pages"] == 2
     with pytest.raises(DoesNotFit, match="0 slots") as info:
@@ -223,14 +223,14 @@ def test_static_state_pool_full_while_kv_has_room_but_unified_takes_it():
     assert static.compact() == 0  # a fixed frontier: nothing to gain
     static.check_invariants()
 
-    unified = make_pool(unified=True, budget_bytes=8192)
+    unified = make_pool(unified=True, budget_bytes=7680)
     unified.reserve_batch([(f"r{i}", 1) for i in range(6)])  # slots 0..5 end at 4608; pages 9..14
     assert unified.page_ids("r5").tolist() == [9] and unified.available()["pages"] == 0
     unified.check_invariants()
 
 
 def test_dense_pool_has_pages_only():
-    pool = make_pool(make_spec(DENSE), unified=False, budget_bytes=8192)  # 7 pages of 1024
+    pool = make_pool(make_spec(DENSE), unified=False, budget_bytes=7168)  # 7 pages of 1024
     pool.reserve("a", 6)
     assert pool.slot_id("a") is None and pool.page_ids("a").tolist() == [5, 6]
     assert pool.envelope_ranges("a").tolist() == [[5 * 1024, 1024], [6 * 1024, 1024]]

@@ -15,36 +15,35 @@ def _bytes_at(arena: Arena, offset: int, nbytes: int) -> torch.Tensor:
     return arena.buffer[offset : offset + nbytes]
 
 
-def test_unified_bands_span_the_usable_region_and_the_sink_sits_on_top():
-    sizes = make_sizes(budget_bytes=8192)  # sink = one 512-byte page
+def test_unified_bands_span_the_whole_arena():
+    sizes = make_sizes(budget_bytes=7680)
     low, high = band_geometry(sizes)
-    # 7680 usable bytes: 10 slots of 768 from the bottom, 15 pages of 512 ending under the sink.
+    # 7680 bytes: 10 slots of 768 from the bottom, 15 pages of 512 ending at the top.
     assert low == BandGeometry(name="slots", base_bytes=0, stride_bytes=768, num_positions=10)
     assert high == BandGeometry(name="pages", base_bytes=0, stride_bytes=512, num_positions=15)
     arena = Arena(sizes)
-    assert arena.sink_offset == 7680 and arena.sink.numel() == 512
-    assert arena.buffer.dtype == torch.uint8 and arena.buffer.numel() == 8192
+    assert arena.buffer.dtype == torch.uint8 and arena.buffer.numel() == 7680
 
 
 def test_static_bands_are_the_planned_sizes_and_do_not_overlap():
-    sizes = make_sizes(unified=False, budget_bytes=8192)  # mamba_state_ratio 0.5
+    sizes = make_sizes(unified=False, budget_bytes=7680)  # mamba_state_ratio 0.5
     assert (sizes.num_slots, sizes.num_pages) == (5, 7)
     low, high = band_geometry(sizes)
     assert low == BandGeometry(name="slots", base_bytes=0, stride_bytes=768, num_positions=5)
-    # 7 pages end at 7680 (the sink): they start at 7680 - 7 * 512.
+    # 7 pages end at the top (7680): they start at 7680 - 7 * 512.
     assert high == BandGeometry(name="pages", base_bytes=4096, stride_bytes=512, num_positions=7)
     assert low.end_bytes == 3840 <= high.base_bytes
 
 
 def test_unified_high_band_is_top_aligned_when_the_page_stride_does_not_divide_the_region():
-    sizes = make_sizes(budget_bytes=8192 + 320)  # 8000 usable: 15 pages (7680) + 320 spare at the bottom
+    sizes = make_sizes(budget_bytes=7680 + 320)  # 8000 bytes: 15 pages (7680) + 320 spare at the bottom
     low, high = band_geometry(sizes)
     assert (high.base_bytes, high.num_positions, high.end_bytes) == (320, 15, 8000)
     assert low.num_positions == 8000 // 768
 
 
 def test_kv_view_aliases_the_arena_page_major():
-    sizes = make_sizes(unified=False, budget_bytes=8192)
+    sizes = make_sizes(unified=False, budget_bytes=7680)
     arena = Arena(sizes)
     high = arena.high
     places = {(p.layer, p.name): p for p in page_places((1, 3), sizes.spec.full_attention, 4)}
@@ -70,7 +69,7 @@ def test_kv_view_aliases_the_arena_page_major():
 
 
 def test_state_view_aliases_each_tensor_in_its_own_dtype_at_the_slot_offsets():
-    sizes = make_sizes(budget_bytes=8192)
+    sizes = make_sizes(budget_bytes=7680)
     arena = Arena(sizes)
     places = {(p.layer, p.name): p.offset for p in slot_places(sizes.spec)}
     assert places == {(0, "conv"): 0, (0, "ssm"): 128, (2, "conv"): 384, (2, "ssm"): 512}
@@ -102,7 +101,7 @@ def test_swa_view_lives_in_the_low_band_and_kv_view_in_the_high_band():
 
 
 def test_views_refuse_layers_of_another_kind():
-    arena = Arena(make_sizes(budget_bytes=8192))
+    arena = Arena(make_sizes(budget_bytes=7680))
     with pytest.raises(ValueError, match=r"layer 0 is not a full-attention layer.*\[1, 3\]"):
         arena.kv_view(0)
     with pytest.raises(ValueError, match=r"layer 1 is not a Mamba layer.*\[0, 2\]"):
@@ -112,13 +111,13 @@ def test_views_refuse_layers_of_another_kind():
 
 
 def test_dense_has_only_pages_and_attention_free_only_slots():
-    dense = Arena(make_sizes(make_spec(DENSE), unified=False, budget_bytes=8192))
-    # Four attention layers: 1024-byte pages, a 1024-byte sink, 7 pages in the 7168 bytes below it.
+    dense = Arena(make_sizes(make_spec(DENSE), unified=False, budget_bytes=7680))
+    # Four attention layers: 1024-byte pages, 7 of them in 7680 bytes (the top 7168).
     assert dense.low is None and (dense.high.stride_bytes, dense.high.num_positions) == (1024, 7)
     with pytest.raises(ValueError, match="no Mamba layers"):
         dense.state_view(0)
     mamba_only = Arena(make_sizes(make_spec(DENSE, attention_free=True), unified=False, budget_bytes=8192))
-    # Four Mamba layers: 1536-byte slots; no pages, so no sink: 5 slots in 8192 bytes.
+    # Four Mamba layers: 1536-byte slots: 5 in 8192 bytes.
     assert mamba_only.high is None and (mamba_only.low.stride_bytes, mamba_only.low.num_positions) == (
         1536,
         5,
@@ -127,7 +126,7 @@ def test_dense_has_only_pages_and_attention_free_only_slots():
 
 
 def test_copy_runs_moves_bytes_once_per_run():
-    arena = Arena(make_sizes(budget_bytes=8192))
+    arena = Arena(make_sizes(budget_bytes=7680))
     arena.buffer[:1024] = torch.arange(1024) % 251
     expected = arena.buffer[:1024].clone()
     arena.copy_runs(torch.tensor([[0, 4096, 1024]]))
@@ -136,7 +135,7 @@ def test_copy_runs_moves_bytes_once_per_run():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_arena_views_and_compaction_keep_bytes():
-    pool = make_pool(budget_bytes=8192, device="cuda")
+    pool = make_pool(budget_bytes=7680, device="cuda")
     assert pool.buffer.is_cuda and pool.kv_view(1)[0].is_cuda
     pool.reserve_batch([("a", 8), ("b", 8)])
     k, _ = pool.kv_view(3)

@@ -60,7 +60,7 @@ def test_unified_mamba_reports_requests_at_full_context_and_tokens():
     p = size_pools(make_spec(), PoolArgs(enable_unified_memory=True, page_size=16, context_len=4096), GIB)
     page = 16 * KV_TOKEN  # 8192
     assert (p.page_bytes, p.page_stride_bytes, p.slot_bytes) == (page, page, SLOT)
-    usable = GIB - page  # one page of sink
+    usable = GIB
     assert p.requests_at_full_context == usable // (SLOT + 256 * page)
     assert p.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS
     assert p.num_slots == 512
@@ -70,7 +70,7 @@ def test_unified_mamba_reports_requests_at_full_context_and_tokens():
 
 def test_static_mamba_splits_by_ratio():
     p = size_pools(make_spec(), PoolArgs(mamba_state_ratio=0.25, max_running_requests=100000), 64 * MIB)
-    usable = 64 * MIB - 8192
+    usable = 64 * MIB
     assert p.num_slots == int(usable * 0.25) // SLOT
     assert p.num_pages == (usable - p.num_slots * SLOT) // 8192
     assert p.max_running_requests == min(p.num_slots, p.num_pages)
@@ -81,14 +81,14 @@ def test_dense_static_gives_everything_to_kv():
     p = size_pools(make_spec(kind="dense"), PoolArgs(page_size=32, context_len=1000), 16 * MIB)
     page = 32 * KV_TOKEN
     assert p.num_slots == 0 and p.slot_bytes == 0
-    assert p.num_pages == (16 * MIB - page) // page
+    assert p.num_pages == 16 * MIB // page
     assert p.pages_per_request == 32  # ceil(1000 / 32)
 
 
 def test_static_swa_uses_token_ratio_and_window_pages():
     p = size_pools(make_spec(kind="hybrid_swa"), PoolArgs(page_size=16, swa_full_tokens_ratio=0.5), 64 * MIB)
     full_page, swa_page = 16 * KV_TOKEN, 16 * 3 * KV_TOKEN
-    usable = 64 * MIB - swa_page
+    usable = 64 * MIB
     assert p.num_pages == int(usable / (full_page + 0.5 * swa_page))
     assert p.num_swa_pages == (usable - p.num_pages * full_page) // swa_page
     assert p.swa_pages_per_request == 128 // 16 + 1  # the window can straddle one more page
@@ -120,7 +120,7 @@ def test_allowed_combinations():
 
 
 def test_budget_too_small_names_the_numbers():
-    needed = SLOT + 256 * 8192 + 8192
+    needed = SLOT + 256 * 8192
     with pytest.raises(ValueError, match="--memory-gib") as err:
         size_pools(make_spec(), PoolArgs(enable_unified_memory=True), needed - 64)
     assert str(needed) in str(err.value) and "--context-len 4096" in str(err.value)
@@ -155,7 +155,7 @@ def test_unified_swa_keeps_a_whole_window_per_running_request():
     spec = make_spec(kind="hybrid_swa")  # window 128 tokens: 9 SWA pages of 16 tokens at most
     p = size_pools(spec, PoolArgs(enable_unified_memory=True, page_size=16, context_len=256), 2 * MIB)
     full_page, swa_page = 16 * KV_TOKEN, 16 * 3 * KV_TOKEN
-    usable = 2 * MIB - swa_page
+    usable = 2 * MIB
     assert p.max_running_requests == usable // (full_page + 9 * swa_page)
     assert p.num_swa_pages == p.max_running_requests * 9
     assert p.num_pages == (usable - p.num_swa_pages * swa_page) // full_page >= p.max_running_requests

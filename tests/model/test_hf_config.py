@@ -20,7 +20,7 @@ from distpool.model.spec import (
     ModelSpec,
     StateTensorSpec,
 )
-from tests.factories import FIXTURES  # noqa: E402
+from tests.factories import FIXTURES
 
 
 def spec_of(name: str, **overrides: str | None) -> ModelSpec:

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,18 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from transfer.rendezvous import free_port
+
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 ENV.pop("RAY_ADDRESS", None)
 SMALL_RUN = ["--requests", "6", "--max-new-tokens", "4", "--max-prompt-len", "24", "--memory-gib", "0.05"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:

@@ -11,7 +11,6 @@ import hashlib
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import traceback
 from typing import Any
@@ -29,15 +28,10 @@ from transfer import (
     TransferOptions,
 )
 from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_key, table_bytes
+from transfer.rendezvous import free_port
 
 FINGERPRINT = "f00dfeedf00dfeed"
 LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_arena(num_bytes: int, seed: int, device: str = "cpu") -> torch.Tensor:
