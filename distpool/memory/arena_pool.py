@@ -52,8 +52,11 @@ class ArenaPool:
         return self.allocator.pages_for(num_tokens)
 
     def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool:
-        """Whether a request of `num_tokens` fits now (or, with `compact`, after a compaction)."""
-        return self.allocator.can_reserve(num_tokens, after_compaction=compact)
+        """Whether a request of `num_tokens` fits now (or, with `compact`, after a compaction).
+        Compaction is planned only when the request does not fit as things are."""
+        if self.allocator.can_reserve(num_tokens):
+            return True
+        return compact and self.allocator.can_reserve(num_tokens, after_compaction=True)
 
     def reserve(self, request_id: str, num_tokens: int, *, compact: bool = False) -> None:
         """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing)."""
