@@ -92,9 +92,9 @@ class DecodeWorker(WorkerBase):
             self.pool.reserve(request_id, prompt_len, compact=True)
             self.pool.pin(request_id)  # a transfer writes into it from now on
             req = self._waiting[request_id] = _Request(prompt_len=prompt_len, max_new_tokens=max_new_tokens)
-            envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
             self._note_peak()
-        try:
+        try:  # whatever fails from here on gives back what the reservation took
+            envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
             req.transfer = self.channels.expect(
                 prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S
             )

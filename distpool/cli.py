@@ -92,9 +92,14 @@ def format_sizes(p: PoolSizes) -> str:
     lines += [
         f"pages        {s['num_pages']}" + (f" (+{s['num_swa_pages']} swa)" if p.num_swa_pages else ""),
         f"slots        {s['num_slots']}",
-        f"capacity     {s['requests_at_full_context']} requests at full context ({p.args.context_len} "
-        f"tokens); max {s['max_total_tokens']} tokens with {s['max_running_requests']} requests running",
     ]
+    if p.page_bytes == 0 and p.swa_page_bytes == 0:  # attention-free: memory does not grow with tokens
+        lines.append(f"capacity     {s['num_slots']} requests of any length (state only, no KV)")
+    else:
+        lines.append(
+            f"capacity     {s['requests_at_full_context']} requests at full context ({p.args.context_len} "
+            f"tokens); max {s['max_total_tokens']} tokens with {s['max_running_requests']} requests running"
+        )
     return "\n".join(lines)
 
 
@@ -109,19 +114,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Imported here so that `distpool check` does not pay for importing Ray.
     from distpool.serving import workload
     from distpool.serving.deployment import DeploymentSpec
+    from distpool.serving.preflight import check_fits_this_machine, check_reachable
     from distpool.serving.run import run
 
     if not 0.0 <= ns.fault_rate < 1.0:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
     settings = Settings.from_env()
-    transfer = TransferOptions(
-        timeout_s=ns.transfer_timeout
-        if ns.transfer_timeout is not None
-        else (settings.transfer_timeout_s or TransferOptions.timeout_s),
-        chunk_bytes=(settings.chunk_mib << 20)
-        if settings.chunk_mib is not None
-        else TransferOptions.chunk_bytes,
-    )
+    transfer = transfer_options(ns, settings)
     worker = WorkerConfig(
         spec=spec_from_hf(ns.model),
         pool_args=pool_args_from(ns, None),
@@ -130,6 +129,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         device=ns.device,
         seed=ns.seed,
     )
+    address = ns.address or settings.ray_address
+    if not address:  # the embedded cluster runs every worker on this machine
+        check_fits_this_machine(worker, ns.prefill + ns.decode)
+    else:
+        check_reachable(address)
     unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
     spec = DeploymentSpec.build(
         worker, unified=unified, num_prefill=ns.prefill, num_decode=ns.decode, spread=ns.spread
@@ -151,13 +155,29 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return run(
         spec,
         requests,
-        address=ns.address or settings.ray_address,
+        address=address,
         num_cpus=ns.num_cpus,
         fault_rate=ns.fault_rate,
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
     )
+
+
+def transfer_options(ns: argparse.Namespace, settings: Settings) -> TransferOptions:
+    """The flag, else the environment, else TransferOptions' own default; errors name the source."""
+    timeout, timeout_from = TransferOptions.timeout_s, None
+    if ns.transfer_timeout is not None:
+        timeout, timeout_from = ns.transfer_timeout, "--transfer-timeout"
+    elif settings.transfer_timeout_s is not None:
+        timeout, timeout_from = settings.transfer_timeout_s, "DISTPOOL_TRANSFER_TIMEOUT_S"
+    chunk_mib = settings.chunk_mib if settings.chunk_mib is not None else TransferOptions.chunk_bytes >> 20
+    if not 0 < chunk_mib <= 1024:
+        raise ValueError(f"DISTPOOL_CHUNK_MIB must be 1 to 1024 (MiB); got {chunk_mib}")
+    try:
+        return TransferOptions(timeout_s=timeout, chunk_bytes=chunk_mib << 20)
+    except ValueError as exc:
+        raise ValueError(f"{timeout_from}: {exc}") from None
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:

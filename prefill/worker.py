@@ -58,10 +58,14 @@ class PrefillWorker(WorkerBase):
                 raise
             outgoing = []
             for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
+                try:
+                    envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
+                except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
+                    self._free(self._held, rid)
+                    out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
+                    continue
                 self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-                outgoing.append(
-                    (rid, peer, fault, int(token), self.pool.envelope(rid), self.pool.envelope_ranges(rid))
-                )
+                outgoing.append((rid, peer, fault, int(token), envelope, ranges))
         transfers: list[tuple[str, Transfer]] = []
         for rid, peer, fault, token, envelope, ranges in outgoing:
             try:

@@ -215,6 +215,9 @@ def _attention(f: ConfigFields, model_type: str, dtype: str, window: int | None)
             num_kv_heads=1, head_dim=latent, v_head_dim=0, dtype=dtype, sliding_window=window
         )
     kv_heads = f.int("num_key_value_heads", "num_kv_heads", default=None) or f.int("num_attention_heads")
+    heads = f.int("num_attention_heads", default=None)
+    if heads is not None and heads % kv_heads:
+        raise f.error(f"num_attention_heads ({heads}) must be a multiple of the KV heads ({kv_heads})")
     if window is not None:  # MiMo spells its sliding layers' shapes separately
         kv_heads = f.int("swa_num_key_value_heads", default=kv_heads)
         head_dim = f.int("swa_head_dim", default=None) or _head_dim(f, model_type)

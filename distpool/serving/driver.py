@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -49,6 +50,16 @@ class ServeOptions:
     admission_timeout_s: float = 60.0
     seed: int = 0
     progress: bool = True
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: reason` on one line: a remote error's cause without Ray's traceback or colour codes."""
+    cause = getattr(exc, "cause", None) or exc
+    lines = [line.strip() for line in _ANSI.sub("", str(cause)).splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 class _Busy(Exception):
@@ -147,7 +158,7 @@ class Server:
                 if out.attempts < self.options.max_attempts:
                     self.retried += 1
             except Exception as exc:  # a bug, not bad luck: retrying would only repeat it
-                out.error = f"{type(exc).__name__}: {exc}"
+                out.error = one_line(exc)
                 return out
         return out
 

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from distpool.memory.envelope import MAX_REQUEST_ID_CHARS as MAX_ID_CHARS  # an id must fit an envelope
+
 
 @dataclass(frozen=True)
 class Request:
@@ -40,9 +42,11 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
     with optional "max_new_tokens" and "id"."""
     requests = []
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ValueError(f"cannot read prompts file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"prompts file {path} is not UTF-8 text (byte {exc.start})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -51,6 +55,8 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{where}: the JSON nests too deeply to be a prompt") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
         if "prompt_ids" in row:
@@ -64,9 +70,10 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
         new = row.get("max_new_tokens", max_new_tokens)
         if not ids or type(new) is not int or new < 1:
             raise ValueError(f"{where}: the prompt must be non-empty and max_new_tokens an int >= 1")
-        requests.append(
-            Request(request_id=str(row.get("id", f"req-{number:05d}")), prompt=ids, max_new_tokens=new)
-        )
+        rid = row.get("id", f"req-{number:05d}")
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not 0 < len(str(rid)) <= MAX_ID_CHARS:
+            raise ValueError(f"{where}: id must be a string (or number) of 1 to {MAX_ID_CHARS} characters")
+        requests.append(Request(request_id=str(rid), prompt=ids, max_new_tokens=new))
     if not requests:
         raise ValueError(f"{path}: no requests")
     if len({r.request_id for r in requests}) != len(requests):

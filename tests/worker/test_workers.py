@@ -175,3 +175,11 @@ def test_workers_use_nothing_but_the_pool_interface():
     finally:
         p.shutdown()
         d.shutdown()
+
+
+def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
+    _, d = pair
+    with pytest.raises(ValueError, match="request_id must have 1 to 256 characters"):
+        d.reserve("x" * 300, 10, 2, "prefill-0")  # the pool holds it; the envelope cannot carry the id
+    assert_nothing_held(d)
+    assert d.stats()["pages_peak"] > 0  # it did take memory before it failed
