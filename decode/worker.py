@@ -125,9 +125,12 @@ class DecodeWorker(WorkerBase):
             self._wake.notify_all()
 
     def cancel(self, request_id: str) -> bool:
-        """Give up a reservation whose transfer will not happen (or is failing): its transfer is
-        aborted and its memory freed. Returns whether the request was waiting here."""
+        """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
+        running request leaves the batch (its transfer succeeded but the driver never heard so), a
+        finished one is forgotten; its memory is freed. Returns whether this worker held it."""
         with self._lock:
+            if self._free(self._running, request_id) or self._finished.pop(request_id, None) is not None:
+                return True
             req = self._waiting.get(request_id)
         if req is None or req.transfer is None:
             return False

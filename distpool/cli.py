@@ -129,15 +129,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
         device=ns.device,
         seed=ns.seed,
     )
+    unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
+    spec = DeploymentSpec.build(
+        worker, unified=unified, num_prefill=ns.prefill, num_decode=ns.decode, spread=ns.spread
+    )  # the configurator's refusals come first, before Ray or any actor starts
     address = ns.address or settings.ray_address
     if not address:  # the embedded cluster runs every worker on this machine
         check_fits_this_machine(worker, ns.prefill + ns.decode)
     else:
         check_reachable(address)
-    unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
-    spec = DeploymentSpec.build(
-        worker, unified=unified, num_prefill=ns.prefill, num_decode=ns.decode, spread=ns.spread
-    )  # refusals happen here, before Ray or any actor starts
     vocab_size = worker.spec.vocab_size
     if ns.prompts:
         requests = workload.load_jsonl(ns.prompts, vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase
-from transfer import Transfer, TransferError
+from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
@@ -82,9 +82,9 @@ class PrefillWorker(WorkerBase):
                         ),
                     )
                 )
-            except ValueError as exc:  # no channel to that peer: nothing was queued
+            except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, rid, pinned=True)
-                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
+                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": True}
         for rid, transfer in transfers:
             try:
                 transfer.wait()

@@ -13,11 +13,13 @@ import torch
 
 from distpool.memory.envelope import Envelope
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
+from transfer.errors import ChannelError
 from transfer.handle import Transfer, TransferOptions
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
 INJECTED_FAULT = "injected fault (--fault-rate)"
+UNEXPECTED_WAIT_S = 0.05
 
 
 def channel_name(prefill_name: str, decode_name: str) -> str:
@@ -42,15 +44,20 @@ class PeerChannels:
         self.device = device
         self.options = options
         self._ends: dict[str, EnvelopeSender | EnvelopeReceiver] = {}
+        self._lives: dict[str, int] = {}  # peer -> the life (restart count) its channel was opened for
         self._lock = threading.Lock()
 
-    def open(self, peer: str, *, host: str, port: int) -> None:
-        """Connect to `peer` (which must open its end concurrently); an existing channel is rebuilt."""
+    def open(self, peer: str, *, host: str, port: int, peer_life: int = 0) -> None:
+        """Connect to `peer` (which must open its end concurrently); an existing channel is rebuilt.
+        `peer_life` counts the peer's restarts: a `drop` for an earlier life leaves this channel alone."""
         with self._lock:
             end = self._ends.get(peer)
-        if end is not None:
+            self._lives[peer] = max(self._lives.get(peer, 0), peer_life)
+        if end is not None and (end.channel.host, end.channel.port) == (host, port):
             end.connect()
             return
+        if end is not None:  # the peer's store moved (it restarted): a new channel, not a new generation
+            self.drop(peer)
         names = (self.own_name, peer) if self.rank == SENDER_RANK else (peer, self.own_name)
         channel = Channel(
             rank=self.rank,
@@ -62,7 +69,10 @@ class PeerChannels:
             timeout_s=self.options.timeout_s,
             name=channel_name(*names),
         )
-        end = EnvelopeSender(channel, self.options) if self.rank == SENDER_RANK else EnvelopeReceiver(channel)
+        if self.rank == SENDER_RANK:
+            end: EnvelopeSender | EnvelopeReceiver = EnvelopeSender(channel, self.options)
+        else:  # a worker reserves before it is sent to: a header for nothing reserved is refused at once
+            end = EnvelopeReceiver(channel, unexpected_wait_s=UNEXPECTED_WAIT_S)
         try:
             end.connect()
             end.start()
@@ -74,8 +84,8 @@ class PeerChannels:
 
     def _end(self, peer: str) -> EnvelopeSender | EnvelopeReceiver:
         with self._lock:
-            if peer not in self._ends:
-                raise ValueError(f"{self.own_name} has no channel to {peer!r}")
+            if peer not in self._ends:  # never opened, or dropped when the peer died
+                raise ChannelError(f"{self.own_name} has no channel to {peer!r}")
             return self._ends[peer]
 
     def broken(self, peer: str) -> bool:
@@ -112,6 +122,21 @@ class PeerChannels:
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=self.options.timeout_s
         )
+
+    def address_of(self, peer: str) -> tuple[str, int] | None:
+        with self._lock:
+            end = self._ends.get(peer)
+        return None if end is None else (end.channel.host, end.channel.port)
+
+    def drop(self, peer: str, peer_life: int | None = None) -> None:
+        """Close the channel to `peer` (if any): its pending transfers fail, the next `open` starts anew.
+        With `peer_life`, only a channel opened for that life (or an earlier one) is closed."""
+        with self._lock:
+            if peer_life is not None and self._lives.get(peer, 0) > peer_life:
+                return  # the peer came back already, and this channel is to its new life
+            end = self._ends.pop(peer, None)
+        if end is not None:
+            end.close()
 
     def close_all(self) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 
 ACTOR_CONCURRENCY = 16  # transfers, result waits and stats run beside the decode loop
+MAX_RESTARTS = 3  # per worker and run: a worker that keeps dying is left dead
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Deployment:
         self.prefill: dict[str, ray.actor.ActorHandle] = {}
         self.decode: dict[str, ray.actor.ActorHandle] = {}
         self.placement = None
+        self.lives: dict[str, int] = {}  # worker -> how often it was restarted (and rejoined) so far
 
     @classmethod
     def start(cls, spec: DeploymentSpec) -> Deployment:
@@ -97,6 +99,9 @@ class Deployment:
                 if gpus:
                     options["num_gpus"] = 1
             cls = PrefillWorker if name.startswith("prefill") else DecodeWorker
+            # Ray restarts a dead worker (a fresh instance of the same class and arguments); the
+            # driver rebuilds its channels when it answers again (serving.recovery).
+            options |= {"max_restarts": MAX_RESTARTS, "max_task_retries": 0}
             handle = ray.remote(cls).options(**options).remote(name=name, config=config)
             (self.prefill if cls is PrefillWorker else self.decode)[name] = handle
         ray.get([h.ping.remote() for h in self.handles().values()])
@@ -107,20 +112,21 @@ class Deployment:
     def connect(self, prefill_name: str, decode_name: str) -> list[ray.ObjectRef]:
         """(Re)build the channel of one pair; returns refs that resolve when both ends are up.
         Blocks for the rendezvous address (the driver's async path uses `connect_async`)."""
-        host, port = ray.get(self.prefill[prefill_name].rendezvous_address.remote())
+        host, port = ray.get(self.prefill[prefill_name].rendezvous_address.remote(decode_name))
         return self._open(prefill_name, decode_name, host, port)
 
     async def connect_async(self, prefill_name: str, decode_name: str) -> None:
         """`connect` without blocking an event loop."""
-        host, port = await self.prefill[prefill_name].rendezvous_address.remote()
+        host, port = await self.prefill[prefill_name].rendezvous_address.remote(decode_name)
         for ref in self._open(prefill_name, decode_name, host, port):
             await ref
 
     def _open(self, prefill_name: str, decode_name: str, host: str, port: int) -> list[ray.ObjectRef]:
         # The prefill end hosts the rendezvous store on its node and keeps it across rebuilds.
+        p_life, d_life = self.lives.get(prefill_name, 0), self.lives.get(decode_name, 0)
         return [
-            self.prefill[prefill_name].open_channel.remote(decode_name, host, port),
-            self.decode[decode_name].open_channel.remote(prefill_name, host, port),
+            self.prefill[prefill_name].open_channel.remote(decode_name, host, port, d_life),
+            self.decode[decode_name].open_channel.remote(prefill_name, host, port, p_life),
         ]
 
     def shutdown(self) -> None:

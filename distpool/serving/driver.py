@@ -22,12 +22,15 @@ from ray.exceptions import RayActorError
 
 from distpool.memory.pool import DoesNotFit
 from distpool.serving.deployment import Deployment
+from distpool.serving.recovery import Recovery
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
+from transfer import ChannelError
 
 ADMISSION_POLL_S = 0.005
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
 PREFILL_BATCH = 8
+BATCHES_IN_FLIGHT = 2
 
 
 @dataclass
@@ -72,17 +75,19 @@ class _Retry(Exception):
 
 @dataclass
 class _Batcher:
-    """Collects prefill requests for one worker and runs them as one `prefill_and_send` call."""
+    """Collects prefill requests for one worker and runs them as `prefill_and_send` calls, up to
+    BATCHES_IN_FLIGHT at once (one batch prefills while the previous one's envelopes move)."""
 
     handle: ray.actor.ActorHandle
     pending: list[tuple[tuple, asyncio.Future]] = field(default_factory=list)
-    drain: asyncio.Task | None = None
+    drains: list[asyncio.Task] = field(default_factory=list)  # kept: a task nobody holds may be collected
 
     async def submit(self, item: tuple) -> dict:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((item, future))
-        if self.drain is None or self.drain.done():
-            self.drain = asyncio.get_running_loop().create_task(self._drain())  # kept: never collected
+        self.drains = [task for task in self.drains if not task.done()]
+        if len(self.drains) < BATCHES_IN_FLIGHT:
+            self.drains.append(asyncio.get_running_loop().create_task(self._drain()))
         return await future
 
     async def _drain(self) -> None:
@@ -109,14 +114,16 @@ class Server:
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
         self.arrived: dict[str, dict] = {}  # results that came before their request asked for them
+        self.recovery = Recovery(deployment, self.router, on_return=self._on_return)
+        self.background: list[asyncio.Task] = []
         self.retried = 0
         self.done = 0
 
     async def serve(self, requests: list[Request]) -> list[Outcome]:
         queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=self.options.queue_bound)
         outcomes: list[Outcome] = []
-        background = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
-        background.append(asyncio.create_task(self._progress_loop(len(requests))))
+        self.background = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
+        self.background.append(asyncio.create_task(self._progress_loop(len(requests))))
 
         async def worker() -> None:
             while (req := await queue.get()) is not None:
@@ -130,8 +137,9 @@ class Server:
             for _ in workers:
                 await queue.put(None)
             await asyncio.gather(*workers)
+            await self.recovery.settle()  # a worker restarting now is reported as it ends up
         finally:
-            for task in (*workers, *background):
+            for task in (*workers, *self.background, *self.recovery.rejoining.values()):
                 task.cancel()
         return sorted(outcomes, key=lambda o: o.request_id)
 
@@ -145,8 +153,14 @@ class Server:
                 await self._attempt(req, out, submitted, avoid)
                 return out
             except NoWorkerAlive as exc:
-                out.error = str(exc)
-                return out
+                if (
+                    not self.recovery.pending
+                    or time.monotonic() - submitted > self.options.admission_timeout_s
+                ):
+                    out.error = str(exc)
+                    return out
+                out.attempts -= 1  # waiting for a lost worker to come back is not a failed attempt
+                await asyncio.sleep(ADMISSION_POLL_S * 20)
             except _Busy as exc:
                 out.attempts -= 1
                 if time.monotonic() - submitted > self.options.admission_timeout_s:
@@ -194,10 +208,14 @@ class Server:
         finally:
             self.waiting.pop(rid, None)
             self.router.end(prefill_name, decode_name)
+            if future.done() and not future.cancelled():
+                future.exception()  # a result that failed while nobody awaited it: seen, not lost
 
     async def _reserve_decode(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
         deadline = time.monotonic() + self.options.admission_timeout_s
         while True:
+            if prefill_name in self.router.dead:  # it died since it was chosen: choose again
+                raise _Retry(f"{prefill_name} died")
             for name in self.router.decode_candidates(avoid):
                 # Counted as in flight from the moment of asking, so concurrent requests spread out.
                 self.router.begin(name)
@@ -209,7 +227,7 @@ class Server:
                     return name
                 except DoesNotFit:
                     self.router.end(name)
-                except _Retry:  # that worker died: try the next one
+                except (_Retry, ChannelError):  # that worker died, or its channel to the prefill did
                     self.router.end(name)
                 except BaseException:
                     self.router.end(name)
@@ -219,10 +237,11 @@ class Server:
             await asyncio.sleep(ADMISSION_POLL_S)
 
     async def _call(self, name: str, awaitable):
+        called_at = time.monotonic()
         try:
             return await awaitable
         except RayActorError as exc:
-            self.router.mark_dead(name)
+            self.recovery.lose(name, called_at)
             self._fail_results_on(name)
             raise _Retry(f"{name} died") from exc
 
@@ -256,6 +275,10 @@ class Server:
         for name, future in list(self.waiting.values()):
             if name == decode_name and not future.done():
                 future.set_exception(_Retry(f"{decode_name} died"))
+
+    def _on_return(self, name: str) -> None:
+        if name in self.dep.decode:  # its result stream ended when it was lost
+            self.background.append(asyncio.get_running_loop().create_task(self._results_from(name)))
 
     async def _results_from(self, name: str) -> None:
         """One outstanding `next_finished` per decode worker: results arrive as requests finish."""

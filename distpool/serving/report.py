@@ -17,7 +17,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(
-    outcomes: list[Outcome], *, retried: int, worker_stats: list[dict], parity: tuple[int, int], wall_s: float
+    outcomes: list[Outcome],
+    *,
+    retried: int,
+    worker_stats: list[dict],
+    parity: tuple[int, int],
+    wall_s: float,
+    workers_lost: int = 0,
+    workers_restarted: int = 0,
 ) -> dict:
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
@@ -28,6 +35,8 @@ def summarize(
         "completed": len(done),
         "failed": len(outcomes) - len(done),
         "retried": retried,
+        "workers_lost": workers_lost,
+        "workers_restarted": workers_restarted,
         "parity_checked": parity[0],
         "parity_mismatches": parity[1],
         "transfer_bytes": moved,
@@ -52,6 +61,7 @@ def format_summary(report: dict) -> str:
         ("completed", report["completed"]),
         ("failed", report["failed"]),
         ("retried", report["retried"]),
+        ("workers lost / restarted", f"{report['workers_lost']} / {report['workers_restarted']}"),
         ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
         ("TTFT p50 / p99 (ms)", f"{report['ttft_ms_p50']:.1f} / {report['ttft_ms_p99']:.1f}"),
         ("per-token p50 / p99 (ms)", f"{report['tpot_ms_p50']:.2f} / {report['tpot_ms_p99']:.2f}"),
@@ -67,7 +77,8 @@ def format_summary(report: dict) -> str:
     for s in report["workers"]:
         pages = f"{s['pages_used']}/{s['pages_peak']}/{s['pages_capacity']}"
         slots = f"{s['slots_used']}/{s['slots_peak']}/{s['slots_capacity']}"
-        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}")
+        dead = "  (dead)" if s.get("state") == "dead" else ""
+        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{dead}")
     for error in report["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)

@@ -52,3 +52,7 @@ class Router:
 
     def mark_dead(self, name: str) -> None:
         self.dead.add(name)
+
+    def revive(self, name: str) -> None:
+        """A restarted worker serves again (requests still counted on it end as they fail)."""
+        self.dead.discard(name)

@@ -21,6 +21,28 @@ from distpool.serving.report import format_summary, summarize
 from distpool.serving.workload import Request
 
 
+def worker_stats(deployment: Deployment) -> list[dict]:
+    """Every worker's stats; a worker that cannot answer is listed as dead, with nothing counted."""
+    stats = []
+    for name, handle in deployment.handles().items():
+        try:
+            stats.append({**ray.get(handle.stats.remote(), timeout=30), "state": "alive"})
+        except Exception as exc:  # dead, or stuck: the summary is written all the same
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            zeros = dict.fromkeys(("pages_used", "pages_peak", "pages_capacity", "slots_used"), 0)
+            stats.append(
+                {
+                    "name": name,
+                    "state": "dead",
+                    "error": reason,
+                    **zeros,
+                    "slots_peak": 0,
+                    "slots_capacity": 0,
+                }
+            )
+    return stats
+
+
 def run(
     spec: DeploymentSpec,
     requests: list[Request],
@@ -32,8 +54,8 @@ def run(
     parity_sample: int = 4,
     json_path: str | None = None,
 ) -> int:
-    """Serve `requests`; returns the exit status (0 only when every request completed, parity held
-    and nothing leaked)."""
+    """Serve `requests`; returns the exit status (`exit_status`). The summary is always printed and
+    written, also when workers died."""
     owns_ray = not ray.is_initialized()
     if owns_ray:
         if address:
@@ -50,9 +72,17 @@ def run(
         server = Server(deployment, ServeOptions(fault_rate=fault_rate, seed=seed))
         outcomes = asyncio.run(server.serve(requests))
         wall_s = time.monotonic() - started
-        stats = ray.get([h.stats.remote() for h in deployment.handles().values()], timeout=60)
+        stats = worker_stats(deployment)
         parity = check_parity(spec, requests, outcomes, parity_sample)
-        report = summarize(outcomes, retried=server.retried, worker_stats=stats, parity=parity, wall_s=wall_s)
+        report = summarize(
+            outcomes,
+            retried=server.retried,
+            worker_stats=stats,
+            parity=parity,
+            wall_s=wall_s,
+            workers_lost=len(server.recovery.lost),
+            workers_restarted=len(server.recovery.restarted),
+        )
     finally:
         if deployment is not None:
             deployment.shutdown()
@@ -63,6 +93,13 @@ def run(
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2))
+    return exit_status(report)
+
+
+def exit_status(report: dict) -> int:
+    """0: every request completed, parity held, nothing leaked and no worker was lost; 1: a request
+    failed, a token differed or memory leaked; 3: everything completed, but a worker died on the way."""
     healthy = report["failed"] == 0 and report["parity_mismatches"] == 0
-    healthy = healthy and report["leaked_pages"] == 0 and report["leaked_slots"] == 0
-    return 0 if healthy else 1
+    if not (healthy and report["leaked_pages"] == 0 and report["leaked_slots"] == 0):
+        return 1
+    return 3 if report["workers_lost"] else 0

@@ -5,6 +5,7 @@ Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -53,25 +54,38 @@ class WorkerBase:
     def ping(self) -> str:
         return self.name
 
+    def pid(self) -> int:
+        """The worker's process id (what an operator kills, and what Ray restarts)."""
+        return os.getpid()
+
     def node_id(self) -> str | None:
         import ray
 
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """Host and a free port on this node for a channel's rendezvous store (prefill ends host it)."""
+    def rendezvous_address(self, peer: str | None = None) -> tuple[str, int]:
+        """Where the channel to `peer` meets (prefill ends host the store): the channel's own address
+        when it exists (a rebuild keeps the store and starts a new generation), else a free port on
+        this node."""
         import ray
 
+        if peer is not None and (address := self.channels.address_of(peer)) is not None:
+            return address
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         return host, free_port(host)
 
-    def open_channel(self, peer: str, host: str, port: int) -> None:
-        """Open (or rebuild) the channel to `peer`; the peer must do the same concurrently.
-        The prefill end hosts the rendezvous store at `host:port`."""
-        self.channels.open(peer, host=host, port=port)
+    def open_channel(self, peer: str, host: str, port: int, peer_life: int = 0) -> None:
+        """Open (or rebuild) the channel to `peer` in its `peer_life` (restarts so far); the peer must
+        do the same concurrently. The prefill end hosts the rendezvous store at `host:port`."""
+        self.channels.open(peer, host=host, port=port, peer_life=peer_life)
 
     def channel_broken(self, peer: str) -> bool:
         return self.channels.broken(peer)
+
+    def peer_lost(self, peer: str, peer_life: int) -> None:
+        """`peer` died in life `peer_life`: fail every transfer with it now and drop the channel (its
+        restart opens a new one; a late notice about an earlier life changes nothing)."""
+        self.channels.drop(peer, peer_life)
 
     # ---- requests this worker owns ------------------------------------------------------------
     def _free(self, owned: dict, request_id: str, *, pinned: bool = False) -> bool:

@@ -14,7 +14,7 @@ from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
-from transfer import TransferOptions
+from transfer import ChannelError, TransferOptions
 
 ARGS = PoolArgs(enable_unified_memory=True, page_size=4, context_len=128)
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)
@@ -141,7 +141,7 @@ def test_cancel_returns_the_reservation(pair):
 
 def test_a_reservation_from_an_unknown_prefill_worker_holds_nothing(pair):
     _, d = pair
-    with pytest.raises(ValueError, match="no channel"):
+    with pytest.raises(ChannelError, match="no channel"):
         d.reserve("r", 10, 2, "prefill-9")
     assert_nothing_held(d)
 

@@ -1,0 +1,94 @@
+"""Worker loss and return: the driver's side of Ray's actor restarts.
+
+A call that raises `RayActorError` marks its worker lost at once: the router stops choosing it, the
+requests waiting on it fail (and are retried elsewhere), and its peers drop their channels to it so
+nothing of theirs waits on it. Ray restarts the actor (`max_restarts` in the deployment); this module
+waits for the new instance to answer, rebuilds its channels to every live peer, and gives it back to
+the router. A worker that does not come back within `REJOIN_TIMEOUT_S` stays lost.
+
+    alive --(RayActorError)--> lost --(answers ping, channels rebuilt)--> alive (restarted)
+                                 \\----(no answer in time)--------------> lost for good
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from ray.exceptions import RayActorError
+
+from distpool.serving.deployment import Deployment
+from distpool.serving.router import Router
+
+REJOIN_TIMEOUT_S = 60.0
+PING_TIMEOUT_S = 5.0
+PING_INTERVAL_S = 0.25
+SETTLE_S = 15.0  # the longest a run's end waits for a restarting worker
+
+
+class Recovery:
+    """Tracks lost workers and brings restarted ones back. `on_return(name)` runs once a worker is
+    serving again (the driver restarts its result stream)."""
+
+    def __init__(self, deployment: Deployment, router: Router, on_return: Callable[[str], None]) -> None:
+        self.dep, self.router, self.on_return = deployment, router, on_return
+        self.lost: list[str] = []  # every loss, in order (a worker may be lost twice)
+        self.restarted: list[str] = []
+        self.rejoining: dict[str, asyncio.Task] = {}  # kept: a task nobody holds may be collected
+        self.returned_at: dict[str, float] = {}  # monotonic time each restarted worker rejoined
+
+    @property
+    def pending(self) -> bool:
+        """Whether some lost worker may still come back."""
+        return any(not task.done() for task in self.rejoining.values())
+
+    async def settle(self) -> None:
+        """Wait (at most SETTLE_S) for workers still on their way back, so the summary says how they
+        ended up; a worker gone for good costs that wait once."""
+        pending = [task for task in self.rejoining.values() if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=SETTLE_S)
+
+    def lose(self, name: str, called_at: float) -> None:
+        """A call to `name` made at `called_at` found it dead: stop using it and wait for its return.
+        A call made before the worker last rejoined speaks of its previous life and is ignored."""
+        if name in self.router.dead or called_at < self.returned_at.get(name, float("-inf")):
+            return
+        self.router.mark_dead(name)
+        self.lost.append(name)
+        peers = self.dep.decode if name in self.dep.prefill else self.dep.prefill
+        for peer, handle in peers.items():
+            if peer not in self.router.dead:
+                # Fire and forget: it fails its transfers with this life of `name`.
+                handle.peer_lost.remote(name, self.dep.lives.get(name, 0))
+        self.rejoining[name] = asyncio.get_running_loop().create_task(self._rejoin(name))
+
+    async def _rejoin(self, name: str) -> None:
+        handle = self.dep.handles()[name]
+        deadline = time.monotonic() + REJOIN_TIMEOUT_S
+        while True:
+            try:
+                await asyncio.wait_for(handle.ping.remote(), PING_TIMEOUT_S)
+                break
+            except (RayActorError, asyncio.TimeoutError):
+                if time.monotonic() > deadline:
+                    print(f"distpool: {name} did not come back within {REJOIN_TIMEOUT_S:.0f} s", flush=True)
+                    return
+                await asyncio.sleep(PING_INTERVAL_S)
+        self.dep.lives[name] = self.dep.lives.get(name, 0) + 1  # channels from here on are to the new life
+        is_prefill = name in self.dep.prefill
+        peers = [
+            p for p in (self.dep.decode if is_prefill else self.dep.prefill) if p not in self.router.dead
+        ]
+        pairs = [(name, p) if is_prefill else (p, name) for p in peers]
+        try:
+            await asyncio.gather(*(self.dep.connect_async(p, d) for p, d in pairs))
+        except Exception as exc:  # a peer died meanwhile, or the link is down: stay lost
+            print(f"distpool: {name} restarted but its channels could not be rebuilt: {exc}", flush=True)
+            return
+        self.router.revive(name)
+        self.restarted.append(name)
+        self.returned_at[name] = time.monotonic()
+        print(f"distpool: {name} restarted and rejoined {len(pairs)} channel(s)", flush=True)
+        self.on_return(name)
