@@ -45,6 +45,7 @@ CHUNK_MIB = 32
 SEED = 0
 TAG_RAW, TAG_ACK = 5, 6
 FINGERPRINT = "bench-layout"
+SECRET = b"bench-transfer-loopback-secret-0"  # both processes of the benchmark share it
 
 
 def page_table(num_pages: int, fragmentation: float, arena_pages: int, seed: int) -> torch.Tensor:
@@ -88,6 +89,7 @@ def make_channel(rank: int, port: int, streams: int) -> Channel:
         fingerprint=FINGERPRINT,
         layout={"page_bytes": PAGE_BYTES},
         timeout_s=60,
+        secret=SECRET,
         name="bench",
         num_streams=streams,
     )

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.handshake import exchange_hello, make_hello
@@ -56,6 +57,7 @@ class Channel:
         fingerprint: str,
         layout: dict[str, Any] | None = None,
         timeout_s: float,
+        secret: bytes,
         name: str = "distpool",
         num_streams: int | None = None,
     ) -> None:
@@ -78,6 +80,7 @@ class Channel:
             raise ValueError(f"num_streams must be >= 1 (exactly 1 with NCCL), got {num_streams}")
         self.fingerprint = fingerprint
         self.layout = dict(layout or {})
+        self.auth = ControlAuth(secret, name)  # every key and control message under the deployment's secret
         self.timeout_s = timeout_s
         self.generation = 0
         self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
@@ -112,6 +115,11 @@ class Channel:
         self._destroy_group()
 
     @property
+    def rejected_messages(self) -> int:
+        """Control messages of this generation that were forged, replayed or garbage (dropped)."""
+        return 0 if self._control is None else self._control.rejected
+
+    @property
     def control(self) -> ControlPlane:
         """This generation's control plane; ChannelError when the channel is not connected."""
         if self._control is None:
@@ -128,17 +136,22 @@ class Channel:
                 self._store = host_store(self.host, self.port, deadline)
             elif self.rank == RECEIVER_RANK:
                 self._store = join_store(self.host, self.port, deadline)
-            generation = next_generation(self._store, name=self.name, rank=self.rank, deadline=deadline)
-            gen_store = generation_store(self._store, name=self.name, generation=generation)
-            self.peer_hello = self._handshake(gen_store, deadline)
+            generation = next_generation(self._store, auth=self.auth, rank=self.rank, deadline=deadline)
+            gen_store = generation_store(self._store, auth=self.auth, generation=generation)
+            self.peer_hello = self._handshake(gen_store, generation, deadline)
             self._pg = self._make_group(gen_store, deadline)
             self.generation, self.transfer_seq = generation, 0
             bell_store = None
             if self.rank == RECEIVER_RANK:
                 waiter = join_store(self.host, self.port, deadline)
-                bell_store = generation_store(waiter, name=self.name, generation=generation)
+                bell_store = generation_store(waiter, auth=self.auth, generation=generation)
             self._control = ControlPlane(
-                gen_store, name=self.name, on_gone=self.mark_broken, bell_store=bell_store
+                gen_store,
+                name=self.name,
+                auth=self.auth,
+                generation=generation,
+                on_gone=self.mark_broken,
+                bell_store=bell_store,
             )
             self._broken = None
             self._ping(deadline)
@@ -176,10 +189,11 @@ class Channel:
         self._pg = None
 
     # ---- connect steps ------------------------------------------------------------------------
-    def _handshake(self, gen_store: dist.Store, deadline: float) -> dict[str, Any]:
+    def _handshake(self, gen_store: dist.Store, generation: int, deadline: float) -> dict[str, Any]:
         hello = make_hello(backend=self.backend, fingerprint=self.fingerprint, layout=self.layout)
+        timeout = delta(deadline - time.monotonic())
         return exchange_hello(
-            gen_store, rank=self.rank, hello=hello, timeout=delta(deadline - time.monotonic())
+            gen_store, auth=self.auth, generation=generation, rank=self.rank, hello=hello, timeout=timeout
         )
 
     def _make_group(self, gen_store: dist.Store, deadline: float) -> dist.ProcessGroup:

@@ -14,7 +14,8 @@ from typing import Any
 import msgpack
 import torch.distributed as dist
 
-from transfer.errors import FingerprintMismatch
+from transfer.auth import ControlAuth
+from transfer.errors import ChannelError, FingerprintMismatch
 from transfer.protocol import PROTOCOL_VERSION, hello_key
 
 
@@ -24,12 +25,28 @@ def make_hello(*, backend: str, fingerprint: str, layout: dict[str, Any]) -> byt
 
 
 def exchange_hello(
-    store: dist.Store, *, rank: int, hello: bytes, timeout: datetime.timedelta
+    store: dist.Store,
+    *,
+    auth: ControlAuth,
+    generation: int,
+    rank: int,
+    hello: bytes,
+    timeout: datetime.timedelta,
 ) -> dict[str, Any]:
-    """Publish our hello, read the peer's; raise FingerprintMismatch if they differ, else return theirs."""
-    store.set(hello_key(rank), hello)
-    store.wait([hello_key(1 - rank)], timeout)
-    theirs = msgpack.unpackb(store.get(hello_key(1 - rank)), raw=False, strict_map_key=False)
+    """Publish our hello, read the peer's (sealed under the deployment's secret); raise
+    FingerprintMismatch if they differ, ChannelError if the peer's is not authentic."""
+    ours_key, theirs_key = (auth.key(f"g{generation}/{hello_key(r)}") for r in (rank, 1 - rank))
+    store.set(ours_key, auth.seal(ours_key, hello))
+    store.wait([theirs_key], timeout)
+    blob = auth.open(theirs_key, store.get(theirs_key))
+    if blob is None:
+        raise ChannelError(
+            f"channel {auth.channel}: the peer's hello is not sealed with this deployment's secret"
+        )
+    try:
+        theirs = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+    except Exception as exc:  # sealed, so a bug on the peer rather than an outsider; still never a crash
+        raise ChannelError(f"channel {auth.channel}: the peer's hello is undecodable: {exc}") from None
     ours = msgpack.unpackb(hello, raw=False, strict_map_key=False)  # the same normalisation as theirs
     differing = differing_fields(ours, theirs)
     if differing:

@@ -36,6 +36,7 @@ class PeerChannels:
         layout: dict[str, Any],
         device: torch.device,
         options: TransferOptions,
+        secret: bytes,
     ) -> None:
         self.own_name = own_name
         self.rank = rank
@@ -43,6 +44,7 @@ class PeerChannels:
         self.layout = layout
         self.device = device
         self.options = options
+        self._secret = secret  # the deployment's: names and seals every control message
         self._ends: dict[str, EnvelopeSender | EnvelopeReceiver] = {}
         self._lives: dict[str, int] = {}  # peer -> the life (restart count) its channel was opened for
         self._lock = threading.Lock()
@@ -67,6 +69,7 @@ class PeerChannels:
             fingerprint=self.fingerprint,
             layout=self.layout,
             timeout_s=self.options.timeout_s,
+            secret=self._secret,
             name=channel_name(*names),
         )
         if self.rank == SENDER_RANK:
@@ -122,6 +125,12 @@ class PeerChannels:
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=self.options.timeout_s
         )
+
+    def rejected_messages(self) -> int:
+        """Control messages that did not open under the deployment's secret, over every channel."""
+        with self._lock:
+            ends = list(self._ends.values())
+        return sum(end.channel.rejected_messages for end in ends)
 
     def address_of(self, peer: str) -> tuple[str, int] | None:
         with self._lock:

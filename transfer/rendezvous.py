@@ -17,6 +17,7 @@ import time
 
 import torch.distributed as dist
 
+from transfer.auth import ControlAuth
 from transfer.errors import ChannelError
 from transfer.protocol import (
     current_generation_key,
@@ -40,8 +41,27 @@ def delta(seconds: float) -> datetime.timedelta:
 
 
 def host_store(host: str, port: int, deadline: float) -> dist.TCPStore:
-    """Rank 0's store: the server (it binds `port`) and this process's client of it."""
-    return dist.TCPStore(host, port, None, True, delta(deadline - time.monotonic()), wait_for_workers=False)
+    """Rank 0's store: the server, listening on `host:port` only (the address its peer uses, not every
+    interface), and this process's client of it. The store owns the listening socket from then on."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+        store = dist.TCPStore(
+            host,
+            port,
+            None,
+            True,
+            delta(deadline - time.monotonic()),
+            wait_for_workers=False,
+            master_listen_fd=listener.fileno(),
+        )
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store closes the descriptor when it goes
+    return store
 
 
 def join_store(host: str, port: int, deadline: float) -> dist.TCPStore:
@@ -62,16 +82,22 @@ def join_store(host: str, port: int, deadline: float) -> dist.TCPStore:
     return dist.TCPStore(host, port, None, False, delta(deadline - time.monotonic()))
 
 
-def next_generation(store: dist.Store, *, name: str, rank: int, deadline: float) -> int:
-    """The generation this connect builds: rank 0 opens it, rank 1 claims the one rank 0 opened."""
+def next_generation(store: dist.Store, *, auth: ControlAuth, rank: int, deadline: float) -> int:
+    """The generation this connect builds: rank 0 opens it, rank 1 claims the one rank 0 opened.
+    Every key is named by `auth`: an outsider can neither find nor claim a generation."""
+    name = auth.channel
+    counter, current = auth.key(generation_counter_key(name)), auth.key(current_generation_key(name))
     if rank == 0:
-        generation = store.add(generation_counter_key(name), 1)
-        store.set(current_generation_key(name), str(generation))
+        generation = store.add(counter, 1)
+        store.set(current, auth.seal(current, str(generation).encode()))
         return generation
     while True:
-        store.wait([current_generation_key(name)], delta(deadline - time.monotonic()))
-        generation = int(store.get(current_generation_key(name)))
-        if store.add(join_key(name, generation), 1) == 1:
+        store.wait([current], delta(deadline - time.monotonic()))
+        opened = auth.open(current, store.get(current))
+        if opened is None or not opened.isdigit():
+            raise ChannelError(f"channel {name}: the rendezvous was not written by this deployment")
+        generation = int(opened)
+        if store.add(auth.key(join_key(name, generation)), 1) == 1:
             return generation
         if time.monotonic() + POLL_S > deadline:
             raise ChannelError(
@@ -81,5 +107,7 @@ def next_generation(store: dist.Store, *, name: str, rank: int, deadline: float)
         time.sleep(POLL_S)
 
 
-def generation_store(store: dist.Store, *, name: str, generation: int) -> dist.PrefixStore:
-    return dist.PrefixStore(generation_prefix(name, generation), store)
+def generation_store(store: dist.Store, *, auth: ControlAuth, generation: int) -> dist.PrefixStore:
+    """The store of one generation: the hello, Gloo's own keys and every control message live under
+    a prefix only holders of the secret can name."""
+    return dist.PrefixStore(auth.key(generation_prefix(auth.channel, generation)) + "/", store)

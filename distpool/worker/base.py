@@ -47,6 +47,7 @@ class WorkerBase:
             layout=layout_description(self.sizes),
             device=self.device,
             options=config.transfer,
+            secret=config.secret,
         )
         self._peak = dict.fromkeys(BANDS, 0)
 
@@ -71,7 +72,9 @@ class WorkerBase:
 
         if peer is not None and (address := self.channels.address_of(peer)) is not None:
             return address
-        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        host = "127.0.0.1"  # one node: the store listens on loopback only
+        if ray.is_initialized() and sum(node["Alive"] for node in ray.nodes()) > 1:
+            host = ray.util.get_node_ip_address()  # the address peers on other nodes reach
         return host, free_port(host)
 
     def open_channel(self, peer: str, host: str, port: int, peer_life: int = 0) -> None:
@@ -111,6 +114,7 @@ class WorkerBase:
             usage = self.pool.usage()
             self.pool.check_invariants()
             out: dict = {"name": self.name, "role": self.role, "node_id": self.node_id()}
+            out["rejected_control_messages"] = self.channels.rejected_messages()
             for name in BANDS:
                 band = usage.get(name)
                 out[f"{name}_used"] = band.held if band else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from dataclasses import dataclass, field
 
 from distpool.memory.sizing import PoolArgs
@@ -27,6 +28,10 @@ class WorkerConfig:
     transfer: TransferOptions = field(default_factory=TransferOptions)
     device: str = "auto"  # auto: a GPU when the worker has one
     seed: int = 0
+    # Names and seals every control message of the deployment's channels (transfer.auth). Made
+    # here, once per configuration, and handed to the workers by Ray: never on a command line or
+    # in a file. Not printed, not compared.
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port
+from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port
 from transfer import Channel, ChannelError, FingerprintMismatch
 
 
@@ -29,6 +29,7 @@ def make_channel(
         fingerprint=fingerprint,
         layout=LAYOUT if layout is None else layout,
         timeout_s=timeout_s,
+        secret=SECRET,
         name=name,
     )
 

@@ -13,49 +13,17 @@ import transfer.sender as sender_module
 from distpool.memory.envelope import Envelope
 from tests.transfer.transfer_peer import (
     FINGERPRINT,
-    LAYOUT,
     Ledger,
     digest,
     digest_outside,
     envelope_for,
     fragmented_ranges,
-    free_port,
     make_arena,
 )
-from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferError, TransferOptions, TransferState
+from transfer import TransferError, TransferOptions, TransferState
 
 ARENA_BYTES = 4 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
-
-
-@pytest.fixture
-def pair():
-    """A connected (sender, receiver) pair with small chunks, closed after the test."""
-    port = free_port()
-    channels = [
-        Channel(
-            rank=r,
-            host="127.0.0.1",
-            port=port,
-            device="cpu",
-            fingerprint=FINGERPRINT,
-            layout=LAYOUT,
-            timeout_s=5,
-            name="p",
-        )
-        for r in (0, 1)
-    ]
-    sender = EnvelopeSender(channels[0], TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10))
-    receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=0.3)
-    sender.start()
-    receiver.start()
-    connect = threading.Thread(target=receiver.connect)
-    connect.start()
-    sender.connect()
-    connect.join()
-    yield sender, receiver
-    sender.close()
-    receiver.close()
 
 
 def tables(seed: int, num_pages: int = 40, fragmentation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

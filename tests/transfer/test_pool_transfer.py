@@ -17,7 +17,7 @@ from distpool.memory.fingerprint import layout_description
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.spec import HYBRID_MAMBA, AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
 from tests.factories import free_units
-from tests.transfer.transfer_peer import free_port
+from tests.transfer.transfer_peer import SECRET, free_port
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions, TransferState
 
 PROMPT_TOKENS = 37
@@ -81,6 +81,7 @@ def channel_pair(request):
             fingerprint=p.fingerprint,
             layout=layout,
             timeout_s=5,
+            secret=SECRET,
             name="pool",
         )
         for r, p in ((0, prefill_pool), (1, decode_pool))

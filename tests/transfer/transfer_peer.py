@@ -31,6 +31,7 @@ from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_ke
 from transfer.rendezvous import free_port
 
 FINGERPRINT = "f00dfeedf00dfeed"
+SECRET = b"transfer-tests-secret-0123456789"  # both ends of every test channel share it
 LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
 
 
@@ -389,6 +390,7 @@ def make_engine(
         fingerprint=fingerprint,
         layout=LAYOUT if layout is None else layout,
         timeout_s=timeout_s,
+        secret=SECRET,
         name=name,
     )
     if rank == 0:
