@@ -33,6 +33,7 @@ class _Request:
     admitted_at: float = 0.0
     finished_at: float = 0.0
     transfer: Transfer | None = None
+    error: str | None = None  # set when decode gave it up after admitting it (`cancel(notify=True)`)
 
 
 class DecodeWorker(WorkerBase):
@@ -69,10 +70,13 @@ class DecodeWorker(WorkerBase):
                 return False
             return self.pool.can_reserve(prompt_len + max_new_tokens + self._growth_tokens(), compact=True)
 
-    def reserve(self, request_id: str, prompt_len: int, max_new_tokens: int, prefill: str) -> bytes:
+    def reserve(
+        self, request_id: str, prompt_len: int, max_new_tokens: int, prefill: str, fault: str | None = None
+    ) -> bytes:
         """Reserve the destination envelope for a prompt and expect it from worker `prefill`;
         returns the encoded Envelope. The request joins the decode batch when its transfer lands
-        (the transfer header carries its first token), and is freed if the transfer fails.
+        (the transfer header carries its first token), and is freed if the transfer fails. `fault`
+        (a receiver fault of `transfer.faults`) is injected into its transfer on purpose.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
         if prompt_len < 1 or max_new_tokens < 1:
@@ -96,7 +100,7 @@ class DecodeWorker(WorkerBase):
         try:  # whatever fails from here on gives back what the reservation took
             envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
             req.transfer = self.channels.expect(
-                prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S
+                prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S, fault=fault
             )
         except BaseException:
             self._free(self._waiting, request_id, pinned=True)
@@ -124,12 +128,21 @@ class DecodeWorker(WorkerBase):
                 self._running[rid] = req
             self._wake.notify_all()
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
         running request leaves the batch (its transfer succeeded but the driver never heard so), a
-        finished one is forgotten; its memory is freed. Returns whether this worker held it."""
+        finished one is forgotten; its memory is freed. With `notify`, a request already admitted
+        is handed out by `next_finished` as failed, so a driver waiting for it hears. Returns whether
+        this worker held it."""
         with self._lock:
-            if self._free(self._running, request_id) or self._finished.pop(request_id, None) is not None:
+            admitted = self._running.get(request_id) or self._finished.get(request_id)
+            if admitted is not None:
+                self._free(self._running, request_id)
+                self._finished.pop(request_id, None)
+                if notify:
+                    admitted.error = "decode gave the request up (receiver cancel)"
+                    self._finished[request_id] = admitted
+                    self._wake.notify_all()
                 return True
             req = self._waiting.get(request_id)
         if req is None or req.transfer is None:
@@ -193,7 +206,10 @@ class DecodeWorker(WorkerBase):
                 self._wake.wait(deadline - time.monotonic())
             done, self._finished = self._finished, {}
         return {
-            rid: {"tokens": r.tokens, "decode_s": r.finished_at - r.admitted_at} for rid, r in done.items()
+            rid: {"error": r.error}
+            if r.error is not None
+            else {"tokens": r.tokens, "decode_s": r.finished_at - r.admitted_at}
+            for rid, r in done.items()
         }
 
     def stats(self) -> dict:

@@ -24,16 +24,16 @@ class PrefillWorker(WorkerBase):
         super().__init__(**kwargs)
         self._held: dict[str, str] = {}  # request id -> the decode worker it goes to
 
-    def prefill_and_send(self, batch: list[tuple[str, list[int], str, int | None]]) -> dict[str, dict]:
-        """Prefill a batch of (request id, prompt, decode worker, fault chunk or None) and send each
-        envelope to its decode worker, with the first token in the transfer header.
+    def prefill_and_send(self, batch: list[tuple[str, list[int], str, str | None]]) -> dict[str, dict]:
+        """Prefill a batch of (request id, prompt, decode worker, injected sender fault or None) and
+        send each envelope to its decode worker, with the first token in the transfer header.
 
         Returns request id -> {"outcome": "sent", "bytes", "seconds"} | {"outcome": "busy", "reason"}
         (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
         `retry` says whether another pair may succeed). Nothing is held here once it returns.
         """
         out: dict[str, dict] = {}
-        admitted: list[tuple[str, list[int], str, int | None]] = []
+        admitted: list[tuple[str, list[int], str, str | None]] = []
         with self._lock:
             for rid, prompt, peer, fault in batch:
                 if rid in self._held:
@@ -78,7 +78,7 @@ class PrefillWorker(WorkerBase):
                             self.pool.buffer,
                             ranges,
                             first_token=token,
-                            fault_after_chunks=fault,
+                            fault=fault,
                         ),
                     )
                 )

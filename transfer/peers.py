@@ -14,11 +14,11 @@ import torch
 from distpool.memory.envelope import Envelope
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.errors import ChannelError
+from transfer.faults import receiver_hook, sender_hook
 from transfer.handle import Transfer, TransferOptions
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
-INJECTED_FAULT = "injected fault (--fault-rate)"
 UNEXPECTED_WAIT_S = 0.05
 
 
@@ -102,28 +102,33 @@ class PeerChannels:
         ranges: torch.Tensor,
         *,
         first_token: int,
-        fault_after_chunks: int | None = None,
+        fault: str | None = None,
     ) -> Transfer:
-        """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""
+        """Queue one envelope for `peer`; the returned transfer concludes within the timeout. `fault`
+        (one of `transfer.faults.SENDER_FAULTS`) is injected into it on purpose."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeSender), "only the rank-0 end sends"
-        hook = None
-        if fault_after_chunks is not None:
-
-            def hook(transfer: Transfer, chunk: int) -> None:
-                if chunk >= fault_after_chunks:
-                    transfer.abort(INJECTED_FAULT)
-
+        hook = None if fault is None else sender_hook(fault, self.options.timeout_s)
         return end.submit(envelope, buffer, ranges, first_token=first_token, on_chunk=hook)
 
     def expect(
-        self, peer: str, envelope: Envelope, buffer: torch.Tensor, ranges: torch.Tensor, *, wait_s: float
+        self,
+        peer: str,
+        envelope: Envelope,
+        buffer: torch.Tensor,
+        ranges: torch.Tensor,
+        *,
+        wait_s: float,
+        fault: str | None = None,
     ) -> Transfer:
-        """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it."""
+        """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it.
+        `fault` (one of `transfer.faults.RECEIVER_FAULTS`) is injected into it on purpose."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
+        hook = None if fault is None else receiver_hook(fault, buffer, ranges)
+        timeout_s = self.options.timeout_s
         return end.expect(
-            envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=self.options.timeout_s
+            envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook
         )
 
     def rejected_messages(self) -> int:

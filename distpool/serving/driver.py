@@ -12,25 +12,24 @@ pool is full.
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import time
 from dataclasses import dataclass, field
 
-import ray
 from ray.exceptions import RayActorError
 
 from distpool.memory.pool import DoesNotFit
+from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
+from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
 from distpool.serving.recovery import Recovery
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from transfer import ChannelError
+from transfer.faults import RECEIVER_FAULTS, SENDER_ABORT, SENDER_FAULTS
 
 ADMISSION_POLL_S = 0.005
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
-PREFILL_BATCH = 8
-BATCHES_IN_FLIGHT = 2
 
 
 @dataclass
@@ -48,6 +47,7 @@ class Outcome:
 @dataclass
 class ServeOptions:
     fault_rate: float = 0.0  # probability that a transfer is aborted mid-stream (then retried)
+    faults: dict[str, float] = field(default_factory=dict)  # more kinds (serving.faults), for the soak
     max_attempts: int = 4
     queue_bound: int = 64  # requests admitted into the pipeline at once
     admission_timeout_s: float = 60.0
@@ -73,47 +73,15 @@ class _Retry(Exception):
     """This attempt failed in a way another pair may not (a failed transfer, a dead worker)."""
 
 
-@dataclass
-class _Batcher:
-    """Collects prefill requests for one worker and runs them as `prefill_and_send` calls, up to
-    BATCHES_IN_FLIGHT at once (one batch prefills while the previous one's envelopes move)."""
-
-    handle: ray.actor.ActorHandle
-    pending: list[tuple[tuple, asyncio.Future]] = field(default_factory=list)
-    drains: list[asyncio.Task] = field(default_factory=list)  # kept: a task nobody holds may be collected
-
-    async def submit(self, item: tuple) -> dict:
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((item, future))
-        self.drains = [task for task in self.drains if not task.done()]
-        if len(self.drains) < BATCHES_IN_FLIGHT:
-            self.drains.append(asyncio.get_running_loop().create_task(self._drain()))
-        return await future
-
-    async def _drain(self) -> None:
-        while self.pending:
-            await asyncio.sleep(0)  # let requests that arrive together join the batch
-            batch, self.pending = self.pending[:PREFILL_BATCH], self.pending[PREFILL_BATCH:]
-            try:
-                out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
-                for item, future in batch:
-                    future.set_result(out[item[0]])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-
-
 class Server:
     def __init__(self, deployment: Deployment, options: ServeOptions) -> None:
         self.dep = deployment
         self.options = options
         self.router = Router(list(deployment.prefill), list(deployment.decode))
-        self.rng = random.Random(options.seed)
-        self.batchers = {name: _Batcher(h) for name, h in deployment.prefill.items()}
+        self.faults = FaultPlan({SENDER_ABORT: options.fault_rate, **options.faults}, options.seed)
+        self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
-        self.arrived: dict[str, dict] = {}  # results that came before their request asked for them
         self.recovery = Recovery(deployment, self.router, on_return=self._on_return)
         self.background: list[asyncio.Task] = []
         self.retried = 0
@@ -180,18 +148,20 @@ class Server:
         rid = req.request_id
         prefill_name = self.router.pick_prefill()
         self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
+        fault = self.faults.draw()
         try:
-            decode_name = await self._reserve_decode(req, prefill_name, avoid)
+            receiver_fault = fault if fault in RECEIVER_FAULTS else None
+            decode_name = await self._reserve_decode(req, prefill_name, avoid, receiver_fault)
         except BaseException:
             self.router.end(prefill_name)
             raise
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (decode_name, future)
-        if rid in self.arrived:
-            future.set_result(self.arrived.pop(rid))
         try:
-            fault = 0 if self.rng.random() < self.options.fault_rate else None
-            item = (rid, req.prompt, decode_name, fault)
+            if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
+                cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
+                self.background.append(asyncio.get_running_loop().create_task(self._quiet(cancel)))
+            item = (rid, req.prompt, decode_name, fault if fault in SENDER_FAULTS else None)
             sent = await self._call(prefill_name, self.batchers[prefill_name].submit(item))
             if sent["outcome"] == "busy":  # the prefill pool is full: give the destination back, try again
                 raise _Busy(sent["reason"])
@@ -201,6 +171,8 @@ class Server:
             out.ttft_s = time.monotonic() - submitted
             out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
             result = await future
+            if "error" in result:
+                raise _Retry(result["error"])
             out.tokens, out.decode_s, out.error = result["tokens"], result["decode_s"], None
         except BaseException:
             await self._after_failure(rid, prefill_name, decode_name)
@@ -211,7 +183,9 @@ class Server:
             if future.done() and not future.cancelled():
                 future.exception()  # a result that failed while nobody awaited it: seen, not lost
 
-    async def _reserve_decode(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
+    async def _reserve_decode(
+        self, req: Request, prefill_name: str, avoid: set[str], fault: str | None = None
+    ) -> str:
         deadline = time.monotonic() + self.options.admission_timeout_s
         while True:
             if prefill_name in self.router.dead:  # it died since it was chosen: choose again
@@ -221,7 +195,7 @@ class Server:
                 self.router.begin(name)
                 try:
                     ref = self.dep.decode[name].reserve.remote(
-                        req.request_id, len(req.prompt), req.max_new_tokens, prefill_name
+                        req.request_id, len(req.prompt), req.max_new_tokens, prefill_name, fault
                     )
                     await self._call(name, ref)  # the encoded destination Envelope: decode keeps it
                     return name
@@ -290,10 +264,8 @@ class Server:
                 return
             for rid, result in done.items():
                 waiting = self.waiting.get(rid)
-                if waiting is not None and not waiting[1].done():
-                    waiting[1].set_result(result)
-                else:
-                    self.arrived[rid] = result
+                if waiting is not None and waiting[0] == name and not waiting[1].done():
+                    waiting[1].set_result(result)  # else: news of an attempt already given up
 
     async def _progress_loop(self, total: int) -> None:
         while self.options.progress:

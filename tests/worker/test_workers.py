@@ -94,7 +94,7 @@ def test_the_first_token_travels_in_the_transfer_header(pair):
 
 def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
     p, d = pair
-    sent = serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3, fault=0)
+    sent = serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3, fault="sender_abort")
     assert sent["x"]["outcome"] == "failed" and sent["x"]["retry"]
     assert "injected fault" in sent["x"]["reason"]
     deadline = time.monotonic() + 5

@@ -1,0 +1,42 @@
+"""Prefill batches: requests for one prefill worker gathered into `prefill_and_send` calls."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import ray
+
+PREFILL_BATCH = 8
+BATCHES_IN_FLIGHT = 2
+
+
+@dataclass
+class Batcher:
+    """Collects prefill requests for one worker and runs them as `prefill_and_send` calls, up to
+    BATCHES_IN_FLIGHT at once (one batch prefills while the previous one's envelopes move)."""
+
+    handle: ray.actor.ActorHandle
+    pending: list[tuple[tuple, asyncio.Future]] = field(default_factory=list)
+    drains: list[asyncio.Task] = field(default_factory=list)  # kept: a task nobody holds may be collected
+
+    async def submit(self, item: tuple) -> dict:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((item, future))
+        self.drains = [task for task in self.drains if not task.done()]
+        if len(self.drains) < BATCHES_IN_FLIGHT:
+            self.drains.append(asyncio.get_running_loop().create_task(self._drain()))
+        return await future
+
+    async def _drain(self) -> None:
+        while self.pending:
+            await asyncio.sleep(0)  # let requests that arrive together join the batch
+            batch, self.pending = self.pending[:PREFILL_BATCH], self.pending[PREFILL_BATCH:]
+            try:
+                out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
+                for item, future in batch:
+                    future.set_result(out[item[0]])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)

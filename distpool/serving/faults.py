@@ -1,0 +1,44 @@
+"""Which fault, if any, the driver injects into one attempt (`--fault-rate`, `scripts/soak.py`)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from transfer.faults import RECEIVER_FAULTS, SENDER_ABORT, SENDER_FAULTS
+
+RECEIVER_CANCEL = "receiver_cancel"  # the driver has decode give the request up mid-transfer
+DRIVER_FAULTS = (RECEIVER_CANCEL,)
+ALL_FAULTS = (*SENDER_FAULTS, *RECEIVER_FAULTS, *DRIVER_FAULTS)
+
+
+class FaultPlan:
+    """`rates` maps a fault kind to its probability per attempt (their sum at most 1); seeded."""
+
+    def __init__(self, rates: dict[str, float], seed: int = 0) -> None:
+        unknown = sorted(set(rates) - set(ALL_FAULTS))
+        if unknown or not all(0.0 <= p < 1.0 for p in rates.values()) or sum(rates.values()) >= 1.0:
+            raise ValueError(
+                f"fault rates must be kinds among {', '.join(ALL_FAULTS)} with probabilities summing "
+                f"below 1; got {rates}"
+            )
+        self.rates = {kind: p for kind, p in rates.items() if p > 0}
+        self.rng = random.Random(seed)
+        self.injected: Counter[str] = Counter()
+
+    @classmethod
+    def aborts(cls, rate: float, seed: int = 0) -> FaultPlan:
+        """`--fault-rate`: only sender aborts mid-stream."""
+        return cls({SENDER_ABORT: rate} if rate else {}, seed)
+
+    def draw(self) -> str | None:
+        """The fault for the next attempt, or None (counted when drawn)."""
+        if not self.rates:
+            return None
+        u, total = self.rng.random(), 0.0
+        for kind, p in self.rates.items():
+            total += p
+            if u < total:
+                self.injected[kind] += 1
+                return kind
+        return None
