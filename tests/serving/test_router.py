@@ -106,3 +106,17 @@ def test_typed_errors_cross_process_boundaries_as_themselves():
     assert type(err) is NeedsCompaction and (err.request_id, err.reason) == ("r1", "fragmented")
     err = pickle.loads(pickle.dumps(TransferError("r2", "peer died", channel_broken=True)))
     assert (err.request_id, err.reason, err.channel_broken) == ("r2", "peer died", True)
+
+
+def test_errors_in_the_summary_are_one_line_without_ray_colour_codes():
+    from distpool.serving.driver import one_line
+
+    class RemoteError(Exception):  # the shape of Ray's RayTaskError: the cause, and a long text
+        def __init__(self, cause: Exception) -> None:
+            super().__init__(
+                "\x1b[36mray::DecodeWorker.reserve()\x1b[39m (pid=1)\n  File 'x', line 1\nValueError"
+            )
+            self.cause = cause
+
+    assert one_line(RemoteError(ValueError("bad id\nsecond line"))) == "ValueError: bad id"
+    assert one_line(RuntimeError("\x1b[31mred\x1b[0m")) == "RuntimeError: red"

@@ -18,6 +18,7 @@ from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import make_arena
 from transfer.protocol import (
     HEADER,
+    PROTOCOL_VERSION,
     bell_key,
     current_generation_key,
     encode_message,
@@ -31,6 +32,28 @@ from transfer.protocol import (
 def outsider(channel) -> dist.TCPStore:
     """A client of the channel's store that holds no secret."""
     return dist.TCPStore(channel.host, channel.port, None, False, datetime.timedelta(seconds=5))
+
+
+def generation_keys(channel) -> dist.PrefixStore:
+    """The outsider's view of the current generation, as if the secret-derived prefix had leaked."""
+    prefix = channel.auth.key(generation_prefix(channel.name, channel.generation)) + "/"
+    return dist.PrefixStore(prefix, outsider(channel))
+
+
+def a_header(seq: int, request_id: str) -> bytes:
+    """A well-formed header (unsealed), as an outsider who read the protocol would write it."""
+    return encode_message(
+        HEADER,
+        version=PROTOCOL_VERSION,
+        seq=seq,
+        request_id=request_id,
+        num_tokens=16,
+        first_token=0,
+        table=b"\x00" * 16,
+        chunk_bytes=1 << 20,
+        direct_min_bytes=1 << 20,
+        checksum=False,
+    )
 
 
 def move_three(sender, receiver, stem: str) -> None:
@@ -77,21 +100,8 @@ def test_forged_messages_under_leaked_key_names_are_dropped_and_counted(pair):
     """The outsider knows the real key names (say, from a leaked log) but not the secret."""
     sender, receiver = pair
     channel = receiver.channel
-    store = dist.PrefixStore(
-        channel.auth.key(generation_prefix(channel.name, channel.generation)) + "/", outsider(channel)
-    )
-    forged_header = encode_message(
-        HEADER,
-        version=3,
-        seq=0,
-        request_id="forged-0",
-        num_tokens=16,
-        first_token=0,
-        table=b"\x00" * 16,
-        chunk_bytes=1 << 20,
-        direct_min_bytes=1 << 20,
-        checksum=False,
-    )
+    store = generation_keys(channel)
+    forged_header = a_header(0, "forged-0")
     seq = channel.transfer_seq
     for s in range(seq, seq + 3):
         store.set(channel.control._key(bell_key(s)), forged_header + os.urandom(32))  # a made-up MAC
@@ -106,26 +116,10 @@ def test_replayed_authentic_messages_are_refused_in_any_other_key(pair):
     sender, receiver = pair
     channel = receiver.channel
     auth, control = channel.auth, channel.control
-    store = dist.PrefixStore(
-        auth.key(generation_prefix(channel.name, channel.generation)) + "/", outsider(channel)
-    )
+    store = generation_keys(channel)
     seq = channel.transfer_seq
     old_key = control._key(bell_key(seq - 1 if seq else seq + 5))
-    authentic = auth.seal(
-        old_key,
-        encode_message(
-            HEADER,
-            version=3,
-            seq=seq,
-            request_id="replayed",
-            num_tokens=16,
-            first_token=0,
-            table=b"\x00" * 16,
-            chunk_bytes=1 << 20,
-            direct_min_bytes=1 << 20,
-            checksum=False,
-        ),
-    )
+    authentic = auth.seal(old_key, a_header(seq, "replayed"))
     assert auth.open(old_key, authentic) is not None  # authentic where it was sealed...
     store.set(control._key(bell_key(seq)), authentic)  # ...replayed into the next bell
     move_three(sender, receiver, "replayed")
