@@ -15,7 +15,6 @@ Small control messages go through the generation's store (`channel.control`, see
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import time
 from typing import Any
 
@@ -27,16 +26,9 @@ from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.handshake import exchange_hello, make_hello
 from transfer.protocol import TEARDOWN_MARK, bell_key
-from transfer.rendezvous import delta, generation_store, host_store, join_store, next_generation
+from transfer.rendezvous import delta, generation_store, host_store, is_loopback, join_store, next_generation
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class Channel:
@@ -210,7 +202,7 @@ class Channel:
         gloo = dist.ProcessGroupGloo
         make_device = (
             (lambda: gloo.create_device(hostname="127.0.0.1"))
-            if _is_loopback(self.host)
+            if is_loopback(self.host)
             else (gloo.create_default_device)
         )
         # One device per stream: Gloo picks the connection for a message by tag % number of devices.

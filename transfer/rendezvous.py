@@ -12,6 +12,7 @@ prefix, so keys of a dead group never leak into the next:
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import socket
 import time
 
@@ -27,6 +28,13 @@ from transfer.protocol import (
 )
 
 POLL_S = 0.05
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
