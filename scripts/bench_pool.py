@@ -1,4 +1,5 @@
-"""Pool benchmark: (a) reserve / release throughput, (b) how many requests a pool holds at once.
+"""Pool benchmark: (a) reserve / release throughput, (b) how many requests a pool holds at once,
+(c) allocator speed at serving scale, (d) a churn trace, (e) compaction bytes per second.
 
 (a) Batched and one-at-a-time reserve + release on a unified hybrid-Mamba pool that is half full,
     plus a decode step (extend every running request by one token).
@@ -7,8 +8,21 @@
     with static splits at several ratios (`mamba_state_ratio` for hybrid Mamba,
     `swa_full_tokens_ratio` for hybrid SWA), the configurator's default among them.
 
-Arenas live on the `meta` device: ids and accounting are real, bytes are not allocated, so realistic
-budgets fit on any machine.
+(c) On the reference model's pool (256 MiB: 65,536 page positions): batched reserve + release of 64
+    requests on a pool churned to 80-95% occupancy and on a fresh one (one reserve + release cycle
+    of a page counts as one page), and the median time of one `extend_batch` over 256 running
+    requests when none crosses a page boundary and when every one does. Extent placement (the
+    default) and first fit (the baseline) side by side.
+(d) Two specs with real-size state slots (~50 MB and ~400 MB): seeded Poisson arrivals with
+    long-tailed prompt and output lengths at 80-95% occupancy; each request reserves its prompt,
+    grows by its output in four steps and leaves. Reports byte runs per envelope (extent vs first
+    fit), compactions, and `refused_with_room`: reserves refused while the arena's free bytes
+    (compaction reclaims every hole; the trace pins nothing) covered the request. Must be 0.
+(e) A real-byte CPU arena (COMPACTION_ARENA_GIB) half emptied at random, then compacted: GB/s of
+    compaction next to one large memcpy of the same bytes on the same machine.
+
+Arenas live on the `meta` device except in (e): ids and accounting are real, bytes are not
+allocated, so realistic budgets fit on any machine.
 
     python scripts/bench_pool.py [--quick] [--json PATH] [--plot PATH]
 """
@@ -31,11 +45,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from distpool.memory.arena_pool import build_pool  # noqa: E402
+import dataclasses  # noqa: E402
+import heapq  # noqa: E402
+import inspect  # noqa: E402
+
+from distpool.memory.allocator import Allocator  # noqa: E402
+from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
 from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
-from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
+from distpool.model.spec import HYBRID_MAMBA, ModelSpec, StateTensorSpec  # noqa: E402
+from distpool.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
@@ -55,6 +75,20 @@ DEFAULT_RATIO = {HYBRID_MAMBA: PoolArgs().mamba_state_ratio, "hybrid_swa": PoolA
 NUM_REQUESTS = {"full": 20_000, "quick": 5_000}  # drawn per workload; a fill stops at the first misfit
 THROUGHPUT_SECONDS = {"full": 2.0, "quick": 0.5}
 BATCH = 64
+# (c) allocator speed on the reference model's pool
+SPEED_POOL_MIB = 256  # 65,536 pages of 4 KiB
+SPEED_CONTEXT_LEN = 8192
+CHURN_OCCUPANCY = (0.80, 0.95)  # the churned pool stays inside this band, with the batch in it
+DECODE_REQUESTS = 256
+SPEED_SAMPLES = {"full": 400, "quick": 150}  # timed calls per figure; the median is reported
+# (d) churn trace: ~50 MB and ~400 MB state slots (Qwen3-Next's layout with more or fewer SSM heads)
+TRACE_SPECS = {"slot_50mb": (21, 40), "slot_400mb": (170, 128)}  # name -> (ssm heads, budget GiB)
+TRACE_REQUESTS = {"full": 30_000, "quick": 10_000}
+TRACE_CONTEXT_LEN = 131072
+TRACE_LOAD = 0.85  # offered bytes over arena bytes: with the queue, the pool stays 80-95% full
+GROWTH_STEPS = 4  # a request's output arrives in this many extends
+# (e) compaction on real bytes: as large as a quick run allows on a 2-core, 23 GiB machine
+COMPACTION_ARENA_GIB = {"full": 4, "quick": 2}
 
 
 def draw_workload(name: str, n: int, rng: np.random.Generator) -> list[int]:
@@ -141,11 +175,316 @@ def throughput(spec: ModelSpec, budget: int, seconds: float, rng: np.random.Gene
         out[f"{mode}_ops_per_s"] = rounds_per_s * 2 * BATCH
         out[f"{mode}_pages_per_s"] = rounds_per_s * 2 * pages_per_batch
     ids = [f"d{j}" for j in range(BATCH)]
-    pool.reserve_batch(list(zip(ids, lengths, strict=True)))
-    steps_per_s = _median_rate(lambda: pool.extend_batch([(rid, 1) for rid in ids]), seconds)
-    out["decode_extend_requests_per_s"] = steps_per_s * BATCH
+    steps, timed = 0, 0.0
+    while timed < seconds:  # at most 256 steps per reservation, so the pool never fills up
+        pool.reserve_batch(list(zip(ids, lengths, strict=True)))
+        for _ in range(256):
+            start = time.perf_counter()
+            pool.extend_batch([(rid, 1) for rid in ids])
+            timed += time.perf_counter() - start
+        steps += 256
+        pool.release_batch(ids)
+    out["decode_extend_requests_per_s"] = steps / timed * BATCH
     pool.check_invariants()
     return out
+
+
+# ---- (c) allocator speed ---------------------------------------------------------------------------
+def has_placement() -> bool:
+    return "placement" in inspect.signature(Allocator).parameters
+
+
+def with_placement(pool: ArenaPool, placement: str) -> ArenaPool:
+    """`pool` (fresh) with its allocator's placement policy set (a no-op before extents existed)."""
+    if has_placement():
+        pool.allocator = Allocator(
+            pool.arena.low,
+            pool.arena.high,
+            page_size=pool.sizes.page_size,
+            sliding_window=pool.sizes.spec.sliding_window,
+            unified=pool.sizes.unified,
+            placement=placement,
+        )
+    return pool
+
+
+def speed_pool(placement: str) -> ArenaPool:
+    spec = spec_from_hf(REFERENCE_HYBRID_CONFIG)
+    args = PoolArgs(
+        enable_unified_memory=True,
+        page_size=PAGE_SIZE,
+        context_len=SPEED_CONTEXT_LEN,
+        max_running_requests=MAX_RUNNING,
+    )
+    return with_placement(build_pool(size_pools(spec, args, SPEED_POOL_MIB << 20), "meta"), placement)
+
+
+def live_bytes(pool: ArenaPool) -> int:
+    usage = pool.usage()
+    return (
+        usage["pages"].held * pool.arena.high.stride_bytes + usage["slots"].held * pool.arena.low.stride_bytes
+    )
+
+
+def occupancy(pool: ArenaPool) -> float:
+    return live_bytes(pool) / pool.sizes.arena_bytes
+
+
+def churn(pool: ArenaPool, rng: np.random.Generator, target: float, rounds: int = 6) -> None:
+    """Fill to 95%, then release a random third and refill, `rounds` times (holes everywhere);
+    end by releasing at random from a full pool down to `target` occupancy."""
+    live: list[str] = []
+    serial = 0
+    for round_ in range(rounds + 1):
+        while occupancy(pool) < CHURN_OCCUPANCY[1]:
+            rid, serial = f"bg{serial}", serial + 1
+            try:
+                pool.reserve(rid, int(rng.integers(16, 4096)), compact=True)
+            except DoesNotFit:
+                break
+            live.append(rid)
+        if round_ == rounds:
+            break
+        victims = set(rng.choice(len(live), size=len(live) // 3, replace=False).tolist())
+        pool.release_batch([r for i, r in enumerate(live) if i in victims])
+        live = [r for i, r in enumerate(live) if i not in victims]
+    rng.shuffle(live)
+    while occupancy(pool) > target:
+        pool.release(live.pop())
+
+
+def reserve_release_rates(pool: ArenaPool, rng: np.random.Generator, samples: int) -> dict[str, float]:
+    """Median pages/s and requests/s of one batched reserve + release cycle of BATCH requests."""
+    lengths = rng.integers(64, 2048, BATCH).tolist()
+    pages = sum(pool.pages_for(n) for n in lengths)
+    batch = [(f"b{j}", n) for j, n in enumerate(lengths)]
+    ids = [rid for rid, _ in batch]
+    before = occupancy(pool)
+    pool.reserve_batch(batch, compact=True)  # a compaction, if any, happens here, untimed
+    after = occupancy(pool)
+    pool.release_batch(ids)
+    seconds = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        pool.reserve_batch(batch)
+        pool.release_batch(ids)
+        seconds.append(time.perf_counter() - start)
+    pool.check_invariants()
+    median = float(np.median(seconds))
+    return {
+        "pages_per_s": pages / median,
+        "requests_per_s": BATCH / median,
+        "pages_per_batch": pages,
+        "occupancy_before": before,
+        "occupancy_with_batch": after,
+    }
+
+
+def extend_batch_us(placement: str, rng: np.random.Generator, samples: int) -> dict[str, float]:
+    """Median microseconds of one pool `extend_batch` by one token over DECODE_REQUESTS requests:
+    with no request crossing a page boundary, and with every one crossing."""
+    no_new_page, new_page = [], []
+    ids = [f"d{j}" for j in range(DECODE_REQUESTS)]
+    step = [(rid, 1) for rid in ids]
+    rest_of_page = [(rid, PAGE_SIZE - 1) for rid in ids]
+    while len(new_page) < samples:
+        pool = speed_pool(placement)
+        # n = k * PAGE_SIZE + 1 tokens: the next PAGE_SIZE - 1 single-token steps stay in the page.
+        pool.reserve_batch([(rid, PAGE_SIZE * int(rng.integers(4, 64)) + 1) for rid in ids])
+        for _ in range(PAGE_SIZE - 1):
+            start = time.perf_counter()
+            pool.extend_batch(step)
+            no_new_page.append(time.perf_counter() - start)
+        for _ in range(20):  # every request holds a full last page: each step takes 256 pages
+            start = time.perf_counter()
+            pool.extend_batch(step)
+            new_page.append(time.perf_counter() - start)
+            pool.extend_batch(rest_of_page)
+        pool.check_invariants()
+    return {"no_new_page": float(np.median(no_new_page)) * 1e6, "new_page": float(np.median(new_page)) * 1e6}
+
+
+def allocator_speed(mode: str, rng: np.random.Generator) -> dict:
+    samples = SPEED_SAMPLES[mode]
+    out: dict = {}
+    for placement in ("extent", "first_fit"):
+        churned = speed_pool(placement)
+        churn(churned, np.random.default_rng(SEED), target=CHURN_OCCUPANCY[0] + 0.03)
+        out[placement] = {
+            "churned": reserve_release_rates(churned, np.random.default_rng(SEED + 1), samples),
+            "fresh": reserve_release_rates(speed_pool(placement), np.random.default_rng(SEED + 1), samples),
+            "extend_batch_us": extend_batch_us(placement, np.random.default_rng(SEED + 2), samples),
+        }
+        print(f"  {placement}: {json.dumps(out[placement])}", file=sys.stderr, flush=True)
+    return out
+
+
+# ---- (d) churn trace -------------------------------------------------------------------------------
+def trace_spec(ssm_heads: int) -> ModelSpec:
+    """Qwen3-Next with `ssm_heads` SSM heads per layer: its slot grows ~1.4 MB per head."""
+    base = spec_from_hf(MODELS["qwen3_next"])
+    conv, ssm = base.mamba.tensors
+    tensors = (conv, StateTensorSpec(name=ssm.name, shape=(ssm_heads, *ssm.shape[1:]), dtype=ssm.dtype))
+    return dataclasses.replace(base, mamba=dataclasses.replace(base.mamba, tensors=tensors))
+
+
+def envelope_runs(pool: ArenaPool, rid: str) -> int:
+    """Byte runs of the envelope: the slot, plus each maximal stretch of token-order pages at
+    consecutive ascending positions."""
+    pages = pool.page_ids(rid)
+    breaks = int((pages[1:] != pages[:-1] + 1).sum()) if pages.numel() > 1 else 0
+    return 1 + (breaks + 1 if pages.numel() else 0)
+
+
+def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, seed: int) -> dict:
+    """One churn trace (see the module docstring); every figure from the benchmark's own counts."""
+    args = PoolArgs(
+        enable_unified_memory=True,
+        page_size=PAGE_SIZE,
+        context_len=TRACE_CONTEXT_LEN,
+        max_running_requests=MAX_RUNNING,
+    )
+    pool = with_placement(build_pool(size_pools(spec, args, budget), "meta"), placement)
+    compactions = []
+    compact = pool.compact
+
+    def counted_compact() -> int:
+        compactions.append(1)
+        return compact()
+
+    pool.compact = counted_compact
+    slot_bytes, page_bytes = pool.arena.low.stride_bytes, pool.arena.high.stride_bytes
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(rng.lognormal(math.log(2048), 1.2, num_requests).astype(int), 16, TRACE_CONTEXT_LEN // 2)
+    output = np.clip(rng.lognormal(math.log(256), 1.0, num_requests).astype(int), 1, TRACE_CONTEXT_LEN // 2)
+    hold = 1.0 + output / 100.0  # time in the pool: a fixed part plus decode time per token
+    mean_bytes = float(np.mean(slot_bytes + np.ceil((prompt + output / 2) / PAGE_SIZE) * page_bytes))
+    rate = TRACE_LOAD * pool.sizes.arena_bytes / (mean_bytes * float(np.mean(hold)))  # Little's law
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests))
+    events: list[tuple[float, int, int, int]] = []  # (time, kind 0 grow / 1 leave, request, step)
+    queue: list[int] = []
+    tokens: dict[int, int] = {}
+    live = 0
+    stats = {"refused_with_room": 0, "preempted": 0, "runs": [], "occupancy": []}
+
+    def held_bytes(n: int) -> int:
+        return slot_bytes + -(-n // PAGE_SIZE) * page_bytes
+
+    def leave(i: int) -> None:
+        nonlocal live
+        stats["runs"].append(envelope_runs(pool, f"q{i}"))
+        pool.release(f"q{i}")
+        live -= held_bytes(tokens.pop(i))
+
+    def admit(now: float) -> None:
+        nonlocal live
+        while queue:
+            i = queue[0]
+            need = held_bytes(int(prompt[i]))
+            try:
+                pool.reserve(f"q{i}", int(prompt[i]), compact=True)
+            except DoesNotFit:
+                stats["refused_with_room"] += int(pool.sizes.arena_bytes - live >= need)
+                return
+            queue.pop(0)
+            tokens[i], live = int(prompt[i]), live + need
+            for step in range(1, GROWTH_STEPS + 1):
+                heapq.heappush(events, (now + hold[i] * step / (GROWTH_STEPS + 1), 0, i, step))
+            heapq.heappush(events, (now + hold[i], 1, i, 0))
+
+    next_arrival = 0
+    while next_arrival < num_requests or events:
+        if next_arrival < num_requests and (not events or arrivals[next_arrival] <= events[0][0]):
+            now = float(arrivals[next_arrival])
+            queue.append(next_arrival)
+            next_arrival += 1
+        else:
+            now, kind, i, step = heapq.heappop(events)
+            if i not in tokens:  # preempted earlier
+                continue
+            if kind == 1:
+                leave(i)
+            else:
+                more = int(output[i]) * step // GROWTH_STEPS - int(output[i]) * (step - 1) // GROWTH_STEPS
+                grown = held_bytes(tokens[i] + more) - held_bytes(tokens[i])
+                try:
+                    pool.extend(f"q{i}", more, compact=True)
+                    tokens[i], live = tokens[i] + more, live + grown
+                except DoesNotFit:  # no room to grow: the request is preempted (freed)
+                    stats["refused_with_room"] += int(pool.sizes.arena_bytes - live >= grown)
+                    stats["preempted"] += 1
+                    leave(i)
+        admit(now)
+        if next_arrival > num_requests // 10:  # after the warm-up
+            stats["occupancy"].append(live / pool.sizes.arena_bytes)
+    pool.check_invariants()
+    runs = np.array(stats["runs"])
+    occ = np.array(stats["occupancy"])
+    return {
+        "runs_p50": float(np.percentile(runs, 50)),
+        "runs_p99": float(np.percentile(runs, 99)),
+        "refused_with_room": stats["refused_with_room"],
+        "preempted": stats["preempted"],
+        "compactions": len(compactions),
+        "occupancy_mean": float(occ.mean()),
+        "occupancy_p10_p90": [float(np.percentile(occ, 10)), float(np.percentile(occ, 90))],
+        "requests": num_requests,
+    }
+
+
+def churn_traces(mode: str) -> dict:
+    out = {}
+    for name, (heads, budget_gib) in TRACE_SPECS.items():
+        spec = trace_spec(heads)
+        rows = {
+            p: run_trace(spec, budget_gib * GIB, p, TRACE_REQUESTS[mode], SEED)
+            for p in ("extent", "first_fit")
+        }
+        out[name] = {
+            "slot_mb": spec.slot_bytes / 1e6,
+            "budget_gib": budget_gib,
+            "runs_per_envelope": {
+                "p50": rows["extent"]["runs_p50"],
+                "p99": rows["extent"]["runs_p99"],
+                "first_fit_p50": rows["first_fit"]["runs_p50"],
+                "first_fit_p99": rows["first_fit"]["runs_p99"],
+            },
+            "refused_with_room": rows["extent"]["refused_with_room"] + rows["first_fit"]["refused_with_room"],
+            "compactions": rows["extent"]["compactions"],
+            "extent": rows["extent"],
+            "first_fit": rows["first_fit"],
+        }
+        print(f"  {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+    return out
+
+
+# ---- (e) compaction on real bytes ------------------------------------------------------------------
+def compaction_rate(mode: str) -> dict[str, float]:
+    """GB/s of `compact()` on a real CPU arena half emptied at random, and of one memcpy."""
+    budget = COMPACTION_ARENA_GIB[mode] * GIB
+    spec = trace_spec(TRACE_SPECS["slot_50mb"][0])
+    args = PoolArgs(enable_unified_memory=True, page_size=PAGE_SIZE, context_len=TRACE_CONTEXT_LEN // 8)
+    pool = build_pool(size_pools(spec, args, budget), "cpu")
+    rng = np.random.default_rng(SEED)
+    held = fill(pool, rng.integers(256, 8192, 10_000).tolist())
+    victims = rng.choice(held, size=held // 2, replace=False).tolist()
+    pool.release_batch([f"r{i}" for i in victims])
+    start = time.perf_counter()
+    moved = pool.compact()
+    compact_s = time.perf_counter() - start
+    pool.check_invariants()
+    half = budget // 2  # one copy of the same byte count between two halves of the arena
+    nbytes = min(moved, half)
+    start = time.perf_counter()
+    pool.buffer[half : half + nbytes].copy_(pool.buffer[:nbytes])
+    memcpy_s = time.perf_counter() - start
+    del pool
+    return {
+        "arena_gib": COMPACTION_ARENA_GIB[mode],
+        "bytes_moved": moved,
+        "compaction_gbps": moved / compact_s / 1e9,
+        "memcpy_gbps": nbytes / memcpy_s / 1e9,
+    }
 
 
 def capacity(spec: ModelSpec, budget: int, num_requests: int, label: str) -> list[dict]:
@@ -205,7 +544,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller budget and shorter timings (< 1 min)")
+    parser.add_argument("--quick", action="store_true", help="a smaller budget and shorter timings (~3 min)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, default=REPO / "out/bench_pool.png", help="PNG path")
     args = parser.parse_args(argv)
@@ -221,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     rows = [row for name, spec in specs.items() for row in capacity(spec, budget, NUM_REQUESTS[mode], name)]
+    print(f"(c) allocator speed: reference model, {SPEED_POOL_MIB} MiB, batch {BATCH}", file=sys.stderr)
+    speed = allocator_speed(mode, rng)
+    print(f"(d) churn traces: {TRACE_REQUESTS[mode]} requests each", file=sys.stderr)
+    traces = churn_traces(mode)
+    print(f"(e) compaction on a {COMPACTION_ARENA_GIB[mode]} GiB CPU arena", file=sys.stderr)
+    compaction = compaction_rate(mode)
 
     print(f"\nreserve + release, batch of {BATCH} ({tput['background_requests']:.0f} requests in the pool):")
     print(f"  batched: {tput['batched_ops_per_s']:,.0f} ops/s ({tput['batched_pages_per_s']:,.0f} pages/s)")
@@ -228,12 +573,51 @@ def main(argv: list[str] | None = None) -> int:
         f"  one at a time: {tput['single_ops_per_s']:,.0f} ops/s ({tput['single_pages_per_s']:,.0f} pages/s)"
     )
     print(f"  decode step (extend_batch by 1): {tput['decode_extend_requests_per_s']:,.0f} requests/s")
+    print(f"\nallocator speed ({SPEED_POOL_MIB} MiB reference pool)   extent      first_fit")
+    for label, key, scope in (
+        ("reserve+release pages/s (churned)", "pages_per_s", "churned"),
+        ("reserve+release requests/s (churned)", "requests_per_s", "churned"),
+        ("reserve+release pages/s (fresh)", "pages_per_s", "fresh"),
+        ("reserve+release requests/s (fresh)", "requests_per_s", "fresh"),
+    ):
+        print(f"  {label:<38}{speed['extent'][scope][key]:>12,.0f}{speed['first_fit'][scope][key]:>14,.0f}")
+    for key in ("no_new_page", "new_page"):
+        extent, first = speed["extent"]["extend_batch_us"][key], speed["first_fit"]["extend_batch_us"][key]
+        print(f"  {'extend_batch us (' + key + ')':<38}{extent:>12.1f}{first:>14.1f}")
+    print(
+        "\nchurn trace          runs/envelope p50 p99 (first fit)  refused_with_room  compactions  occupancy"
+    )
+    for name, t in traces.items():
+        r = t["runs_per_envelope"]
+        occ = t["extent"]["occupancy_mean"]
+        print(
+            f"  {name:<20}{r['p50']:>6.0f}{r['p99']:>6.0f}"
+            f"  ({r['first_fit_p50']:.0f}, {r['first_fit_p99']:.0f})"
+            f"{t['refused_with_room']:>22}{t['compactions']:>13}{occ:>11.0%}"
+        )
+    print(
+        f"\ncompaction ({compaction['arena_gib']} GiB CPU arena): {compaction['compaction_gbps']:.2f} GB/s; "
+        f"memcpy {compaction['memcpy_gbps']:.2f} GB/s"
+    )
     print_table(rows)
     plot(rows, args.plot)
     print(f"plot: {args.plot}")
     if args.json:
         result = {
             "reserve_release_ops_per_s": tput["batched_ops_per_s"],
+            "reserve_release_pages_per_s": speed["extent"]["churned"]["pages_per_s"],
+            "reserve_release_requests_per_s": speed["extent"]["churned"]["requests_per_s"],
+            "reserve_release_fresh_pages_per_s": speed["extent"]["fresh"]["pages_per_s"],
+            "reserve_release_fresh_requests_per_s": speed["extent"]["fresh"]["requests_per_s"],
+            "extend_batch_us": speed["extent"]["extend_batch_us"],
+            "churn_trace": traces,
+            "runs_per_envelope": {name: t["runs_per_envelope"] for name, t in traces.items()},
+            "refused_with_room": sum(t["refused_with_room"] for t in traces.values()),
+            "compactions": sum(t["compactions"] for t in traces.values()),
+            "compaction_gbps": compaction["compaction_gbps"],
+            "memcpy_gbps": compaction["memcpy_gbps"],
+            "compaction": compaction,
+            "allocator_speed": speed,
             "throughput": tput,
             "capacity": rows,
         }

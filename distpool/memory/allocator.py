@@ -7,47 +7,37 @@ Who owns which token range: a request of `n` tokens holds
   [k * page_size, (k + 1) * page_size);
 - (hybrid SWA) the sliding-window pages (the low band's units) covering its last `sliding_window`
   tokens; pages whose every token left the window are released as the request grows.
-Callers hold request ids; the allocator holds virtual ids per request, so compaction rewrites only
-the band maps. Batch calls are all or nothing and loop in Python over requests, never over units.
-Where units may go, and how compaction moves them, is the frontier's business (frontier.py).
+Callers hold request ids; the allocator holds virtual ids per request (requests.py), so compaction
+rewrites only the band maps. Batch calls are all or nothing; their cost grows with the requests and
+the free runs they touch, never with the positions of a band. A decode step touches the bands only
+for requests that cross a page boundary: the others cost a few array operations for the whole batch.
+How much fits is the frontier's business (frontier.py), which positions new units take the
+placement's (placement.py).
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from distpool.memory.arena import BandGeometry
-from distpool.memory.band import EMPTY_IDS as _EMPTY
 from distpool.memory.band import Band, require
+from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
 from distpool.memory.frontier import CompactionMoves, Frontier
 from distpool.memory.layout import ceil_div
-from distpool.memory.pool import (
-    BandUsage,
-    DoesNotFit,
-    DuplicateRequest,
-    NeedsCompaction,
-    RequestPinned,
-    UnknownRequest,
-)
-
-
-@dataclass
-class _Holding:
-    """What one live request owns, as virtual ids in token order."""
-
-    num_tokens: int
-    vslot: torch.Tensor  # 0 or 1 low-band virtual id
-    vpages: torch.Tensor  # high-band virtual ids, token order
-    vswa: torch.Tensor  # low-band virtual ids of the window's pages, token order: swa_range(num_tokens)
-    pins: int = 0
+from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
+from distpool.memory.pool import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
+from distpool.memory.requests import RequestTable, checked_batch, concat_ids
 
 
 class Allocator:
-    """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages."""
+    """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages.
+
+    `placement`: "extent" (each request's pages in as few ascending runs as possible) or
+    "first_fit" (the highest free pages one by one: the baseline); see placement.py.
+    """
 
     def __init__(
         self,
@@ -57,6 +47,7 @@ class Allocator:
         page_size: int,
         sliding_window: int | None,
         unified: bool,
+        placement: str = "extent",
     ) -> None:
         self.low, self.high = low, high
         self.page_size = page_size
@@ -67,7 +58,9 @@ class Allocator:
         self.has_slot = low is not None and low.name == "slots"
         self.has_swa = low is not None and low.name == "swa_pages"
         self.frontier = Frontier(low, high, self.low_band, self.high_band, unified=unified)
-        self.holdings: dict[str, _Holding] = {}
+        gap_keep = GAP_KEEP_LOW_UNITS * ceil_div(low.stride_bytes, high.stride_bytes) if low and high else 0
+        self.placement = Placement(self.low_band, self.high_band, mode=placement, gap_keep=gap_keep)
+        self.holdings = RequestTable()
 
     # ---- what a request of n tokens holds ----------------------------------------------------
     def pages_for(self, num_tokens: int) -> int:
@@ -84,165 +77,176 @@ class Allocator:
         first, end = self.swa_range(num_tokens)
         return int(self.has_slot) + end - first
 
-    def _compacted_masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Ownership masks as they would be after compaction (None, None: as they are)."""
+    def _pages_for_array(self, num_tokens: np.ndarray) -> np.ndarray:
+        return -(-num_tokens // self.page_size) if self.high else np.zeros_like(num_tokens)
+
+    def _swa_range_array(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.has_swa:
+            return np.zeros_like(num_tokens), np.zeros_like(num_tokens)
+        window = self.sliding_window or 0
+        kept_from = np.maximum(num_tokens - window, 0) if window else np.zeros_like(num_tokens)
+        return kept_from // self.page_size, -(-num_tokens // self.page_size)
+
+    def _runs_after_compaction(self) -> tuple[FreeRuns | None, FreeRuns | None]:
+        """Free runs as they would be after compaction (None, None: as they are)."""
         if not self.unified:
             return None, None
-        return self.frontier.owned_after(self.compaction_moves())
+        return self.frontier.runs_after(self.compaction_moves())
 
     # ---- capacity ------------------------------------------------------------------------------
     def available(self, *, after_compaction: bool = False) -> tuple[int, int]:
         """(low units, pages) that could be handed out now (or after `compact()`). Each figure counts
         the shared gap between the bands, so both cannot be taken at once."""
-        return self.frontier.available(*(self._compacted_masks() if after_compaction else (None, None)))
+        return self.frontier.available(*(self._runs_after_compaction() if after_compaction else (None, None)))
 
     def can_reserve(self, num_tokens: int, *, after_compaction: bool = False) -> bool:
-        masks = self._compacted_masks() if after_compaction else (None, None)
-        return (
-            self.frontier.fit(self.low_units_for(num_tokens), self.pages_for(num_tokens), *masks) is not None
-        )
+        runs = self._runs_after_compaction() if after_compaction else (None, None)
+        return self.frontier.fits(self.low_units_for(num_tokens), self.pages_for(num_tokens), *runs)
 
-    def _refuse(self, request_ids: list[str], low_count: int, high_count: int) -> DoesNotFit:
+    def _refuse(self, request_ids: Sequence[str], low_count: int, high_count: int) -> DoesNotFit:
         low_now, high_now = self.available()
         low_name = self.low.name if self.low else "slots"
         reason = (
             f"{len(request_ids)} request(s) need {low_count} {low_name} and {high_count} pages; available "
             f"now: {low_now} {low_name}, {high_now} pages"
         )
-        if self.unified and self.frontier.fit(low_count, high_count, *self._compacted_masks()) is not None:
+        if self.unified and self.frontier.fits(low_count, high_count, *self._runs_after_compaction()):
             return NeedsCompaction(request_ids[0], reason + "; compaction would make room: call compact()")
-        pinned = sum(1 for h in self.holdings.values() if h.pins)
+        pinned = len(self.holdings.pinned_rows())
         return DoesNotFit(request_ids[0], reason + f" ({len(self.holdings)} live requests, {pinned} pinned)")
 
     # ---- reserve / extend / release ------------------------------------------------------------
-    def _holding(self, request_id: str) -> _Holding:
-        try:
-            return self.holdings[request_id]
-        except KeyError:
-            raise UnknownRequest(f"unknown request {request_id!r}") from None
-
-    @staticmethod
-    def _check_batch(requests: Sequence[tuple[str, int]], what: str) -> list[tuple[str, int]]:
-        """The batch with plain-int token counts; raises before anything changes."""
-        ids = [rid for rid, _ in requests]
-        if len(set(ids)) != len(ids):
-            raise DuplicateRequest(f"{what}: a request id appears twice in one batch: {ids}")
-        checked = []
-        for rid, n in requests:
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 0:
-                raise ValueError(f"{what} {rid!r}: token count must be a non-negative int; got {n!r}")
-            checked.append((rid, int(n)))
-        return checked
-
     def reserve_batch(self, requests: Sequence[tuple[str, int]]) -> None:
         """Reserve each (request_id, num_tokens): its slot and pages. All or nothing."""
-        requests = self._check_batch(requests, "reserve")
-        ids = [rid for rid, _ in requests]
+        ids, array = checked_batch(requests, "reserve")
         for rid in ids:
             if rid in self.holdings:
                 raise DuplicateRequest(f"reserve: request {rid!r} is already reserved")
-        low_counts = [self.low_units_for(n) for _, n in requests]
-        high_counts = [self.pages_for(n) for _, n in requests]
-        fit = self.frontier.fit(sum(low_counts), sum(high_counts))
-        if fit is None:
+        counts = array.tolist()
+        low_counts = [self.low_units_for(n) for n in counts]
+        high_counts = [self.pages_for(n) for n in counts]
+        if not self.frontier.fits(sum(low_counts), sum(high_counts)):
             raise self._refuse(ids, sum(low_counts), sum(high_counts))
-        low_chunks = torch.split(self.low_band.assign(fit[0]), low_counts)
-        # Pages come highest first; each request's own pages run ascending in token order.
-        high_chunks = torch.split(self.high_band.assign(fit[1]), high_counts)
-        for (rid, n), low_v, high_v in zip(requests, low_chunks, high_chunks, strict=True):
-            slots = int(self.has_slot)
-            self.holdings[rid] = _Holding(
-                num_tokens=n,
-                vslot=low_v[:slots],
-                vpages=high_v.flip(0),
-                vswa=low_v[slots:],
-            )
+        low_pos = self.placement.low_positions(sum(low_counts))
+        floor = self.frontier.high_floor(extra_low_top=int(low_pos[-1]) if low_pos.size else -1)
+        low_v = self.low_band.assign(low_pos).tolist()
+        high_v = self.high_band.assign(self.placement.page_positions(high_counts, floor)).tolist()
+        low_at = high_at = 0
+        slots = int(self.has_slot)
+        for rid, n, nl, nh in zip(ids, counts, low_counts, high_counts, strict=True):
+            vslot = low_v[low_at] if slots else -1
+            vswa = low_v[low_at + slots : low_at + nl]
+            self.holdings.add(rid, n, vslot, high_v[high_at : high_at + nh], vswa)
+            low_at, high_at = low_at + nl, high_at + nh
 
     def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
         """Grow each (request_id, num_new_tokens); releases sliding-window pages that left the
-        window. All or nothing."""
-        requests = self._check_batch(requests, "extend")
-        ids = [rid for rid, _ in requests]
-        holdings = [self._holding(rid) for rid in ids]
-        for rid, h in zip(ids, holdings, strict=True):
-            if h.pins:
-                raise RequestPinned(f"extend: request {rid!r} is pinned by a transfer; unpin it first")
-        new_pages, new_swa, drops = [], [], []
-        for (_, k), h in zip(requests, holdings, strict=True):
-            total = h.num_tokens + k
-            new_pages.append(self.pages_for(total) - h.vpages.numel())
-            held_first, held_end = self.swa_range(h.num_tokens)  # the window only moves forward
-            first, end = self.swa_range(total)
-            new_swa.append(max(end - max(held_end, first), 0))
-            drops.append(min(max(first - held_first, 0), h.vswa.numel()))
-        released = torch.cat([h.vswa[:d] for h, d in zip(holdings, drops, strict=True)] + [_EMPTY])
-        low_owned = None
-        if released.numel():  # fit as if the dropped window pages were already free
-            low_owned = self.low_band.owned.clone()
-            low_owned[self.low_band.physical(released)] = False
-        fit = self.frontier.fit(sum(new_swa), sum(new_pages), low_owned=low_owned)
-        if fit is None:
-            raise self._refuse(ids, sum(new_swa), sum(new_pages))
-        self.low_band.free(released)
-        swa_chunks = torch.split(self.low_band.assign(fit[0]), new_swa)
-        page_chunks = torch.split(self.high_band.assign(fit[1]), new_pages)
-        for (_, k), h, d, swa_v, page_v in zip(
-            requests, holdings, drops, swa_chunks, page_chunks, strict=True
-        ):
-            h.num_tokens += k
-            if page_v.numel():  # most decode steps cross no page boundary: no copy then
-                h.vpages = torch.cat([h.vpages, page_v.flip(0)])
-            if d or swa_v.numel():
-                h.vswa = torch.cat([h.vswa[d:], swa_v])
+        window. All or nothing. Requests that cross no page boundary touch no band."""
+        ids, added = checked_batch(requests, "extend")
+        if not ids:
+            return
+        rows = self.holdings.unpinned_rows(ids, "extend")
+        table = self.holdings
+        old = table.num_tokens[rows]
+        new = old + added
+        if not self.has_swa:
+            # -(-n // page_size) is ceil(n / page_size): a request grows only when that changes.
+            growing = np.flatnonzero(-new // self.page_size != -old // self.page_size) if self.high else ()
+            if len(growing):
+                new_pages = self._pages_for_array(new[growing]) - self._pages_for_array(old[growing])
+                self._grow(ids, rows[growing], new_pages, np.zeros_like(growing), NO_POSITIONS)
+            table.num_tokens[rows] = new
+            return
+        new_pages = self._pages_for_array(new) - self._pages_for_array(old)
+        held_first, held_end = self._swa_range_array(old)
+        first, end = self._swa_range_array(new)
+        new_swa = np.maximum(end - np.maximum(held_end, first), 0)
+        drops = np.minimum(np.maximum(first - held_first, 0), held_end - held_first)
+        changing = np.flatnonzero(new_pages | new_swa | drops)
+        if changing.size:
+            dropped = concat_ids(
+                [table.vswa[r][:d] for r, d in zip(rows[changing], drops[changing], strict=True)]
+            )
+            self._grow(ids, rows[changing], new_pages[changing], new_swa[changing], dropped, drops[changing])
+        table.num_tokens[rows] = new
+
+    def _grow(
+        self,
+        ids: Sequence[str],
+        rows: np.ndarray,
+        new_pages: np.ndarray,
+        new_swa: np.ndarray,
+        dropped_swa: np.ndarray,
+        drops: np.ndarray | None = None,
+    ) -> None:
+        """Give `rows` their new pages (and window pages), freeing `dropped_swa`; all or nothing."""
+        table = self.holdings
+        low_runs = None
+        if dropped_swa.size:  # fit as if the dropped window pages were already free
+            low_runs = self.low_band.runs.copy()
+            low_runs.give(self.low_band.physical(dropped_swa))
+        if not self.frontier.fits(int(new_swa.sum()), int(new_pages.sum()), low_runs):
+            raise self._refuse(ids, int(new_swa.sum()), int(new_pages.sum()))
+        self.low_band.free(dropped_swa)
+        swa_pos = self.placement.low_positions(int(new_swa.sum()))
+        floor = self.frontier.high_floor(extra_low_top=int(swa_pos[-1]) if swa_pos.size else -1)
+        swa_v = self.low_band.assign(swa_pos)
+        paging = np.flatnonzero(new_pages)
+        if paging.size:
+            rows_paging, counts = rows[paging], new_pages[paging]
+            vlast = table.last_vpage[rows_paging]
+            last = np.where(vlast >= 0, self.high_band.physical(np.maximum(vlast, 0)), -1)
+            page_v = self.high_band.assign(self.placement.growth_positions(last, counts, floor))
+            table.append_pages(rows_paging, counts, page_v)
+        if self.has_swa:
+            table.slide_windows(rows, drops, new_swa, swa_v)
 
     def release_batch(self, request_ids: Sequence[str]) -> None:
         """Free everything the requests hold. All or nothing (unknown or pinned ids free nothing)."""
         if len(set(request_ids)) != len(request_ids):
             raise DuplicateRequest(f"release: a request id appears twice in one batch: {list(request_ids)}")
-        holdings = [self._holding(rid) for rid in request_ids]
-        for rid, h in zip(request_ids, holdings, strict=True):
-            if h.pins:
-                raise RequestPinned(f"release: request {rid!r} is pinned by a transfer; unpin it first")
-        self.low_band.free(torch.cat([t for h in holdings for t in (h.vslot, h.vswa)] + [_EMPTY]))
-        self.high_band.free(torch.cat([h.vpages for h in holdings] + [_EMPTY]))
-        for rid in request_ids:
-            del self.holdings[rid]
+        if not request_ids:
+            return
+        low_ids, high_ids = self.holdings.held_ids(self.holdings.unpinned_rows(request_ids, "release"))
+        self.low_band.free(low_ids)
+        self.high_band.free(high_ids)
+        self.holdings.remove(request_ids)
 
     def pin(self, request_id: str) -> None:
         """Forbid moving (and releasing or extending) the request's envelope; pins nest."""
-        self._holding(request_id).pins += 1
+        self.holdings.pin(request_id)
 
     def unpin(self, request_id: str) -> None:
-        h = self._holding(request_id)
-        if h.pins == 0:
-            raise ValueError(f"unpin: request {request_id!r} is not pinned")
-        h.pins -= 1
+        self.holdings.unpin(request_id)
 
     # ---- physical ids --------------------------------------------------------------------------
     def page_ids(self, request_id: str) -> torch.Tensor:
-        return self.high_band.physical(self._holding(request_id).vpages)
+        vpages = np.array(self.holdings.vpages[self.holdings.row(request_id)], dtype=np.int64)
+        return torch.from_numpy(self.high_band.physical(vpages))
 
     def swa_page_ids(self, request_id: str) -> torch.Tensor:
-        return self.low_band.physical(self._holding(request_id).vswa)
+        vswa = np.array(self.holdings.vswa[self.holdings.row(request_id)], dtype=np.int64)
+        return torch.from_numpy(self.low_band.physical(vswa))
 
     def num_tokens(self, request_id: str) -> int:
-        return self._holding(request_id).num_tokens
+        return int(self.holdings.num_tokens[self.holdings.row(request_id)])
 
     def swa_first_page(self, request_id: str) -> int:
-        return self.swa_range(self._holding(request_id).num_tokens)[0]
+        return self.swa_range(self.num_tokens(request_id))[0]
 
     def slot_id(self, request_id: str) -> int | None:
-        vslot = self._holding(request_id).vslot
-        return int(self.low_band.physical(vslot)[0]) if vslot.numel() else None
+        vslot = int(self.holdings.vslot[self.holdings.row(request_id)])
+        return int(self.low_band.v2p[vslot]) if vslot >= 0 else None
 
     # ---- compaction ----------------------------------------------------------------------------
-    def _pinned_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        low = torch.zeros_like(self.low_band.owned)
-        high = torch.zeros_like(self.high_band.owned)
-        for h in self.holdings.values():
-            if h.pins:
-                low[self.low_band.physical(torch.cat([h.vslot, h.vswa]))] = True
-                high[self.high_band.physical(h.vpages)] = True
+    def _pinned_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        low = np.zeros_like(self.low_band.owned)
+        high = np.zeros_like(self.high_band.owned)
+        table = self.holdings
+        for r in table.pinned_rows():  # a loop over pinned requests, not positions
+            vlow = [table.vslot[r]] if table.vslot[r] >= 0 else []
+            low[self.low_band.physical(np.array(vlow + table.vswa[r], dtype=np.int64))] = True
+            high[self.high_band.physical(np.array(table.vpages[r], dtype=np.int64))] = True
         return low, high
 
     def compaction_moves(self) -> CompactionMoves:
@@ -256,20 +260,15 @@ class Allocator:
     # ---- accounting ----------------------------------------------------------------------------
     def usage(self) -> dict[str, BandUsage]:
         """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned."""
+        held = self.holdings.held(self.holdings.live_rows().tolist())
+        pinned = self.holdings.held(self.holdings.pinned_rows())
         out: dict[str, BandUsage] = {}
-        for geometry, band, parts in (
-            (self.high, self.high_band, ("vpages",)),
-            (self.low, self.low_band, ("vslot", "vswa")),
-        ):
-            if geometry is None:
-                continue
-            held = pinned = 0
-            for h in self.holdings.values():
-                units = sum(getattr(h, p).numel() for p in parts)
-                held += units
-                pinned += units if h.pins else 0
-            free = band.num_positions - band.num_owned
-            out[geometry.name] = BandUsage(capacity=band.num_positions, free=free, held=held, pinned=pinned)
+        for i, geometry, band in ((1, self.high, self.high_band), (0, self.low, self.low_band)):
+            if geometry is not None:
+                free = band.num_positions - band.num_owned
+                out[geometry.name] = BandUsage(
+                    capacity=band.num_positions, free=free, held=held[i], pinned=pinned[i]
+                )
         return out
 
     def check_invariants(self) -> None:
@@ -279,15 +278,18 @@ class Allocator:
         for name, u in self.usage().items():
             require(u.free + u.held == u.capacity, f"{name}: free + held == capacity")
             require(0 <= u.pinned <= u.held, f"{name}: pinned units are held units")
-        for band, parts in ((self.low_band, ("vslot", "vswa")), (self.high_band, ("vpages",))):
-            ids = torch.cat([getattr(h, p) for h in self.holdings.values() for p in parts] + [_EMPTY])
-            require(torch.unique(ids).numel() == ids.numel(), "no virtual id is held by two requests")
-            require(ids.numel() == band.num_owned, "every owned unit belongs to a live request")
+        table = self.holdings
+        for band, ids in zip((self.low_band, self.high_band), table.held_ids(table.live_rows()), strict=True):
+            require(np.unique(ids).size == ids.size, "no virtual id is held by two requests")
+            require(ids.size == band.num_owned, "every owned unit belongs to a live request")
             require(bool((band.physical(ids) >= 0).all()), "every held virtual id maps to a physical id")
-        for rid, h in self.holdings.items():
-            first, end = self.swa_range(h.num_tokens)
-            require(h.pins >= 0, f"{rid}: pin count is non-negative")
-            require(h.vpages.numel() == self.pages_for(h.num_tokens), f"{rid}: one page per page_size tokens")
-            require(h.vslot.numel() == int(self.has_slot), f"{rid}: one slot per request")
-            require(h.vswa.numel() == end - first, f"{rid}: window pages cover the window")
+        table.check(require)
+        for rid, r in table.rows.items():
+            first, end = self.swa_range(int(table.num_tokens[r]))
+            require(
+                len(table.vpages[r]) == self.pages_for(int(table.num_tokens[r])),
+                f"{rid}: one page per page_size tokens",
+            )
+            require(int(table.vslot[r] >= 0) == int(self.has_slot), f"{rid}: one slot per request")
+            require(len(table.vswa[r]) == end - first, f"{rid}: window pages cover the window")
         require(not self.frontier.bands_overlap(), "low and high band units never overlap in bytes")

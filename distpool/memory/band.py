@@ -1,100 +1,86 @@
 """Ids of one band: which physical positions are owned, and the virtual <-> physical maps.
 
 A band knows nothing of bytes, requests or the other band; the allocator combines two of them.
-State (every tensor int64 or bool, length `num_positions`):
-- `owned[p]`  — physical position p holds a live unit.
-- `p2v[p]`    — the virtual id living at p, or -1 where p is free.
-- `v2p[v]`    — the physical position of virtual id v, or -1 where v is unused.
-Invariant: v2p and p2v are inverse bijections between used virtual ids and owned positions.
-Everything is a tensor op over ids; nothing loops per unit in Python.
+State (numpy, length `num_positions`):
+- `owned[p]`  — physical position p holds a live unit (bool).
+- `p2v[p]`    — the virtual id living at p, or -1 where p is free (int64).
+- `v2p[v]`    — the physical position of virtual id v, or -1 where v is unused (int64).
+- `runs`      — the free positions as sorted runs (free_runs.py): what placement searches.
+- a stack of unused virtual ids, so handing out ids never scans `v2p`.
+Invariant: v2p and p2v are inverse bijections between used virtual ids and owned positions, and
+`runs` are exactly the free stretches of `owned`. Assign and free cost O(units), never O(positions);
+only compaction planning and `check` pass over every position (numpy, no Python loop).
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-EMPTY_IDS = torch.empty(0, dtype=torch.int64)
-
-
-def first_true(mask: torch.Tensor) -> int | None:
-    """Index of the first True in a 1-D bool mask, or None."""
-    if mask.numel() == 0 or not bool(mask.any()):
-        return None
-    return int(torch.argmax(mask.to(torch.uint8)))
-
-
-def last_true(mask: torch.Tensor) -> int | None:
-    """Index of the last True in a 1-D bool mask, or None."""
-    first_from_end = first_true(mask.flip(0))
-    return None if first_from_end is None else mask.numel() - 1 - first_from_end
+from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
 
 
 class Band:
     """Physical positions and virtual ids of `num_positions` fixed-stride units.
 
-    `grows_up`: units are handed out lowest position first (the low band) or highest first (the
-    high band), and compaction packs them toward the same end.
+    `grows_up`: compaction packs units toward the low end (the low band) or the high end (the high
+    band); where new units go is the placement's business (placement.py).
     """
 
     def __init__(self, num_positions: int, *, grows_up: bool) -> None:
         self.num_positions = num_positions
         self.grows_up = grows_up
-        self.owned = torch.zeros(num_positions, dtype=torch.bool)
-        self.p2v = torch.full((num_positions,), -1, dtype=torch.int64)
-        self.v2p = torch.full((num_positions,), -1, dtype=torch.int64)
-        self.num_owned = 0
+        self.owned = np.zeros(num_positions, dtype=bool)
+        self.p2v = np.full(num_positions, -1, dtype=np.int64)
+        self.v2p = np.full(num_positions, -1, dtype=np.int64)
+        self.runs = FreeRuns(num_positions)
+        # Unused virtual ids, the next one handed out last: 0, 1, 2, ... on a fresh band.
+        self._unused_virtual = np.arange(num_positions - 1, -1, -1, dtype=np.int64)
+        self._num_unused_virtual = num_positions
 
-    # ---- choosing positions (pure) -----------------------------------------------------------
-    def pick(self, count: int, lo: int, hi: int, owned: torch.Tensor | None = None) -> torch.Tensor | None:
-        """`count` free positions in [lo, hi) of `owned` (default: the band's own mask), in hand-out
-        order (ascending when growing up, descending when growing down); None if fewer are free."""
-        if count == 0:
-            return EMPTY_IDS
-        owned = self.owned if owned is None else owned
-        lo, hi = max(lo, 0), min(hi, self.num_positions)
-        if hi - lo < count:
-            return None
-        free = torch.nonzero(~owned[lo:hi]).flatten() + lo
-        if free.numel() < count:
-            return None
-        return free[:count] if self.grows_up else free[-count:].flip(0)
+    @property
+    def num_owned(self) -> int:
+        return self.num_positions - self.runs.num_free
 
-    def first_owned(self, owned: torch.Tensor | None = None) -> int | None:
-        return first_true(self.owned if owned is None else owned)
+    def lowest_owned(self) -> int | None:
+        return self.runs.lowest_owned()
 
-    def last_owned(self, owned: torch.Tensor | None = None) -> int | None:
-        return last_true(self.owned if owned is None else owned)
+    def highest_owned(self) -> int | None:
+        return self.runs.highest_owned()
 
     # ---- changing ownership ------------------------------------------------------------------
-    def assign(self, physical: torch.Tensor) -> torch.Tensor:
-        """Own `physical` (free positions) under the lowest unused virtual ids; returns those ids."""
-        n = physical.numel()
+    def assign(self, physical: np.ndarray) -> np.ndarray:
+        """Own `physical` (positions the caller already took out of `runs`); returns their new
+        virtual ids, one per position in the same order."""
+        n = physical.size
         if n == 0:
-            return EMPTY_IDS
-        virtual = torch.nonzero(self.v2p < 0).flatten()[:n]
-        assert virtual.numel() == n and not bool(self.owned[physical].any()), "assign over owned positions"
+            return NO_POSITIONS
+        top = self._num_unused_virtual
+        virtual = self._unused_virtual[top - n : top][::-1].copy()
+        self._num_unused_virtual = top - n
         self.v2p[virtual] = physical
         self.p2v[physical] = virtual
         self.owned[physical] = True
-        self.num_owned += n
         return virtual
 
-    def free(self, virtual: torch.Tensor) -> None:
+    def free(self, virtual: np.ndarray) -> None:
         """Give back the units behind `virtual` (used virtual ids)."""
-        if virtual.numel() == 0:
+        if virtual.size == 0:
             return
         physical = self.v2p[virtual]
-        assert bool((physical >= 0).all()), "free of an unused virtual id"
+        assert (physical >= 0).all(), "free of an unused virtual id"
         self.owned[physical] = False
         self.p2v[physical] = -1
         self.v2p[virtual] = -1
-        self.num_owned -= virtual.numel()
+        top = self._num_unused_virtual
+        self._unused_virtual[top : top + virtual.size] = virtual
+        self._num_unused_virtual = top + virtual.size
+        self.runs.give(physical)
 
-    def physical(self, virtual: torch.Tensor) -> torch.Tensor:
+    def physical(self, virtual: np.ndarray) -> np.ndarray:
         return self.v2p[virtual]
 
     # ---- compaction ----------------------------------------------------------------------------
-    def compaction_moves(self, pinned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def compaction_moves(self, pinned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(src, dst) positions that pack the band toward its growing end; `pinned` positions stay.
 
         Target layout: the pinned units where they are, and the other units on the positions nearest
@@ -103,26 +89,24 @@ class Band:
         """
         movable = self.owned & ~pinned
         num_movable = int(movable.sum())
-        candidates = torch.nonzero(~pinned).flatten()  # ascending
-        targets = (
-            candidates[:num_movable] if self.grows_up else candidates[candidates.numel() - num_movable :]
-        )
-        target_mask = torch.zeros_like(self.owned)
+        candidates = np.flatnonzero(~pinned)  # ascending
+        targets = candidates[:num_movable] if self.grows_up else candidates[candidates.size - num_movable :]
+        target_mask = np.zeros_like(self.owned)
         target_mask[targets] = True
-        src = torch.nonzero(movable & ~target_mask).flatten()
-        dst = torch.nonzero(target_mask & ~self.owned).flatten()
-        assert src.numel() == dst.numel()
+        src = np.flatnonzero(movable & ~target_mask)
+        dst = np.flatnonzero(target_mask & ~self.owned)
+        assert src.size == dst.size
         return src, dst  # both ascending: pairing them keeps the units' relative order
 
-    def owned_after(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-        owned = self.owned.clone()
+    def owned_after(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        owned = self.owned.copy()
         owned[src] = False
         owned[dst] = True
         return owned
 
-    def apply_moves(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def apply_moves(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Rewrite the maps after the bytes of `src` were copied to `dst`."""
-        if src.numel() == 0:
+        if src.size == 0:
             return
         virtual = self.p2v[src]
         self.p2v[src] = -1
@@ -130,18 +114,25 @@ class Band:
         self.p2v[dst] = virtual
         self.owned[dst] = True
         self.v2p[virtual] = dst
+        self.runs = FreeRuns.from_owned(self.owned)
 
     # ---- invariants ----------------------------------------------------------------------------
     def check(self, name: str) -> None:
         """Raise AssertionError naming the first broken id invariant of this band."""
-        used_virtual = torch.nonzero(self.v2p >= 0).flatten()
+        used_virtual = np.flatnonzero(self.v2p >= 0)
         physical = self.v2p[used_virtual]
-        require(int(self.owned.sum()) == self.num_owned, f"{name}: owned count drifted from the counter")
-        require(used_virtual.numel() == self.num_owned, f"{name}: every virtual id maps to one physical id")
-        require(torch.unique(physical).numel() == physical.numel(), f"{name}: no physical id is owned twice")
+        unused = self._unused_virtual[: self._num_unused_virtual]
+        require(int(self.owned.sum()) == self.num_owned, f"{name}: owned count drifted from the free runs")
+        require(self.runs.matches(self.owned), f"{name}: free runs are the unowned stretches")
+        require(used_virtual.size == self.num_owned, f"{name}: every virtual id maps to one physical id")
+        require(np.unique(physical).size == physical.size, f"{name}: no physical id is owned twice")
         require(bool(self.owned[physical].all()), f"{name}: every mapped physical id is owned")
         require(bool((self.p2v[physical] == used_virtual).all()), f"{name}: p2v inverts v2p")
         require(bool(((self.p2v >= 0) == self.owned).all()), f"{name}: free positions map to no virtual id")
+        require(
+            np.array_equal(np.sort(unused), np.flatnonzero(self.v2p < 0)),
+            f"{name}: the unused virtual ids are exactly the unmapped ones",
+        )
 
 
 def require(ok: bool, invariant: str) -> None:

@@ -8,7 +8,9 @@ disjoint by construction and the rule never binds.
 Compaction (moves first, then the copies): the low band packs down and the high band packs up around pinned
 units, moving the frontier back to where the live units end. The moves are pure: unit moves per band
 and byte runs `[src_offset, dst_offset, nbytes]`, one per stretch that is contiguous on both sides.
-Every query can run on hypothetical ownership masks (e.g. "after compaction") as well as the real ones.
+Every query can run on hypothetical free runs (e.g. "after compaction") as well as the real ones, and
+costs O(1) or O(runs): the watermarks (lowest live page, highest live low unit) come from the ends of
+the bands' free runs, never from a scan of their positions.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from distpool.memory.arena import BandGeometry
-from distpool.memory.band import EMPTY_IDS as _EMPTY
 from distpool.memory.band import Band
+from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
 from distpool.memory.layout import ceil_div
 from distpool.memory.runs import NO_RUNS, merge_runs
 
@@ -29,8 +30,8 @@ from distpool.memory.runs import NO_RUNS, merge_runs
 class CompactionMoves:
     """Unit moves per band (physical positions) and the byte runs that perform them."""
 
-    low_moves: tuple[torch.Tensor, torch.Tensor]  # (src, dst) positions
-    high_moves: tuple[torch.Tensor, torch.Tensor]
+    low_moves: tuple[np.ndarray, np.ndarray]  # (src, dst) positions, int64
+    high_moves: tuple[np.ndarray, np.ndarray]
     runs_bytes: np.ndarray  # (r, 3) int64 [src_offset, dst_offset, nbytes], one copy each
 
     @property
@@ -39,7 +40,7 @@ class CompactionMoves:
 
 
 class Frontier:
-    """Placement and compaction over a low band (grows up) and a high band (grows down)."""
+    """Placement limits and compaction over a low band (grows up) and a high band (grows down)."""
 
     def __init__(
         self,
@@ -54,79 +55,80 @@ class Frontier:
         self.low_band, self.high_band = low_band, high_band
         self.unified = unified
 
-    def low_limit(self, high_owned: torch.Tensor | None = None) -> int:
+    def low_limit(self, high_runs: FreeRuns | None = None) -> int:
         """Low positions below this index overlap no live page."""
         if self.low is None:
             return 0
         if self.high is None:
             return self.low.num_positions
-        first = self.high_band.first_owned(high_owned)
+        first = (high_runs or self.high_band.runs).lowest_owned()
         start = (
             self.high.end_bytes if first is None else self.high.base_bytes + first * self.high.stride_bytes
         )
         return min(self.low.num_positions, (start - self.low.base_bytes) // self.low.stride_bytes)
 
-    def high_floor(self, low_owned: torch.Tensor | None = None, extra_low: torch.Tensor = _EMPTY) -> int:
-        """Page positions from this index up overlap no live (or `extra_low`) low unit."""
+    def high_floor(self, low_runs: FreeRuns | None = None, extra_low_top: int = -1) -> int:
+        """Page positions from this index up overlap no live low unit (nor one at `extra_low_top`).
+        Every page position below it is free (pages are only ever placed at or above it)."""
         if self.low is None or self.high is None:
             return 0
-        last = self.low_band.last_owned(low_owned)
-        if extra_low.numel():
-            last = max(-1 if last is None else last, int(extra_low.max()))
-        end = 0 if last is None else self.low.base_bytes + (last + 1) * self.low.stride_bytes
+        last = (low_runs or self.low_band.runs).highest_owned()
+        last = max(-1 if last is None else last, extra_low_top)
+        end = self.low.base_bytes + (last + 1) * self.low.stride_bytes
         return max(0, ceil_div(end - self.high.base_bytes, self.high.stride_bytes))
 
-    def fit(
+    def fits(
         self,
         low_count: int,
         high_count: int,
-        low_owned: torch.Tensor | None = None,
-        high_owned: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Positions for `low_count` low units, then `high_count` pages above them; None if no room.
-        Positions come in hand-out order: low ascending, high descending."""
-        # Zero counts skip the watermark scans: most decode-step extends take no unit at all.
-        low_pos = high_pos = _EMPTY
+        low_runs: FreeRuns | None = None,
+        high_runs: FreeRuns | None = None,
+    ) -> bool:
+        """Whether `low_count` low units (the lowest free ones) and then `high_count` pages above
+        them can be placed. O(runs)."""
+        low_runs = low_runs or self.low_band.runs
+        high_runs = high_runs or self.high_band.runs
+        top = -1
         if low_count:
-            low_pos = self.low_band.pick(low_count, 0, self.low_limit(high_owned), low_owned)
-            if low_pos is None:
-                return None
+            limit = self.low_limit(high_runs)
+            # Every low position at or above the limit is free (low units only go below it).
+            if low_runs.num_free - (low_runs.num_positions - limit) < low_count:
+                return False
+            top = lowest_free_top(low_runs, low_count)
         if high_count:
-            floor = self.high_floor(low_owned, low_pos)
-            high_pos = self.high_band.pick(high_count, floor, self.high_band.num_positions, high_owned)
-        return None if high_pos is None else (low_pos, high_pos)
+            return high_runs.num_free - self.high_floor(low_runs, top) >= high_count
+        return True
 
     def available(
-        self, low_owned: torch.Tensor | None = None, high_owned: torch.Tensor | None = None
+        self, low_runs: FreeRuns | None = None, high_runs: FreeRuns | None = None
     ) -> tuple[int, int]:
         """(low units, pages) placeable now; each figure counts the shared gap between the bands."""
-        low_owned = self.low_band.owned if low_owned is None else low_owned
-        high_owned = self.high_band.owned if high_owned is None else high_owned
-        limit, floor = self.low_limit(high_owned), self.high_floor(low_owned)
-        low = limit - int(low_owned[:limit].sum())
-        high = self.high_band.num_positions - floor - int(high_owned[floor:].sum())
-        return low, high
+        low_runs = low_runs or self.low_band.runs
+        high_runs = high_runs or self.high_band.runs
+        low = low_runs.num_free - (low_runs.num_positions - self.low_limit(high_runs)) if self.low else 0
+        return low, high_runs.num_free - self.high_floor(low_runs)
 
-    def compaction_moves(self, low_pinned: torch.Tensor, high_pinned: torch.Tensor) -> CompactionMoves:
+    def compaction_moves(self, low_pinned: np.ndarray, high_pinned: np.ndarray) -> CompactionMoves:
         """Moves that pack the low band down and the high band up; pinned positions stay. Pure."""
         if not self.unified:  # a fixed frontier: every hole is reusable where it is
-            return CompactionMoves(
-                low_moves=(_EMPTY, _EMPTY), high_moves=(_EMPTY, _EMPTY), runs_bytes=NO_RUNS
-            )
+            none = (NO_POSITIONS, NO_POSITIONS)
+            return CompactionMoves(low_moves=none, high_moves=none, runs_bytes=NO_RUNS)
         low_moves = self.low_band.compaction_moves(low_pinned)
         high_moves = self.high_band.compaction_moves(high_pinned)
         runs = [NO_RUNS]
         for geometry, (src, dst) in ((self.low, low_moves), (self.high, high_moves)):
-            if geometry is not None and src.numel():
-                order = torch.argsort(src)  # units keep their relative order: runs stay long
-                src_bytes = geometry.offsets(src[order]).numpy()
-                dst_bytes = geometry.offsets(dst[order]).numpy()
+            if geometry is not None and src.size:  # src ascending: units keep their order, runs stay long
+                src_bytes = geometry.base_bytes + src * geometry.stride_bytes
+                dst_bytes = geometry.base_bytes + dst * geometry.stride_bytes
                 runs.append(merge_runs(src_bytes, dst_bytes, np.full_like(src_bytes, geometry.stride_bytes)))
         return CompactionMoves(low_moves=low_moves, high_moves=high_moves, runs_bytes=np.concatenate(runs))
 
-    def owned_after(self, moves: CompactionMoves) -> tuple[torch.Tensor, torch.Tensor]:
-        """(low, high) ownership masks once `moves` are applied."""
-        return self.low_band.owned_after(*moves.low_moves), self.high_band.owned_after(*moves.high_moves)
+    def runs_after(self, moves: CompactionMoves) -> tuple[FreeRuns, FreeRuns]:
+        """(low, high) free runs once `moves` are applied (one numpy pass over positions)."""
+        return (
+            FreeRuns.from_owned(self.low_band.owned_after(*moves.low_moves)),
+            FreeRuns.from_owned(self.high_band.owned_after(*moves.high_moves)),
+        )
 
     def apply(self, moves: CompactionMoves) -> None:
         """Rewrite the band maps once the moves' bytes have been copied."""
@@ -137,8 +139,15 @@ class Frontier:
         """Whether any live low unit overlaps any live page in bytes (never, if the rule held)."""
         if self.low is None or self.high is None:
             return False
-        last, first = self.low_band.last_owned(), self.high_band.first_owned()
+        last, first = self.low_band.highest_owned(), self.high_band.lowest_owned()
         if last is None or first is None:
             return False
         low_end = self.low.base_bytes + (last + 1) * self.low.stride_bytes
         return low_end > self.high.base_bytes + first * self.high.stride_bytes
+
+
+def lowest_free_top(runs: FreeRuns, count: int) -> int:
+    """The highest of the `count` lowest free positions (count >= 1 and that many are free)."""
+    before = np.cumsum(runs.ends - runs.starts)
+    run = int(np.searchsorted(before, count))
+    return int(runs.ends[run]) - 1 - int(before[run] - count)

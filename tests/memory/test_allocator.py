@@ -258,6 +258,7 @@ def test_check_invariants_names_what_broke():
     with pytest.raises(AssertionError, match="owned count drifted"):
         pool.check_invariants()
     pool.allocator.high_band.owned[0] = False
-    pool.allocator.holdings["a"].num_tokens = 9  # the request claims more than it holds
+    table = pool.allocator.holdings
+    table.num_tokens[table.rows["a"]] = 9  # the request claims more than it holds
     with pytest.raises(AssertionError, match="one page per page_size tokens"):
         pool.check_invariants()

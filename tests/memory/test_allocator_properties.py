@@ -4,7 +4,9 @@ After every step: the accounting invariants hold, and every live unit still hold
 when it was handed out (a pattern derived from request, unit kind and token-page index), so neither
 compaction nor any other request's activity may disturb a live envelope. Capacity answers are
 checked against what happens: `can_reserve` predicts a reserve, `NeedsCompaction` promises that a
-reserve succeeds after `compact()`.
+reserve or extend succeeds after `compact()`, and a unified pool with nothing pinned never refuses
+(plain `DoesNotFit`) while its free bytes cover the request: compaction reclaims every hole, so the
+allocator must say `NeedsCompaction` instead. Both placements (extent, first fit) run.
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from distpool.memory.pool import DoesNotFit, NeedsCompaction, RequestPinned
 from distpool.model.spec import DENSE, HYBRID_SWA
-from tests.factories import accounting, free_units, make_pool, make_spec
+from tests.factories import accounting, free_units, make_spec
+from tests.memory.placed_pool import free_bytes, make_placed_pool, unit_bytes
 
 # (name, spec factory arguments, pool arguments): small arenas so that pools fill up often.
 CONFIGS = {
     "unified_mamba": (None, {"unified": True, "budget_bytes": 12288}),
+    "unified_mamba_first_fit": (None, {"unified": True, "budget_bytes": 12288, "placement": "first_fit"}),
     "static_mamba": (None, {"unified": False, "budget_bytes": 12288}),
     "unified_swa": ({"kind": HYBRID_SWA, "sliding_window": 6}, {"unified": True, "budget_bytes": 12288}),
+    "unified_swa_first_fit": (
+        {"kind": HYBRID_SWA, "sliding_window": 6},
+        {"unified": True, "budget_bytes": 12288, "placement": "first_fit"},
+    ),
     "static_swa": ({"kind": HYBRID_SWA, "sliding_window": 6}, {"unified": False, "budget_bytes": 12288}),
     "dense": ({"kind": DENSE}, {"unified": False, "budget_bytes": 12288}),
 }
@@ -47,7 +55,7 @@ class PoolMachine(RuleBasedStateMachine):
     @initialize(config=st.sampled_from([*sorted(CONFIGS), "unified_mamba", "unified_swa"]))
     def build(self, config: str) -> None:
         spec_args, pool_args = CONFIGS[config]
-        self.pool = make_pool(make_spec(**spec_args) if spec_args else None, **pool_args)
+        self.pool = make_placed_pool(make_spec(**spec_args) if spec_args else None, **pool_args)
         self.fresh = free_units(self.pool)
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -76,6 +84,13 @@ class PoolMachine(RuleBasedStateMachine):
     def _live(self) -> list[str]:
         return sorted(self.numbers)
 
+    def _assert_no_room(self, low_units: int, pages: int) -> None:
+        """A plain refusal (not NeedsCompaction) in a unified pool with nothing pinned: the request's
+        bytes must exceed the free bytes, which compaction would otherwise have gathered."""
+        if self.pool.kind == "unified" and not any(self.pins.values()):
+            need = unit_bytes(self.pool, low_units, pages)
+            assert need > free_bytes(self.pool), f"refused with room: needs {need} of {free_bytes(self.pool)}"
+
     # ---- rules -------------------------------------------------------------------------------
     @rule(tokens=st.lists(TOKENS, min_size=1, max_size=3))
     def reserve(self, tokens: list[int]) -> None:
@@ -95,6 +110,9 @@ class PoolMachine(RuleBasedStateMachine):
             assert predicted is not True, "can_reserve said yes"
             if len(tokens) == 1:
                 assert not self.pool.can_reserve(tokens[0], compact=True)
+            allocator = self.pool.allocator
+            low = sum(allocator.low_units_for(n) for n in tokens)
+            self._assert_no_room(low, sum(allocator.pages_for(n) for n in tokens))
             return
         else:
             assert predicted is not False, "can_reserve said no"
@@ -102,6 +120,11 @@ class PoolMachine(RuleBasedStateMachine):
             self.numbers[rid] = self.next_number
             self.next_number += 1
             self._write_new(rid, set())
+
+    @rule(tokens=st.integers(min_value=17, max_value=48))
+    def reserve_long(self, tokens: int) -> None:
+        """One long request: in a fragmented arena only compaction makes room for it."""
+        self.reserve([tokens])
 
     @precondition(lambda self: self.numbers)
     @rule(data=st.data(), more=st.integers(min_value=0, max_value=9))
@@ -114,8 +137,17 @@ class PoolMachine(RuleBasedStateMachine):
         except RequestPinned:
             assert self.pins.get(rid, 0) > 0 and accounting(self.pool) == before
             return
+        except NeedsCompaction:
+            assert accounting(self.pool) == before, "a refused extend took something"
+            self.compact()
+            self.pool.extend(rid, more)  # promised to fit now
         except DoesNotFit:
             assert accounting(self.pool) == before, "a refused extend took something"
+            allocator, n = self.pool.allocator, self.pool.num_tokens(rid)
+            first, end = allocator.swa_range(n)
+            new_first, new_end = allocator.swa_range(n + more)
+            new_window = max(new_end - max(end, new_first), 0)  # the window pages it would add
+            self._assert_no_room(new_window, allocator.pages_for(n + more) - allocator.pages_for(n))
             return
         assert self.pins.get(rid, 0) == 0
         self._write_new(rid, old)

@@ -1,0 +1,97 @@
+"""Placement: which free positions a batch's new units take. Pure choice over the bands' free runs.
+
+Two policies for full-attention pages (the high band):
+- "extent" (default): each request's pages as one run of ascending positions where a free run holds
+  them (best fit over the holes, else the top of the gap between the bands while that leaves
+  `gap_keep` pages for low units, else the largest holes; see `FreeRuns.take_extent`), so an
+  envelope is a few long byte runs; growth goes
+  right after the request's last page when that position is free, the rest as one best-fit extent
+  shared by the batch's growing requests (the first request takes its highest share).
+- "first_fit" (the baseline): the highest free positions, one at a time, whatever the holes.
+Low-band units (slots, sliding-window pages) always take the lowest free positions: a slot is one
+unit, and keeping the low band packed keeps the frontier low.
+
+Callers check that the counts fit (Frontier.fits) before placing: placement never fails.
+Positions come out in token order, ascending within each request for "extent".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from distpool.memory.band import Band
+from distpool.memory.free_runs import NO_POSITIONS
+
+PLACEMENTS = ("extent", "first_fit")
+# Extent placement leaves this many low units' worth of the gap between the bands free while holes
+# can take a request instead: a gap squeezed shut by pages forces a compaction for the next slot. 8
+# (a batch of new slots) brought the churn trace's compactions to within 3% of first fit's, where 0
+# cost 19% more (scripts/bench_pool.py, section d).
+GAP_KEEP_LOW_UNITS = 8
+
+
+class Placement:
+    """Chooses positions in `low_band` and `high_band` under the policy `mode`."""
+
+    def __init__(self, low_band: Band, high_band: Band, *, mode: str, gap_keep: int = 0) -> None:
+        if mode not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}; got {mode!r}")
+        self.low_band, self.high_band = low_band, high_band
+        self.mode = mode
+        self.gap_keep = gap_keep  # pages of the gap an extent leaves for low units while holes fit
+
+    def low_positions(self, count: int) -> np.ndarray:
+        """The `count` lowest free low-band positions, ascending."""
+        return self.low_band.runs.take_lowest(count)
+
+    def page_positions(self, counts: list[int], floor: int) -> np.ndarray:
+        """Positions at or above `floor` for requests needing `counts` pages: request by request,
+        each request's in token order."""
+        runs = self.high_band.runs
+        total = sum(counts)
+        if total == 0:
+            return NO_POSITIONS
+        if self.mode == "first_fit":
+            return _ascending_per_request(runs.take_highest(total, floor), counts)
+        pieces = [piece for n in counts if n for piece in runs.take_extent(n, floor, self.gap_keep)]
+        runs.finish_batch()
+        return _positions_of(pieces)
+
+    def growth_positions(self, last: np.ndarray, counts: np.ndarray, floor: int) -> np.ndarray:
+        """New pages for requests whose last page sits at `last` (-1: none yet) and that need
+        `counts` more (each >= 1): request by request, each request's in token order."""
+        runs = self.high_band.runs
+        total = int(counts.sum())
+        if self.mode == "first_fit":
+            return _ascending_per_request(runs.take_highest(total, floor), counts.tolist())
+        after = np.where(last >= 0, last + 1, runs.num_positions)  # a request with no page grows nowhere
+        in_place = runs.take_after(after, counts)
+        rest = counts - in_place
+        rest_total = int(rest.sum())
+        extent = (
+            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep)) if rest_total else NO_POSITIONS
+        )
+        runs.finish_batch()
+        # Request i takes its in-place pages after[i] ... then its share of the extent; the first
+        # request takes the extent's highest share, as pages are handed out highest first. Output
+        # slot j belongs to request owner[j], the offset[j]-th of its new pages (vectorized).
+        owner = np.repeat(np.arange(counts.size), counts)
+        offset = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        if not rest_total:
+            return after[owner] + offset
+        share_start = rest_total - np.cumsum(rest) - in_place
+        from_extent = np.clip(share_start[owner] + offset, 0, rest_total - 1)
+        return np.where(offset < in_place[owner], after[owner] + offset, extent[from_extent])
+
+
+def _ascending_per_request(positions: np.ndarray, counts: list[int]) -> np.ndarray:
+    """Positions handed out highest first, split by `counts` and flipped so each request's run up."""
+    bounds = np.cumsum([0, *counts])
+    return np.concatenate(
+        [positions[a:b][::-1] for a, b in zip(bounds[:-1], bounds[1:], strict=True)] + [NO_POSITIONS]
+    )
+
+
+def _positions_of(pieces: list[tuple[int, int]]) -> np.ndarray:
+    """The positions of (start, length) pieces, piece by piece."""
+    return np.concatenate([np.arange(s, s + n) for s, n in pieces] + [NO_POSITIONS])
