@@ -88,6 +88,9 @@ class DecodeWorker(WorkerBase):
                 f"request {request_id!r} needs {prompt_len + max_new_tokens} tokens, more than the pool's "
                 f"context length {self.sizes.args.context_len}; raise --context-len"
             )
+        # The driver reserves a request again only after giving up its previous attempt; a request
+        # still here is that attempt, whose cancel lost a race with its own transfer: supersede it.
+        self.cancel(request_id)
         with self._lock:
             if request_id in self._waiting or request_id in self._running:
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
@@ -151,7 +154,11 @@ class DecodeWorker(WorkerBase):
         try:  # aborting a waiting transfer concludes it at once, a running one within its deadline
             req.transfer.wait()
         except TransferError:
-            pass  # the expected outcome: `_landed` freed the reservation
+            return True  # the expected outcome: `_landed` freed the reservation
+        # The abort came after the last byte landed: the transfer succeeded and admitted the request.
+        with self._lock:
+            if not self._free(self._running, request_id):
+                self._finished.pop(request_id, None)
         return True
 
     # ---- decode loop --------------------------------------------------------------------------

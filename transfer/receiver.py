@@ -103,7 +103,7 @@ class EnvelopeReceiver(ChannelEnd):
         )
         with self.cond:
             if self.closed:
-                raise ValueError("the receiver is closed")
+                raise ChannelError("the receiver is closed")
             if envelope.request_id in self._expected:
                 raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
             self._expected[envelope.request_id] = job

@@ -12,6 +12,7 @@ from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.parity import colocated_tokens
+from distpool.serving.run import worker_stats
 from tests.factories import FIXTURES
 from tests.serving import helpers
 from tests.serving.helpers import mixed_requests
@@ -26,7 +27,8 @@ def make_spec(**changes) -> DeploymentSpec:
 
 
 def serve_and_kill(spec: DeploymentSpec, victim: str, requests):
-    """Serve in a thread; kill `victim` once it has work in flight; return outcomes, survivors' stats."""
+    """Serve in a thread; kill `victim` for good once it has work in flight; return outcomes, every
+    worker's stats (the dead one listed as dead), the server and the seconds from kill to end."""
     import ray
 
     deployment = Deployment.start(spec)
@@ -43,8 +45,7 @@ def serve_and_kill(spec: DeploymentSpec, victim: str, requests):
         killed = time.monotonic()
         thread.join(timeout=120)
         assert not thread.is_alive(), "serving hung after a worker died"
-        survivors = [h for name, h in deployment.handles().items() if name != victim]
-        stats = ray.get([h.stats.remote() for h in survivors], timeout=30)
+        stats = worker_stats(deployment)  # the summary's own gathering: a dead worker must not break it
     finally:
         deployment.shutdown()
     return result["out"], stats, server, time.monotonic() - killed
@@ -62,6 +63,7 @@ def test_killing_a_worker_mid_run_retries_on_the_survivor(ray_session, victim, l
     # A peer blocked on the dead one fails within its transfer deadline; the rest is ordinary work.
     assert after_kill_s < 60
     assert victim in server.router.dead
+    assert {s["name"]: s["state"] for s in stats}[victim] == "dead"
     for s in stats:
         assert (s["pages_used"], s["slots_used"]) == (0, 0), s
 
@@ -112,8 +114,6 @@ def test_a_killed_worker_process_is_restarted_and_the_run_ends_honestly(
     import signal
 
     import ray
-
-    from distpool.serving.run import worker_stats
 
     spec = make_spec(**layout)
     requests = mixed_requests(num_requests, max_new_tokens=24, seed=21)  # long enough to see the restart

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import subprocess
 
 import pytest
 import torch.distributed as dist
@@ -143,3 +144,11 @@ def test_a_channel_refuses_to_run_unauthenticated(secret):
             timeout_s=1,
             secret=secret,
         )
+
+
+def test_the_store_listens_only_on_the_address_its_peer_uses(pair):
+    sender, _ = pair
+    port = sender.channel.port
+    listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    addresses = {line.split()[3].rsplit(":", 1)[0] for line in listing.splitlines()}
+    assert addresses == {"127.0.0.1"}, listing  # not 0.0.0.0 or [::]: nothing off this host reaches it
