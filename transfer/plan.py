@@ -24,7 +24,17 @@ import torch
 
 from distpool.memory.runs import DST, NBYTES, SRC, merge_runs
 
-__all__ = ["DST", "NBYTES", "SRC", "Chunk", "Message", "check_ranges", "plan_messages", "plan_runs"]
+__all__ = [
+    "DST",
+    "NBYTES",
+    "SRC",
+    "Chunk",
+    "Message",
+    "assign_streams",
+    "check_ranges",
+    "plan_messages",
+    "plan_runs",
+]
 
 
 def check_ranges(ranges: torch.Tensor, arena_bytes: int, *, name: str = "ranges") -> None:
@@ -158,3 +168,19 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
         messages += [_message(direct_pieces[i : i + 1]) for i in range(direct_pieces.shape[0])]
         chunks.append(Chunk(index=index, messages=tuple(messages)))
     return chunks
+
+
+def assign_streams(chunks: list[Chunk], num_streams: int) -> list[list[int]]:
+    """The stream of every message, per chunk: each goes to the stream with the fewest bytes so far
+    (ties to the lowest), so parallel connections carry even shares even when one run is large.
+    Both ends compute it from the same plan, so message i of a stream matches on both sides."""
+    loads = [0] * num_streams
+    streams = []
+    for chunk in chunks:
+        row = []
+        for message in chunk.messages:
+            stream = loads.index(min(loads))
+            loads[stream] += message.nbytes
+            row.append(stream)
+        streams.append(row)
+    return streams

@@ -57,7 +57,8 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     STATUS: {"seq": int, "ok": bool, "reason": str, "broken": bool},  # broken: the receiver tore down
 }
 
-# Payload message i goes with tag TAG_DATA + i % num_streams (Gloo: one connection per stream).
+# A payload message goes with tag TAG_DATA + its stream (plan.assign_streams; Gloo: one connection
+# per stream).
 TAG_DATA = 1
 # On a bell key instead of a header: the channel is being torn down (wakes a blocked receiver).
 TEARDOWN_MARK = b"\x00teardown:"

@@ -27,7 +27,7 @@ from transfer.channel import RECEIVER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
     END,
@@ -223,9 +223,7 @@ class EnvelopeReceiver(ChannelEnd):
         chunks = plan_messages(
             runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
         )
-        first_message = [0]
-        for chunk in chunks:
-            first_message.append(first_message[-1] + len(chunk.messages))
+        streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
         # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
         # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
         # landed; messages contiguous here land in the arena in place and need none. So chunks
@@ -239,7 +237,7 @@ class EnvelopeReceiver(ChannelEnd):
                 num_posted - PIPELINE_DEPTH < num_landed
                 or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
             ):
-                posted.append(self._post(job, chunks[num_posted], first_message[num_posted]))
+                posted.append(self._post(job, chunks[num_posted], streams[num_posted]))
                 num_posted += 1
 
         aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
@@ -268,17 +266,18 @@ class EnvelopeReceiver(ChannelEnd):
         self.stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq, ok=True)
 
-    def _post(self, job: Job, chunk: Chunk, first_message: int) -> tuple[Chunk, list, list]:
-        """Post the receives of one chunk: direct messages straight into the arena."""
+    def _post(self, job: Job, chunk: Chunk, streams: list[int]) -> tuple[Chunk, list, list]:
+        """Post the receives of one chunk (message i on stream `streams[i]`): direct messages
+        straight into the arena."""
         works, buffers = [], []
-        channel, num_streams = self.channel, self.channel.num_streams
-        for i, message in enumerate(chunk.messages):
+        channel = self.channel
+        for message, stream in zip(chunk.messages, streams, strict=True):
             offset = message.in_place_at(DST)
             if offset is not None:
                 buffer = job.buffer[offset : offset + message.nbytes]
             else:
                 buffer = self.staging.get(chunk.index, message.nbytes)
-            works.append(channel.recv(buffer, TAG_DATA + (first_message + i) % num_streams))
+            works.append(channel.recv(buffer, TAG_DATA + stream))
             buffers.append(buffer)
         return chunk, works, buffers
 

@@ -33,7 +33,7 @@ from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer, TransferOptions
-from transfer.plan import NBYTES, SRC, Chunk, Message, plan_messages, plan_runs
+from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
     END,
@@ -209,7 +209,7 @@ class EnvelopeSender(ChannelEnd):
         # (chunk index, works, tensors that must outlive the works)
         in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
         gathered: dict[int, Future | None] = {0: self._stage(job, chunks[0])}  # chunk index -> gather
-        num_messages, num_streams = 0, channel.num_streams
+        streams = assign_streams(chunks, channel.num_streams)
         for chunk in chunks:
             ahead = chunk.index + 1
             if ahead < len(chunks) and _staged(chunks[ahead]) is not None:
@@ -223,16 +223,15 @@ class EnvelopeSender(ChannelEnd):
             if (future := gathered.pop(chunk.index, None)) is not None:
                 future.result(timeout=max(deadline - time.monotonic(), 0.0))  # deadlines everywhere
             works, keep = [], []
-            for message in chunk.messages:
+            for message, stream in zip(chunk.messages, streams[chunk.index], strict=True):
                 offset = message.in_place_at(SRC)
                 if offset is not None:
                     payload = job.buffer[offset : offset + message.nbytes]
                 else:
                     payload = self.staging.get(chunk.index, message.nbytes)
                 # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.
-                works.append(channel.send(payload, TAG_DATA + num_messages % num_streams))
+                works.append(channel.send(payload, TAG_DATA + stream))
                 keep.append(payload)
-                num_messages += 1
             in_flight.append((chunk.index, works, keep))
             if transfer.abort_reason is None:
                 transfer.num_chunks_done = chunk.index + 1

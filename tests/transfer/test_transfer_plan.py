@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from transfer.plan import DST, NBYTES, SRC, check_ranges, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, SRC, assign_streams, check_ranges, plan_messages, plan_runs
 
 
 def table(rows: list[list[int]]) -> torch.Tensor:
@@ -171,3 +172,16 @@ def test_messages_cover_every_byte_once_in_order(chunk_bytes, direct_min_bytes):
                 ends = [o + n for o, n in zip(offsets, sizes, strict=True)]
                 follows = ends[:-1] == offsets[1:]
                 assert m.in_place_at(side) == (offsets[0] if follows else None)
+
+
+def test_streams_carry_even_shares_of_the_bytes_whatever_the_message_sizes():
+    runs = np.array([[0, 0, 49 << 20], [100 << 20, 100 << 20, 15 << 20]], dtype=np.int64)  # a slot, a run
+    chunks = plan_messages(runs, chunk_bytes=32 << 20, direct_min_bytes=1 << 20)
+    streams = assign_streams(chunks, 2)
+    loads = [0, 0]
+    for chunk, row in zip(chunks, streams, strict=True):
+        for message, stream in zip(chunk.messages, row, strict=True):
+            loads[stream] += message.nbytes
+    # Taking turns would put 32 + 15 MiB on one stream and 17 + 0 on the other (or worse).
+    assert sorted(loads) == [32 << 20, 32 << 20]
+    assert assign_streams(chunks, 1) == [[0] * len(c.messages) for c in chunks]
