@@ -44,17 +44,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-import dataclasses  # noqa: E402
-import heapq  # noqa: E402
-import inspect  # noqa: E402
+from churn import (  # noqa: E402
+    TRACE_CONTEXT_LEN,
+    run_churn,
+    trace_pool,
+    trace_spec,
+    with_placement,
+)
 
-from distpool.memory.allocator import Allocator  # noqa: E402
 from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
 from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
-from distpool.model.spec import HYBRID_MAMBA, ModelSpec, StateTensorSpec  # noqa: E402
+from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
 from distpool.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
@@ -83,10 +87,7 @@ DECODE_REQUESTS = 256
 SPEED_SAMPLES = {"full": 400, "quick": 150}  # timed calls per figure; the median is reported
 # (d) churn trace: ~50 MB and ~400 MB state slots (Qwen3-Next's layout with more or fewer SSM heads)
 TRACE_SPECS = {"slot_50mb": (21, 40), "slot_400mb": (170, 128)}  # name -> (ssm heads, budget GiB)
-TRACE_REQUESTS = {"full": 30_000, "quick": 10_000}
-TRACE_CONTEXT_LEN = 131072
-TRACE_LOAD = 0.85  # offered bytes over arena bytes: with the queue, the pool stays 80-95% full
-GROWTH_STEPS = 4  # a request's output arrives in this many extends
+TRACE_REQUESTS = {"full": 30_000, "quick": 10_000}  # the trace itself: scripts/churn.py
 # (e) compaction on real bytes: as large as a quick run allows on a 2-core, 23 GiB machine
 COMPACTION_ARENA_GIB = {"full": 4, "quick": 2}
 
@@ -190,24 +191,6 @@ def throughput(spec: ModelSpec, budget: int, seconds: float, rng: np.random.Gene
 
 
 # ---- (c) allocator speed ---------------------------------------------------------------------------
-def has_placement() -> bool:
-    return "placement" in inspect.signature(Allocator).parameters
-
-
-def with_placement(pool: ArenaPool, placement: str) -> ArenaPool:
-    """`pool` (fresh) with its allocator's placement policy set (a no-op before extents existed)."""
-    if has_placement():
-        pool.allocator = Allocator(
-            pool.arena.low,
-            pool.arena.high,
-            page_size=pool.sizes.page_size,
-            sliding_window=pool.sizes.spec.sliding_window,
-            unified=pool.sizes.unified,
-            placement=placement,
-        )
-    return pool
-
-
 def speed_pool(placement: str) -> ArenaPool:
     spec = spec_from_hf(REFERENCE_HYBRID_CONFIG)
     args = PoolArgs(
@@ -320,31 +303,9 @@ def allocator_speed(mode: str, rng: np.random.Generator) -> dict:
 
 
 # ---- (d) churn trace -------------------------------------------------------------------------------
-def trace_spec(ssm_heads: int) -> ModelSpec:
-    """Qwen3-Next with `ssm_heads` SSM heads per layer: its slot grows ~1.4 MB per head."""
-    base = spec_from_hf(MODELS["qwen3_next"])
-    conv, ssm = base.mamba.tensors
-    tensors = (conv, StateTensorSpec(name=ssm.name, shape=(ssm_heads, *ssm.shape[1:]), dtype=ssm.dtype))
-    return dataclasses.replace(base, mamba=dataclasses.replace(base.mamba, tensors=tensors))
-
-
-def envelope_runs(pool: ArenaPool, rid: str) -> int:
-    """Byte runs of the envelope: the slot, plus each maximal stretch of token-order pages at
-    consecutive ascending positions."""
-    pages = pool.page_ids(rid)
-    breaks = int((pages[1:] != pages[:-1] + 1).sum()) if pages.numel() > 1 else 0
-    return 1 + (breaks + 1 if pages.numel() else 0)
-
-
 def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, seed: int) -> dict:
     """One churn trace (see the module docstring); every figure from the benchmark's own counts."""
-    args = PoolArgs(
-        enable_unified_memory=True,
-        page_size=PAGE_SIZE,
-        context_len=TRACE_CONTEXT_LEN,
-        max_running_requests=MAX_RUNNING,
-    )
-    pool = with_placement(build_pool(size_pools(spec, args, budget), "meta"), placement)
+    pool = trace_pool(spec, budget, placement)
     compactions = []
     compact = pool.compact
 
@@ -353,71 +314,7 @@ def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, s
         return compact()
 
     pool.compact = counted_compact
-    slot_bytes, page_bytes = pool.arena.low.stride_bytes, pool.arena.high.stride_bytes
-    rng = np.random.default_rng(seed)
-    prompt = np.clip(rng.lognormal(math.log(2048), 1.2, num_requests).astype(int), 16, TRACE_CONTEXT_LEN // 2)
-    output = np.clip(rng.lognormal(math.log(256), 1.0, num_requests).astype(int), 1, TRACE_CONTEXT_LEN // 2)
-    hold = 1.0 + output / 100.0  # time in the pool: a fixed part plus decode time per token
-    mean_bytes = float(np.mean(slot_bytes + np.ceil((prompt + output / 2) / PAGE_SIZE) * page_bytes))
-    rate = TRACE_LOAD * pool.sizes.arena_bytes / (mean_bytes * float(np.mean(hold)))  # Little's law
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests))
-    events: list[tuple[float, int, int, int]] = []  # (time, kind 0 grow / 1 leave, request, step)
-    queue: list[int] = []
-    tokens: dict[int, int] = {}
-    live = 0
-    stats = {"refused_with_room": 0, "preempted": 0, "runs": [], "occupancy": []}
-
-    def held_bytes(n: int) -> int:
-        return slot_bytes + -(-n // PAGE_SIZE) * page_bytes
-
-    def leave(i: int) -> None:
-        nonlocal live
-        stats["runs"].append(envelope_runs(pool, f"q{i}"))
-        pool.release(f"q{i}")
-        live -= held_bytes(tokens.pop(i))
-
-    def admit(now: float) -> None:
-        nonlocal live
-        while queue:
-            i = queue[0]
-            need = held_bytes(int(prompt[i]))
-            try:
-                pool.reserve(f"q{i}", int(prompt[i]), compact=True)
-            except DoesNotFit:
-                stats["refused_with_room"] += int(pool.sizes.arena_bytes - live >= need)
-                return
-            queue.pop(0)
-            tokens[i], live = int(prompt[i]), live + need
-            for step in range(1, GROWTH_STEPS + 1):
-                heapq.heappush(events, (now + hold[i] * step / (GROWTH_STEPS + 1), 0, i, step))
-            heapq.heappush(events, (now + hold[i], 1, i, 0))
-
-    next_arrival = 0
-    while next_arrival < num_requests or events:
-        if next_arrival < num_requests and (not events or arrivals[next_arrival] <= events[0][0]):
-            now = float(arrivals[next_arrival])
-            queue.append(next_arrival)
-            next_arrival += 1
-        else:
-            now, kind, i, step = heapq.heappop(events)
-            if i not in tokens:  # preempted earlier
-                continue
-            if kind == 1:
-                leave(i)
-            else:
-                more = int(output[i]) * step // GROWTH_STEPS - int(output[i]) * (step - 1) // GROWTH_STEPS
-                grown = held_bytes(tokens[i] + more) - held_bytes(tokens[i])
-                try:
-                    pool.extend(f"q{i}", more, compact=True)
-                    tokens[i], live = tokens[i] + more, live + grown
-                except DoesNotFit:  # no room to grow: the request is preempted (freed)
-                    stats["refused_with_room"] += int(pool.sizes.arena_bytes - live >= grown)
-                    stats["preempted"] += 1
-                    leave(i)
-        admit(now)
-        if next_arrival > num_requests // 10:  # after the warm-up
-            stats["occupancy"].append(live / pool.sizes.arena_bytes)
-    pool.check_invariants()
+    stats = run_churn(pool, num_requests, seed)
     runs = np.array(stats["runs"])
     occ = np.array(stats["occupancy"])
     return {

@@ -8,6 +8,16 @@ and fragmentation it measures, on the same channel:
   naive     one blocking send per layer of each page, as a per-layer loop would do
 Each timing runs from the sender's start until the receiver has everything (it acknowledges).
 
+Fragmentation 0.0 / 0.5 / 1.0: that share of the envelope's pages moved to random places (on the
+sides `--fragmented` names). Fragmentation "churn": real placements. A short seeded churn trace
+(scripts/churn.py: Poisson arrivals, long-tailed lengths, 80-95% occupancy, extent placement) runs
+on a `meta` pool laid out like the arena here (Qwen3-Next, 384 KiB pages, a ~49 MiB state slot), once
+for the source (seed SEED) and once for the destination (SEED + 1); in each, one request of the
+envelope's length arrives part-way, grows with the others and is live when the trace stops. Its
+`envelope_ranges` (slot, then pages in token order) are the envelope's ranges on that side, so a
+churn envelope is the slot plus as many pages as bring it to at least the size asked for.
+`--fragmented churn` runs only the churn cases.
+
     python scripts/bench_transfer.py --quick --json out/bench_transfer.json
 """
 
@@ -26,6 +36,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_pool, trace_spec  # noqa: E402
 
 from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
@@ -38,7 +51,12 @@ LAYER_BYTES = 16 * 2 * 256 * 2 * 2  # one layer of one page: 32 KiB
 PAGE_BYTES = NUM_LAYERS * LAYER_BYTES  # 384 KiB
 SIZES_MIB = (1, 4, 16, 64, 256, 384, 1024)
 QUICK_SIZES_MIB = (1, 16, 64, 384)
-FRAGMENTATIONS = (0.0, 0.5, 1.0)
+FRAGMENTATIONS = (0.0, 0.5, 1.0, "churn")
+# churn: bench_pool's slot_50mb spec (Qwen3-Next, 21 SSM heads: a ~49 MiB slot, PAGE_BYTES pages)
+CHURN_SSM_HEADS = 21
+CHURN_REQUESTS = 600  # per trace; the envelope's request arrives with request CHURN_TARGET_AT
+CHURN_TARGET_AT = 360
+CHURN_ARENA_FACTOR = 4  # the arena holds this many of the largest churn envelope: room to churn
 REPEATS, QUICK_REPEATS = 3, 2
 NAIVE_MAX_MIB, QUICK_NAIVE_MAX_MIB = 1024, 384  # the naive loop is slow; skip it above this
 CHUNK_MIB = 32
@@ -60,6 +78,55 @@ def page_table(num_pages: int, fragmentation: float, arena_pages: int, seed: int
         positions = torch.randperm(num_pages, generator=g)[: free.numel()]
         ids[positions] = free
     return torch.stack([ids * PAGE_BYTES, torch.full_like(ids, PAGE_BYTES)], dim=1)
+
+
+def contiguous(ranges: torch.Tensor, arena_bytes: int, seed: int) -> torch.Tensor:
+    """`ranges`' row sizes laid out back to back from a random page-aligned start."""
+    total = int(ranges[:, 1].sum())
+    g = torch.Generator().manual_seed(seed)
+    start = int(torch.randint(0, (arena_bytes - total) // PAGE_BYTES + 1, (1,), generator=g)) * PAGE_BYTES
+    offsets = start + torch.cumsum(ranges[:, 1], 0) - ranges[:, 1]
+    return torch.stack([offsets, ranges[:, 1]], dim=1)
+
+
+def churn_pages(size_mib: int, slot_bytes: int) -> int:
+    """Pages of a churn envelope of at least `size_mib` (one page at least, besides the slot)."""
+    return max(1, -(-((size_mib << 20) - slot_bytes) // PAGE_BYTES))
+
+
+def churn_slot_bytes() -> int:
+    return trace_pool(trace_spec(CHURN_SSM_HEADS), 1 << 30, "extent", 1024).arena.low.stride_bytes
+
+
+def churn_envelopes(sizes_mib: tuple[int, ...], arena_bytes: int) -> dict[int, dict]:
+    """Per size: the source and destination ranges of a churn envelope (see the module docstring),
+    the byte runs of each and the trace's figures. Both sides have the same rows: slot, pages."""
+    spec = trace_spec(CHURN_SSM_HEADS)
+    slot_bytes = churn_slot_bytes()
+    context_len = min(TRACE_CONTEXT_LEN, (arena_bytes - slot_bytes) // PAGE_BYTES * 16)
+    out: dict[int, dict] = {}
+    by_pages: dict[int, dict] = {}
+    for size_mib in sizes_mib:
+        num_pages = churn_pages(size_mib, slot_bytes)
+        if num_pages in by_pages:  # sizes under the slot's share the one-page envelope
+            out[size_mib] = by_pages[num_pages]
+            continue
+        case: dict = {"ranges": [], "runs": [], "occupancy": [], "preempted": []}
+        for seed in (SEED, SEED + 1):
+            pool = trace_pool(spec, arena_bytes, "extent", context_len)
+            if pool.arena.high.stride_bytes != PAGE_BYTES or pool.sizes.arena_bytes > arena_bytes:
+                raise SystemExit("the churn pool's layout does not match the benchmark's arena")
+            target = (16 * num_pages, CHURN_TARGET_AT)
+            stats = run_churn(pool, CHURN_REQUESTS, seed, context_len=context_len, target=target)
+            ranges = pool.envelope_ranges(TARGET_ID)
+            assert ranges.shape[0] == 1 + num_pages and int(ranges[0, 1]) == slot_bytes
+            case["ranges"].append(ranges)
+            case["runs"].append(envelope_runs(pool, TARGET_ID))
+            case["occupancy"].append(round(float(stats["occupancy"][-1]), 3))
+            case["preempted"].append(stats["target_preempted"])
+        assert torch.equal(case["ranges"][0][:, 1], case["ranges"][1][:, 1])
+        out[size_mib] = by_pages[num_pages] = case
+    return out
 
 
 def crc(arena: torch.Tensor, ranges: torch.Tensor) -> int:
@@ -114,7 +181,12 @@ def raw_pieces(num_bytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]
 
 
 def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
-    return [(o + layer * LAYER_BYTES, LAYER_BYTES) for o, _ in ranges.tolist() for layer in range(NUM_LAYERS)]
+    """One piece per layer of each row: a page's layers, or a slot cut in NUM_LAYERS parts."""
+    pieces = []
+    for o, n in ranges.tolist():
+        cuts = [n * layer // NUM_LAYERS for layer in range(NUM_LAYERS + 1)]
+        pieces += [(o + a, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    return pieces
 
 
 # ---- the receiving process -------------------------------------------------------------------------
@@ -132,8 +204,8 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         if command[0] == "exit":
             receiver.close()
             return
-        _, method, rid, num_pages, fragmentation, raw_chunk = command  # fragmentation of this side
-        ranges = page_table(num_pages, fragmentation, arena_bytes // PAGE_BYTES, SEED + 1)
+        _, method, rid, rows, raw_chunk = command  # this side's ranges
+        ranges = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
         if method == "envelope":
             transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges, deadline_s=120)
             conn.send("ready")
@@ -142,7 +214,8 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
             cpu = time.process_time() - cpu_started
             conn.send((crc(arena, ranges), cpu))
             continue
-        pieces = raw_pieces(num_pages * PAGE_BYTES, raw_chunk) if method == "raw" else naive_pieces(ranges)
+        nbytes = int(ranges[:, 1].sum())
+        pieces = raw_pieces(nbytes, raw_chunk) if method == "raw" else naive_pieces(ranges)
         conn.send("ready")
         cpu_started = time.process_time()
         deadline = time.monotonic() + 300
@@ -181,16 +254,33 @@ class Bench:
         self.count = 0
         self.cpu_seconds: dict[str, list[float]] = {}  # method -> [sender, receiver, machine, wall]
 
-    def run(self, method: str, num_pages: int, fragmentation: float, *, chunked: bool = True) -> float:
-        """Seconds for one transfer by `method` (checked byte-identical for envelopes)."""
-        self.count += 1
-        rid = f"bench-{self.count}"
+    def ranges(self, num_pages: int, fragmentation: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source and destination ranges of a case with `fragmentation` on the sides asked for."""
         sides = self.args.fragmented
         src_frag = fragmentation if sides in ("both", "source") else 0.0
         dst_frag = fragmentation if sides in ("both", "destination") else 0.0
-        ranges = page_table(num_pages, src_frag, self.arena_bytes // PAGE_BYTES, SEED)
+        arena_pages = self.arena_bytes // PAGE_BYTES
+        src = page_table(num_pages, src_frag, arena_pages, SEED)
+        return src, page_table(num_pages, dst_frag, arena_pages, SEED + 1)
+
+    def churn_ranges(self, case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """A churn case's ranges: churned on the sides asked for, back to back on the others."""
+        src, dst = case["ranges"]
+        sides = self.args.fragmented
+        if sides == "destination":
+            src = contiguous(src, self.arena_bytes, SEED)
+        if sides == "source":
+            dst = contiguous(dst, self.arena_bytes, SEED + 1)
+        return src, dst
+
+    def run(self, method: str, src: torch.Tensor, dst: torch.Tensor, *, chunked: bool = True) -> float:
+        """Seconds for one transfer by `method` from `src` to `dst` ranges (checked byte-identical
+        for envelopes)."""
+        self.count += 1
+        rid = f"bench-{self.count}"
+        ranges, nbytes = src, int(src[:, 1].sum())
         raw_chunk = self.chunk_bytes if chunked else None
-        self.conn.send(("run", method, rid, num_pages, dst_frag, raw_chunk))
+        self.conn.send(("run", method, rid, dst.flatten().tolist(), raw_chunk))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
         started, cpu_started, busy_started = time.perf_counter(), time.process_time(), machine_busy_s()
@@ -201,11 +291,11 @@ class Bench:
             value, peer_cpu = self.conn.recv()
             if value != crc(self.arena, ranges):
                 raise SystemExit(f"envelope {rid} arrived corrupted")
-            self._note_cpu(method, num_pages, seconds, (cpu, peer_cpu, busy))
+            self._note_cpu(method, nbytes, seconds, (cpu, peer_cpu, busy))
             return seconds
         channel, streams = self.channel, self.args.streams
         if method == "raw":
-            pieces = raw_pieces(num_pages * PAGE_BYTES, raw_chunk)
+            pieces = raw_pieces(nbytes, raw_chunk)
             works = [
                 channel.send(self.arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)
             ]
@@ -219,13 +309,13 @@ class Bench:
         cpu, busy = time.process_time() - cpu_started, machine_busy_s() - busy_started
         done, peer_cpu = self.conn.recv()
         assert done == "done"
-        self._note_cpu(method, num_pages, seconds, (cpu, peer_cpu, busy))
+        self._note_cpu(method, nbytes, seconds, (cpu, peer_cpu, busy))
         return seconds
 
-    def _note_cpu(self, method: str, num_pages: int, seconds: float, cpu: tuple[float, float, float]) -> None:
+    def _note_cpu(self, method: str, nbytes: int, seconds: float, cpu: tuple[float, float, float]) -> None:
         """CPU seconds (sender process, receiver process, whole machine) over wall seconds, summed
         over the runs of envelopes of 64 MiB and more (the machine's counter ticks every 10 ms)."""
-        if num_pages * PAGE_BYTES >= 64 << 20:
+        if nbytes >= 64 << 20:
             totals = self.cpu_seconds.setdefault(method, [0.0, 0.0, 0.0, 0.0])
             for i, value in enumerate((*cpu, seconds)):
                 totals[i] += value
@@ -236,22 +326,51 @@ class Bench:
         self.sender.close()
 
 
-def measure(bench: Bench, sizes_mib: tuple[int, ...], repeats: int, naive_max_mib: int) -> list[dict]:
-    rows = []
-    cases = [(s, f) for s in sizes_mib for f in FRAGMENTATIONS]
-    for i, (size_mib, fragmentation) in enumerate(cases, 1):
-        num_pages = max(1, round((size_mib << 20) / PAGE_BYTES))
-        nbytes = num_pages * PAGE_BYTES
+def frag_text(fragmentation: float | str) -> str:
+    return fragmentation if isinstance(fragmentation, str) else f"{fragmentation:.2f}"
+
+
+def byte_runs(ranges: torch.Tensor) -> int:
+    """Maximal stretches of the rows, in order, that continue where the previous row ended."""
+    ends = ranges[:-1, 0] + ranges[:-1, 1]
+    return 1 + int((ranges[1:, 0] != ends).sum())
+
+
+def measure(
+    bench: Bench,
+    sizes_mib: tuple[int, ...],
+    repeats: int,
+    naive_max_mib: int,
+    fragmentations: tuple[float | str, ...],
+    churn: dict[int, dict],
+) -> list[dict]:
+    rows, cases, churn_rows = [], [], set()
+    for size_mib in sizes_mib:
+        for fragmentation in fragmentations:
+            if fragmentation == "churn":
+                case = churn[size_mib]
+                if case["ranges"][0].shape[0] in churn_rows:  # a smaller size gave this envelope already
+                    continue
+                churn_rows.add(case["ranges"][0].shape[0])
+                src, dst = bench.churn_ranges(case)
+                num_pages = src.shape[0] - 1  # the slot, then pages
+            else:
+                num_pages = max(1, round((size_mib << 20) / PAGE_BYTES))
+                src, dst = bench.ranges(num_pages, fragmentation)
+            cases.append((size_mib, fragmentation, num_pages, src, dst))
+    for i, (size_mib, fragmentation, num_pages, src, dst) in enumerate(cases, 1):
+        nbytes = int(src[:, 1].sum())
         times: dict[str, list[float]] = {"envelope": [], "raw": [], "raw1": []}
-        bench.run("envelope", num_pages, fragmentation)  # warm-up: buffers, page faults
+        bench.run("envelope", src, dst)  # warm-up: buffers, page faults
         for _ in range(repeats):  # interleaved, so load on the machine hits all alike
-            times["raw"].append(bench.run("raw", num_pages, fragmentation, chunked=True))
-            times["envelope"].append(bench.run("envelope", num_pages, fragmentation))
-            times["raw1"].append(bench.run("raw", num_pages, fragmentation, chunked=False))
+            times["raw"].append(bench.run("raw", src, dst, chunked=True))
+            times["envelope"].append(bench.run("envelope", src, dst))
+            times["raw1"].append(bench.run("raw", src, dst, chunked=False))
         gbps = {m: nbytes / statistics.median(t) / 1e9 for m, t in times.items()}
         results = {"envelope": gbps["envelope"], "raw": max(gbps["raw"], gbps["raw1"])}
         if size_mib <= naive_max_mib:
-            results["naive"] = nbytes / bench.run("naive", num_pages, fragmentation) / 1e9
+            results["naive"] = nbytes / bench.run("naive", src, dst) / 1e9
+        extra = {"runs": [byte_runs(src), byte_runs(dst)]} if fragmentation == "churn" else {}
         for method, value in results.items():
             rows.append(
                 {
@@ -260,12 +379,14 @@ def measure(bench: Bench, sizes_mib: tuple[int, ...], repeats: int, naive_max_mi
                     "pages": num_pages,
                     "fragmentation": fragmentation,
                     "gbps": round(value, 4),
+                    **extra,
                 }
             )
         naive = f"  naive {results['naive']:.3f}" if "naive" in results else ""
+        runs = f"  runs {extra['runs'][0]}/{extra['runs'][1]}" if extra else ""
         print(
-            f"[{i}/{len(cases)}] {nbytes / 2**20:7.1f} MiB frag {fragmentation:.2f}: envelope "
-            f"{results['envelope']:.2f}  raw {results['raw']:.2f} GB/s{naive}",
+            f"[{i}/{len(cases)}] {nbytes / 2**20:7.1f} MiB frag {frag_text(fragmentation)}: envelope "
+            f"{results['envelope']:.2f}  raw {results['raw']:.2f} GB/s{naive}{runs}",
             file=sys.stderr,
             flush=True,
         )
@@ -273,20 +394,23 @@ def measure(bench: Bench, sizes_mib: tuple[int, ...], repeats: int, naive_max_mi
 
 
 def print_table(rows: list[dict]) -> None:
-    by_case: dict[tuple[int, float], dict[str, dict]] = {}
+    by_case: dict[tuple[int, float | str], dict[str, dict]] = {}
     for row in rows:
         by_case.setdefault((row["bytes"], row["fragmentation"]), {})[row["method"]] = row
-    columns = ("MiB", "pages", "frag", "envelope", "raw", "naive", "env/raw", "env/naive")
-    widths = (8, 6, 5, 9, 7, 7, 8, 9)
+    columns = ("MiB", "pages", "frag", "envelope", "raw", "naive", "env/raw", "env/naive", "runs")
+    widths = (8, 6, 5, 9, 7, 7, 8, 9, 9)
     print(" ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)))
-    for (nbytes, fragmentation), methods in sorted(by_case.items()):
+    for (nbytes, fragmentation), methods in sorted(by_case.items(), key=lambda c: (c[0][0], str(c[0][1]))):
         env, raw = methods["envelope"]["gbps"], methods["raw"]["gbps"]
         naive = methods.get("naive", {}).get("gbps")
         naive_text = f"{naive:7.3f}" if naive else f"{'-':>7}"
         ratio = f"{env / naive:9.1f}" if naive else f"{'-':>9}"
+        runs = methods["envelope"].get("runs")
+        runs_text = f"{runs[0]}/{runs[1]}" if runs else "-"
+        pages, frag = methods["envelope"]["pages"], frag_text(fragmentation)
         print(
-            f"{nbytes / 2**20:8.1f} {methods['envelope']['pages']:6d} {fragmentation:5.2f} {env:9.2f} "
-            f"{raw:7.2f} {naive_text} {env / raw:8.2f} {ratio}"
+            f"{nbytes / 2**20:8.1f} {pages:6d} {frag:>5} {env:9.2f} "
+            f"{raw:7.2f} {naive_text} {env / raw:8.2f} {ratio} {runs_text:>9}"
         )
 
 
@@ -303,17 +427,24 @@ def plot(rows: list[dict], path: Path) -> None:
             for r in rows
             if r["method"] == "envelope" and r["fragmentation"] == fragmentation
         )
+        if not points:
+            continue
+        churned = fragmentation == "churn"
         ax.plot(
             [b / 2**20 for b, _ in points],
             [g for _, g in points],
-            "-o",
-            label=f"envelope, fragmentation {fragmentation:.1f}",
+            "-D" if churned else "-o",
+            label="envelope, churn-trace placements"
+            if churned
+            else f"envelope, fragmentation {fragmentation:.1f}",
         )
     # raw and naive hardly depend on fragmentation: one line each, the median over the cases of a size.
+    # Churn envelopes (slot + pages) have sizes of their own: their raw is drawn as points.
+    paged = [r for r in rows if r["fragmentation"] != "churn"]
     for method, style in (("raw", "--s"), ("naive", ":^")):
-        sizes = sorted({r["bytes"] for r in rows if r["method"] == method})
+        sizes = sorted({r["bytes"] for r in paged if r["method"] == method})
         medians = [
-            statistics.median(r["gbps"] for r in rows if r["method"] == method and r["bytes"] == b)
+            statistics.median(r["gbps"] for r in paged if r["method"] == method and r["bytes"] == b)
             for b in sizes
         ]
         ax.plot(
@@ -322,6 +453,18 @@ def plot(rows: list[dict], path: Path) -> None:
             style,
             color="gray" if method == "raw" else "black",
             label=method,
+        )
+    churn_raw = sorted(
+        (r["bytes"], r["gbps"]) for r in rows if r["fragmentation"] == "churn" and r["method"] == "raw"
+    )
+    if churn_raw:
+        ax.plot(
+            [b / 2**20 for b, _ in churn_raw],
+            [g for _, g in churn_raw],
+            "D",
+            color="gray",
+            fillstyle="none",
+            label="raw, churn envelope sizes",
         )
     ax.set_xscale("log")
     ax.set_xlabel("envelope size (MiB)")
@@ -356,19 +499,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fragmented",
-        choices=("both", "source", "destination"),
+        choices=("both", "source", "destination", "churn"),
         default="both",
-        help="which side's pages are scattered; the other side's are contiguous (default: both)",
+        help="which side's pages are scattered (churn cases: which side keeps its churn-trace placement); "
+        "the other side's are contiguous (default: both); churn: only the churn cases, both sides churned",
     )
     args = parser.parse_args(argv)
     sizes = tuple(args.sizes_mib or (QUICK_SIZES_MIB if args.quick else SIZES_MIB))
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
     torch.set_num_threads(1)  # torch's intra-op threads would compete with Gloo's I/O threads
     arena_bytes = (2 * max(sizes) << 20) + 64 * PAGE_BYTES  # room to scatter the largest envelope
+    fragmentations = ("churn",) if args.fragmented == "churn" else FRAGMENTATIONS
     started = time.monotonic()
+    churn: dict[int, dict] = {}
+    if "churn" in fragmentations:  # room for the churn traces to churn around the largest envelope
+        largest = churn_slot_bytes() + churn_pages(max(sizes), churn_slot_bytes()) * PAGE_BYTES
+        arena_bytes = max(arena_bytes, CHURN_ARENA_FACTOR * largest)
+        churn = churn_envelopes(sizes, arena_bytes)
+        print(
+            f"churn traces: {time.monotonic() - started:.1f} s, {arena_bytes / 2**20:.0f} MiB arena, "
+            f"{CHURN_REQUESTS} requests each; runs per envelope (source/destination), occupancy at the end: "
+            + ", ".join(
+                f"{size} MiB {c['runs'][0]}/{c['runs'][1]} {c['occupancy'][0]:.0%}/{c['occupancy'][1]:.0%}"
+                for size, c in churn.items()
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     bench = Bench(args, arena_bytes)
     try:
-        rows = measure(bench, sizes, repeats, QUICK_NAIVE_MAX_MIB if args.quick else NAIVE_MAX_MIB)
+        naive_max = QUICK_NAIVE_MAX_MIB if args.quick else NAIVE_MAX_MIB
+        rows = measure(bench, sizes, repeats, naive_max, fragmentations, churn)
     finally:
         bench.close()
     print_table(rows)

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE_BYTES = 384 * 1024
 
 
-def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
+def run_bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out = tmp_path / "rows.json"
     done = subprocess.run(
-        [sys.executable, "scripts/bench_transfer.py", "--sizes-mib", "1", "--repeats", "1"]
+        [sys.executable, "scripts/bench_transfer.py", "--sizes-mib", "1", "--repeats", "1", *extra]
         + ["--json", str(out), "--plot", str(tmp_path / "plot.png")],
         cwd=ROOT,
         capture_output=True,
@@ -21,12 +22,37 @@ def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+def check_churn_row(row: dict) -> None:
+    """A churn envelope: its state slot (~49 MiB) and at least one page, as the traces placed them."""
+    assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps", "runs"}
+    assert row["pages"] >= 1 and row["bytes"] > row["pages"] * PAGE_BYTES and row["gbps"] > 0
+    assert len(row["runs"]) == 2 and all(2 <= runs <= row["pages"] + 1 for runs in row["runs"])
+
+
+def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
+    done, rows = run_bench(tmp_path)
     cases = {(r["method"], r["fragmentation"]) for r in rows}
-    assert cases == {(m, f) for m in ("envelope", "raw", "naive") for f in (0.0, 0.5, 1.0)}
+    assert cases == {(m, f) for m in ("envelope", "raw", "naive") for f in (0.0, 0.5, 1.0, "churn")}
     for row in rows:
+        if row["fragmentation"] == "churn":
+            check_churn_row(row)
+            continue
         assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps"}
-        assert row["bytes"] == row["pages"] * 384 * 1024 and row["gbps"] > 0
+        assert row["bytes"] == row["pages"] * PAGE_BYTES and row["gbps"] > 0
     assert (tmp_path / "plot.png").stat().st_size > 0
-    assert "env/raw" in done.stdout and "[9/9]" not in done.stdout  # progress goes to stderr
-    assert "[3/3]" in done.stderr
+    assert "env/raw" in done.stdout and "[4/4]" not in done.stdout  # progress goes to stderr
+    assert "[4/4]" in done.stderr
+    assert " churn " in done.stdout  # the table shows the churn case
+
+
+def test_bench_transfer_fragmented_churn_runs_only_churn_cases(tmp_path):
+    done, rows = run_bench(tmp_path, "--fragmented", "churn")
+    assert {(r["method"], r["fragmentation"]) for r in rows} == {
+        (m, "churn") for m in ("envelope", "raw", "naive")
+    }
+    for row in rows:
+        check_churn_row(row)
+    assert "[1/1]" in done.stderr and "fragmented: churn" in done.stdout
