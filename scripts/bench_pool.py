@@ -51,7 +51,6 @@ from churn import (  # noqa: E402
     run_churn,
     trace_pool,
     trace_spec,
-    with_placement,
 )
 
 from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
@@ -199,7 +198,7 @@ def speed_pool(placement: str) -> ArenaPool:
         context_len=SPEED_CONTEXT_LEN,
         max_running_requests=MAX_RUNNING,
     )
-    return with_placement(build_pool(size_pools(spec, args, SPEED_POOL_MIB << 20), "meta"), placement)
+    return build_pool(size_pools(spec, args, SPEED_POOL_MIB << 20), "meta", placement=placement)
 
 
 def live_bytes(pool: ArenaPool) -> int:

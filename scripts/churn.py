@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import inspect
 import math
 import sys
 from pathlib import Path
@@ -24,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from distpool.memory.allocator import Allocator  # noqa: E402
 from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
 from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import PoolArgs, size_pools  # noqa: E402
@@ -38,24 +36,6 @@ TRACE_CONTEXT_LEN = 131072
 TRACE_LOAD = 0.85  # offered bytes over arena bytes: with the queue, the pool stays 80-95% full
 GROWTH_STEPS = 4  # a request's output arrives in this many extends
 TARGET_ID = "target"
-
-
-def has_placement() -> bool:
-    return "placement" in inspect.signature(Allocator).parameters
-
-
-def with_placement(pool: ArenaPool, placement: str) -> ArenaPool:
-    """`pool` (fresh) with its allocator's placement policy set (a no-op before extents existed)."""
-    if has_placement():
-        pool.allocator = Allocator(
-            pool.arena.low,
-            pool.arena.high,
-            page_size=pool.sizes.page_size,
-            sliding_window=pool.sizes.spec.sliding_window,
-            unified=pool.sizes.unified,
-            placement=placement,
-        )
-    return pool
 
 
 def trace_spec(ssm_heads: int) -> ModelSpec:
@@ -76,7 +56,7 @@ def trace_pool(
         context_len=context_len,
         max_running_requests=MAX_RUNNING,
     )
-    return with_placement(build_pool(size_pools(spec, args, budget), device), placement)
+    return build_pool(size_pools(spec, args, budget), device, placement=placement)
 
 
 def envelope_runs(pool: ArenaPool, rid: str) -> int:

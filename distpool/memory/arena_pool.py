@@ -28,7 +28,9 @@ from distpool.memory.sizing import PoolSizes
 class ArenaPool:
     """A pool over one arena: unified or static according to `sizes.unified`."""
 
-    def __init__(self, sizes: PoolSizes, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
+    ) -> None:
         self.sizes = sizes
         self.arena = Arena(sizes, device)
         self.buffer = self.arena.buffer  # uint8 (arena_bytes,): every byte this pool owns
@@ -40,6 +42,7 @@ class ArenaPool:
             page_size=sizes.page_size,
             sliding_window=sizes.spec.sliding_window,
             unified=sizes.unified,
+            placement=placement,  # where pages go: "extent", or the "first_fit" baseline
         )
 
     @property
@@ -190,6 +193,8 @@ class ArenaPool:
         self.allocator.check_invariants()
 
 
-def build_pool(sizes: PoolSizes, device: torch.device | str = "cpu") -> ArenaPool:
+def build_pool(
+    sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
+) -> ArenaPool:
     """The pool `sizes` describes, its arena allocated on `device`."""
-    return ArenaPool(sizes, device)
+    return ArenaPool(sizes, device, placement=placement)

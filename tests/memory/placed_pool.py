@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from distpool.memory.allocator import Allocator
-from distpool.memory.arena_pool import ArenaPool
+from distpool.memory.arena_pool import ArenaPool, build_pool
 from distpool.model.spec import ModelSpec
-from tests.factories import make_pool
+from tests.factories import make_sizes
 
 
 def make_placed_pool(
     spec: ModelSpec | None = None, *, placement: str = "extent", **size_args: object
 ) -> ArenaPool:
-    """`make_pool(spec, **size_args)` whose allocator places pages by `placement` (fresh pool)."""
-    pool = make_pool(spec, **size_args)
-    pool.allocator = Allocator(
-        pool.arena.low,
-        pool.arena.high,
-        page_size=pool.sizes.page_size,
-        sliding_window=pool.sizes.spec.sliding_window,
-        unified=pool.sizes.unified,
-        placement=placement,
-    )
-    return pool
+    """`make_pool(spec, **size_args)` whose allocator places pages by `placement`."""
+    return build_pool(make_sizes(spec, **size_args), placement=placement)
 
 
 def unit_bytes(pool: ArenaPool, low_units: int, pages: int) -> int:
