@@ -88,9 +88,6 @@ class DecodeWorker(WorkerBase):
                 f"request {request_id!r} needs {prompt_len + max_new_tokens} tokens, more than the pool's "
                 f"context length {self.sizes.args.context_len}; raise --context-len"
             )
-        # The driver reserves a request again only after giving up its previous attempt; a request
-        # still here is that attempt, whose cancel lost a race with its own transfer: supersede it.
-        self.cancel(request_id)
         with self._lock:
             if request_id in self._waiting or request_id in self._running:
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
@@ -138,14 +135,7 @@ class DecodeWorker(WorkerBase):
         is handed out by `next_finished` as failed, so a driver waiting for it hears. Returns whether
         this worker held it."""
         with self._lock:
-            admitted = self._running.get(request_id) or self._finished.get(request_id)
-            if admitted is not None:
-                self._free(self._running, request_id)
-                self._finished.pop(request_id, None)
-                if notify:
-                    admitted.error = "decode gave the request up (receiver cancel)"
-                    self._finished[request_id] = admitted
-                    self._wake.notify_all()
+            if self._give_up_admitted(request_id, notify=notify):
                 return True
             req = self._waiting.get(request_id)
         if req is None or req.transfer is None:
@@ -155,10 +145,21 @@ class DecodeWorker(WorkerBase):
             req.transfer.wait()
         except TransferError:
             return True  # the expected outcome: `_landed` freed the reservation
-        # The abort came after the last byte landed: the transfer succeeded and admitted the request.
-        with self._lock:
-            if not self._free(self._running, request_id):
-                self._finished.pop(request_id, None)
+        with self._lock:  # the abort came after the last byte landed: the transfer admitted it
+            self._give_up_admitted(request_id, notify=notify)
+        return True
+
+    def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
+        """Under the lock: drop a running or finished request (see `cancel`); whether there was one."""
+        req = self._running.get(request_id) or self._finished.get(request_id)
+        if req is None:
+            return False
+        self._free(self._running, request_id)
+        self._finished.pop(request_id, None)
+        if notify:
+            req.error = "decode gave the request up (receiver cancel)"
+            self._finished[request_id] = req
+            self._wake.notify_all()
         return True
 
     # ---- decode loop --------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class Transfer:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._on_expire = on_expire
-        self._callbacks: list[DoneCallback] = []
+        self._callbacks: list[DoneCallback] | None = []  # None once concluded
 
     def __repr__(self) -> str:
         return f"Transfer({self.role} {self.request_id!r}, {self._state.value}, {self.num_bytes} bytes)"
@@ -201,9 +201,9 @@ class Transfer:
 
     def add_done_callback(self, callback: DoneCallback) -> None:
         """Run `callback(transfer)` once it concludes, on the thread that concludes it (at once if
-        it already has). A callback must not block on the engine."""
+        it already has), before `wait()` returns. A callback must not block on the engine."""
         with self._lock:
-            if not self._done.is_set():
+            if self._callbacks is not None:
                 self._callbacks.append(callback)
                 return
         callback(self)
@@ -227,15 +227,17 @@ class Transfer:
                 self.deadline = self.began_at + self.active_timeout_s
 
     def conclude(self, error: TransferError | None) -> bool:
-        """Conclude once (later calls are ignored); returns whether this call concluded it."""
+        """Conclude once (later calls are ignored); returns whether this call concluded it. The done
+        callbacks run before waiters wake: whoever waited sees what the callbacks did (e.g. the
+        decode worker freeing a failed reservation)."""
         with self._lock:
-            if self._done.is_set():
+            if self._callbacks is None:
                 return False
             self._error = error
             self._state = TransferState.FAILED if error is not None else TransferState.SUCCESS
             self.ended_at = time.monotonic()
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks:
             callback(self)
+        self._done.set()
         return True

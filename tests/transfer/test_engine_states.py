@@ -20,7 +20,7 @@ from tests.transfer.transfer_peer import (
     fragmented_ranges,
     make_arena,
 )
-from transfer import TransferError, TransferOptions, TransferState
+from transfer import Transfer, TransferError, TransferOptions, TransferState
 
 ARENA_BYTES = 4 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
@@ -373,3 +373,23 @@ def test_a_receiver_failing_after_the_last_chunk_tells_the_sender_at_once(pair):
         assert failure.value.channel_broken
     assert time.monotonic() - started < 2.5  # the receiver's STATUS said so; no wait for the deadline
     assert not sender.channel.healthy and not receiver.channel.healthy
+
+
+def test_done_callbacks_have_run_by_the_time_a_waiter_wakes():
+    """Regression: wait() returned while the callback that frees a failed reservation was still to
+    run, so a caller that cancelled and then reserved again found the old reservation."""
+    seen = []
+    transfer = Transfer(request_id="cb", role="receiver", num_bytes=1, deadline_s=5)
+
+    def slow_callback(t):
+        time.sleep(0.2)
+        seen.append(t.state)
+
+    transfer.add_done_callback(slow_callback)
+    threading.Thread(target=transfer.conclude, args=(TransferError("cb", "failed on purpose"),)).start()
+    with pytest.raises(TransferError):
+        transfer.wait()
+    assert seen == [TransferState.FAILED]
+    late = []
+    transfer.add_done_callback(late.append)  # after the conclusion: runs at once
+    assert late == [transfer]
