@@ -18,6 +18,7 @@ from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
 from transfer import TransferOptions
+from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
 
@@ -157,7 +158,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         requests,
         address=address,
         num_cpus=ns.num_cpus,
-        fault_rate=ns.fault_rate,
+        faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,

@@ -69,22 +69,14 @@ class PrefillWorker(WorkerBase):
         transfers: list[tuple[str, Transfer]] = []
         for rid, peer, fault, token, envelope, ranges in outgoing:
             try:
-                transfers.append(
-                    (
-                        rid,
-                        self.channels.submit(
-                            peer,
-                            envelope,
-                            self.pool.buffer,
-                            ranges,
-                            first_token=token,
-                            fault=fault,
-                        ),
-                    )
+                transfer = self.channels.submit(
+                    peer, envelope, self.pool.buffer, ranges, first_token=token, fault=fault
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, rid, pinned=True)
                 out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": True}
+                continue
+            transfers.append((rid, transfer))
         for rid, transfer in transfers:
             try:
                 transfer.wait()

@@ -26,7 +26,7 @@ from distpool.serving.recovery import Recovery
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from transfer import ChannelError
-from transfer.faults import RECEIVER_FAULTS, SENDER_ABORT, SENDER_FAULTS
+from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 ADMISSION_POLL_S = 0.005
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
@@ -46,8 +46,7 @@ class Outcome:
 
 @dataclass
 class ServeOptions:
-    fault_rate: float = 0.0  # probability that a transfer is aborted mid-stream (then retried)
-    faults: dict[str, float] = field(default_factory=dict)  # more kinds (serving.faults), for the soak
+    faults: dict[str, float] = field(default_factory=dict)  # kind -> probability per attempt (serving.faults)
     max_attempts: int = 4
     queue_bound: int = 64  # requests admitted into the pipeline at once
     admission_timeout_s: float = 60.0
@@ -78,7 +77,7 @@ class Server:
         self.dep = deployment
         self.options = options
         self.router = Router(list(deployment.prefill), list(deployment.decode))
-        self.faults = FaultPlan({SENDER_ABORT: options.fault_rate, **options.faults}, options.seed)
+        self.faults = FaultPlan(options.faults, options.seed)
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)

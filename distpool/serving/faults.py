@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from transfer.faults import RECEIVER_FAULTS, SENDER_ABORT, SENDER_FAULTS
+from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 RECEIVER_CANCEL = "receiver_cancel"  # the driver has decode give the request up mid-transfer
 DRIVER_FAULTS = (RECEIVER_CANCEL,)
@@ -25,11 +25,6 @@ class FaultPlan:
         self.rates = {kind: p for kind, p in rates.items() if p > 0}
         self.rng = random.Random(seed)
         self.injected: Counter[str] = Counter()
-
-    @classmethod
-    def aborts(cls, rate: float, seed: int = 0) -> FaultPlan:
-        """`--fault-rate`: only sender aborts mid-stream."""
-        return cls({SENDER_ABORT: rate} if rate else {}, seed)
 
     def draw(self) -> str | None:
         """The fault for the next attempt, or None (counted when drawn)."""

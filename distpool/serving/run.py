@@ -15,31 +15,24 @@ from pathlib import Path
 import ray
 
 from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import ServeOptions, Server
+from distpool.serving.driver import ServeOptions, Server, one_line
 from distpool.serving.parity import check_parity
 from distpool.serving.report import format_summary, summarize
 from distpool.serving.workload import Request
+from distpool.worker.base import BANDS
 
 
 def worker_stats(deployment: Deployment) -> list[dict]:
-    """Every worker's stats; a worker that cannot answer is listed as dead, with nothing counted."""
+    """Every worker's stats, asked of all at once; a worker that cannot answer is listed as dead,
+    with nothing counted."""
+    refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
     stats = []
-    for name, handle in deployment.handles().items():
+    for name, ref in refs.items():
         try:
-            stats.append({**ray.get(handle.stats.remote(), timeout=30), "state": "alive"})
+            stats.append({**ray.get(ref, timeout=30), "state": "alive"})
         except Exception as exc:  # dead, or stuck: the summary is written all the same
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            zeros = dict.fromkeys(("pages_used", "pages_peak", "pages_capacity", "slots_used"), 0)
-            stats.append(
-                {
-                    "name": name,
-                    "state": "dead",
-                    "error": reason,
-                    **zeros,
-                    "slots_peak": 0,
-                    "slots_capacity": 0,
-                }
-            )
+            zeros = {f"{band}_{what}": 0 for band in BANDS for what in ("used", "peak", "capacity")}
+            stats.append({"name": name, "state": "dead", "error": one_line(exc), **zeros})
     return stats
 
 
@@ -49,7 +42,7 @@ def run(
     *,
     address: str | None,
     num_cpus: int | None = None,
-    fault_rate: float = 0.0,
+    faults: dict[str, float] | None = None,
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
@@ -69,7 +62,7 @@ def run(
     try:
         deployment = Deployment.start(spec)
         started = time.monotonic()
-        server = Server(deployment, ServeOptions(fault_rate=fault_rate, seed=seed))
+        server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
         outcomes = asyncio.run(server.serve(requests))
         wall_s = time.monotonic() - started
         stats = worker_stats(deployment)

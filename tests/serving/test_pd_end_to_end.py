@@ -8,6 +8,7 @@ from distpool.reference.model import ReferenceModel
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.workload import Request
 from tests.serving.helpers import make_spec, mixed_requests, serve
+from transfer.faults import SENDER_ABORT
 
 pytestmark = pytest.mark.ray
 # The NCCL variant places each worker on its own GPU through a placement group.
@@ -48,7 +49,7 @@ def test_2p2d_static_pools_use_every_worker(ray_session):
 def test_fault_rate_retries_every_failed_transfer_without_leaks(ray_session):
     spec = make_spec()
     requests = mixed_requests(12, max_new_tokens=3, seed=5)
-    outcomes, stats, server = serve(spec, requests, fault_rate=0.4, max_attempts=10, seed=1)
+    outcomes, stats, server = serve(spec, requests, faults={SENDER_ABORT: 0.4}, max_attempts=10, seed=1)
     assert all(o.tokens is not None for o in outcomes), [o.error for o in outcomes]
     assert server.retried > 0
     assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
