@@ -13,6 +13,7 @@ would fit after compaction otherwise raises `NeedsCompaction` (a `DoesNotFit`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,6 +45,7 @@ class ArenaPool:
             unified=sizes.unified,
             placement=placement,  # where pages go: "extent", or the "first_fit" baseline
         )
+        self._compactions = (0, 0, 0.0)  # count, bytes moved, seconds
 
     @property
     def kind(self) -> str:
@@ -168,10 +170,17 @@ class ArenaPool:
     # ---- compaction and accounting --------------------------------------------------------------
     def compact(self) -> int:
         """Pack the bands around pinned envelopes (unified only); returns bytes moved."""
+        start = time.perf_counter()
         moves = self.allocator.compaction_moves()
         self.arena.copy_runs(moves.runs_bytes)
         self.allocator.apply_compaction(moves)
+        count, moved, seconds = self._compactions
+        self._compactions = (count + 1, moved + moves.bytes_moved, seconds + time.perf_counter() - start)
         return moves.bytes_moved
+
+    def compactions(self) -> tuple[int, int, float]:
+        """Compactions so far: how many, the bytes they moved and the seconds they took."""
+        return self._compactions
 
     def available(self, *, after_compaction: bool = False) -> dict[str, int]:
         """Units per band that could be handed out now (or after a compaction). Unified: the low

@@ -86,11 +86,15 @@ class Pool(Protocol):
     def release_batch(self, request_ids: list[str]) -> None: ...
 
     def page_ids(self, request_id: str) -> torch.Tensor: ...  # int64, physical, token order
+    def swa_page_ids(self, request_id: str) -> torch.Tensor: ...  # the sliding window's pages, token order
+    def swa_first_page(self, request_id: str) -> int: ...  # token-page index of swa_page_ids(...)[0]
     def slot_id(self, request_id: str) -> int | None: ...  # None for a model without recurrent state
     def num_tokens(self, request_id: str) -> int: ...
 
     # (num_pages, page_size, kv_heads, head_dim) each, for full-attention layer `layer`
     def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    # the same for sliding-window layer `layer`, indexed by swa page ids
+    def swa_kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
     # one (num_slots, *shape) tensor per MambaSpec.tensors entry, for Mamba layer `layer`
     def state_view(self, layer: int) -> tuple[torch.Tensor, ...]: ...
 
@@ -100,4 +104,5 @@ class Pool(Protocol):
     def unpin(self, request_id: str) -> None: ...
 
     def usage(self) -> dict[str, BandUsage]: ...  # per band present: "pages", "slots", "swa_pages"
+    def compactions(self) -> tuple[int, int, float]: ...  # so far: count, bytes moved, seconds
     def check_invariants(self) -> None: ...  # raises AssertionError naming the broken invariant
