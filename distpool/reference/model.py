@@ -10,7 +10,7 @@ Layer indices passed to `pool.kv_view` / `pool.state_view` are the model's own l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +25,7 @@ from distpool.reference.layers import (
     build_layers,
     rms_norm,
 )
+from distpool.reference.pool_model import Mismatch, PoolModel
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
@@ -75,13 +76,17 @@ def unsupported_reason(spec: ModelSpec) -> str | None:
     return None
 
 
-class ReferenceModel:
+class ReferenceModel(PoolModel):
     """Greedy Nemotron-H style hybrid (Mamba2, attention, MLP layers) with seeded weights.
 
     Built from a `ModelSpec` alone: full-attention layers are GQA attention, Mamba layers Mamba2,
     every other layer a relu^2 MLP. Weights depend only on the spec's dimensions and `seed`, whatever
     the device. Raises ValueError (with the fix) for specs `unsupported_reason` refuses.
+    It keeps no record of requests, so `admit` and `check` have nothing to verify.
     """
+
+    name = "reference"
+    verifies = False
 
     def __init__(self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
         if (reason := unsupported_reason(spec)) is not None:
@@ -251,43 +256,11 @@ class ReferenceModel:
             x = x + out
         return self._logits(x).argmax(dim=-1).tolist()
 
-    def generate(
-        self,
-        pool: Pool,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        *,
-        request_ids: Sequence[str] | None = None,
-        between_steps: Callable[[], object] | None = None,
-    ) -> list[list[int]]:
-        """Reserve, prefill, decode and release `prompts` as one batch; `max_new_tokens` per prompt.
+    def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
+        return None
 
-        `between_steps` runs before every decode step (e.g. `pool.compact`). Everything reserved
-        is released, also when a step fails.
-        """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        ids = (
-            list(request_ids) if request_ids is not None else [f"reference-{i}" for i in range(len(prompts))]
-        )
-        if len(ids) != len(prompts):
-            raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
-        reserved: list[str] = []
-        try:
-            for request_id, prompt in zip(ids, prompts, strict=True):
-                pool.reserve(request_id, len(prompt))
-                reserved.append(request_id)
-            tokens = self.prefill(pool, ids, prompts)
-            generated = [[t] for t in tokens]
-            for _ in range(max_new_tokens - 1):
-                if between_steps is not None:
-                    between_steps()
-                for request_id in ids:
-                    pool.extend(request_id, 1)
-                tokens = self.decode_step(pool, ids, tokens)
-                for out, token in zip(generated, tokens, strict=True):
-                    out.append(token)
-            return generated
-        finally:
-            for request_id in reserved:
-                pool.release(request_id)
+    def check(self, pool: Pool, request_id: str) -> Mismatch | None:
+        return None
+
+    def forget(self, request_id: str) -> None:
+        return None

@@ -1,0 +1,100 @@
+"""What a worker runs on its pool (the reference model or the synthetic cache), and the generate loop
+both share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distpool.memory.pool import Pool
+
+_KIND_WORDS = {"kv": "", "swa_kv": "sliding-window ", "state": ""}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first byte of an envelope that differs from what it should hold."""
+
+    kind: str  # "kv" | "swa_kv" | "state"
+    layer: int  # the model's own layer number
+    tensor: str  # "k" or "v" for KV, the state tensor's name for state
+    position: int | None  # token position of a KV row; None for state
+    byte_offset: int  # within that KV row, or within the state tensor of one slot
+
+    def __str__(self) -> str:
+        where = f"at token {self.position}" if self.position is not None else "state"
+        return f"layer {self.layer} {_KIND_WORDS[self.kind]}{self.tensor} {where}, byte {self.byte_offset}"
+
+
+class PoolModel(ABC):
+    """Prefill and decode through a `Pool`; `admit` / `check` verify envelopes where the model can."""
+
+    name: str  # "reference" | "synthetic"
+    verifies: bool  # whether admit / check look at the bytes at all
+
+    @abstractmethod
+    def prefill(self, pool: Pool, request_ids: Sequence[str], prompts: Sequence[Sequence[int]]) -> list[int]:
+        """Fill each request's envelope (reserved with exactly len(prompt) tokens); the first tokens."""
+
+    @abstractmethod
+    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
+        """Feed `last_tokens` to requests extended by one token; the next token per request."""
+
+    @abstractmethod
+    def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
+        """Take over a request whose envelope arrived (decode side); the first wrong byte, or None."""
+
+    @abstractmethod
+    def check(self, pool: Pool, request_id: str) -> Mismatch | None:
+        """Verify a request's whole envelope as it stands; the first wrong byte, or None."""
+
+    @abstractmethod
+    def forget(self, request_id: str) -> None:
+        """Drop what the model keeps about a request (nothing happens for one it does not know)."""
+
+    def generate(
+        self,
+        pool: Pool,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        *,
+        request_ids: Sequence[str] | None = None,
+        between_steps: Callable[[], object] | None = None,
+    ) -> list[list[int]]:
+        """Reserve, prefill, decode and release `prompts` as one batch; `max_new_tokens` per prompt.
+
+        `between_steps` runs before every decode step (e.g. `pool.compact`). Everything reserved
+        is released and forgotten, also when a step fails.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        ids = (
+            list(request_ids)
+            if request_ids is not None
+            else [f"{self.name}-{i}" for i in range(len(prompts))]
+        )
+        if len(ids) != len(prompts):
+            raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
+        reserved: list[str] = []
+        try:
+            for request_id, prompt in zip(ids, prompts, strict=True):
+                pool.reserve(request_id, len(prompt))
+                reserved.append(request_id)
+            tokens = self.prefill(pool, ids, prompts)
+            generated = [[t] for t in tokens]
+            for _ in range(max_new_tokens - 1):
+                if between_steps is not None:
+                    between_steps()
+                for request_id in ids:
+                    pool.extend(request_id, 1)
+                tokens = self.decode_step(pool, ids, tokens)
+                for out, token in zip(generated, tokens, strict=True):
+                    out.append(token)
+            return generated
+        finally:
+            for request_id in reserved:
+                pool.release(request_id)
+                self.forget(request_id)

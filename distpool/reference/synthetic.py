@@ -1,0 +1,199 @@
+"""A stand-in for a real model of any size: writes every byte of an envelope with a pattern that a
+decode worker can verify byte for byte. No weights, no arithmetic beyond hashing.
+
+The pattern (functions in `synthetic_pattern`; H_k is the prefix hash of the first k tokens):
+- KV row of token position p in layer l (K and V, full and sliding-window): base[l, what] XOR
+  hash(seed, l, what, H_{p+1}); a row depends on its prefix only, so shared prefixes share bytes.
+- A Mamba state tensor after prefill of n tokens: base[l, name] XOR hash(seed, l, name, H_n) in
+  every word. Each tensor's W words are cut into min(16, W) stripes of ceil(W / stripes) words, and
+  the decode step that brings a request to n tokens rewrites only stripe n mod stripes, with H_n.
+  So every stripe holds the hash of the last token count that wrote it (prefill wrote all of them),
+  and a step costs about what a real step's state traffic would, not a whole slot.
+- The token generated after n tokens: splitmix64(H_n ^ TOKEN_KEY ^ seed) mod vocab.
+A colocated run and a disaggregated run therefore give the same tokens and the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from distpool.model.spec import ModelSpec
+from distpool.reference.pool_model import Mismatch, PoolModel
+from distpool.reference.synthetic_envelope import EnvelopePattern
+from distpool.reference.synthetic_pattern import next_hash, prefix_hashes, token_after
+
+if TYPE_CHECKING:
+    from distpool.memory.pool import Pool
+
+DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
+
+
+@dataclass
+class _Record:
+    """What the cache knows of a request it filled or admitted."""
+
+    tokens: list[int]  # every token whose KV the envelope holds, prompt first
+    prompt_len: int
+    last_hash: int  # H_n, n = len(tokens)
+    next_token: int  # the token the next decode step must feed
+
+
+class SyntheticCache(PoolModel):
+    """Fills and verifies envelopes with the synthetic pattern; the calling surface of ReferenceModel.
+
+    Runs any spec (hybrid Mamba, hybrid SWA, dense, parallel hybrids, MLA, any dtype). The pattern
+    is generated on `device`, which must be the pool's.
+    """
+
+    name = "synthetic"
+    verifies = True
+
+    def __init__(self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        self.spec = spec
+        self.seed = seed
+        self.device = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", as tensors report it
+        self.vocab_size = spec.vocab_size or DEFAULT_VOCAB_SIZE
+        self.pattern = EnvelopePattern(spec, seed=seed, device=self.device)
+        self._records: dict[str, _Record] = {}
+
+    # ---- the calling surface -------------------------------------------------------------------
+    def prefill(self, pool: Pool, request_ids: Sequence[str], prompts: Sequence[Sequence[int]]) -> list[int]:
+        """Write every KV row and the whole state of each request; register it for decode steps.
+
+        Each request must already be reserved with exactly `len(prompt)` tokens. Returns first tokens.
+        """
+        if len(request_ids) != len(prompts):
+            raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+        self._check_batch(request_ids)
+        if not request_ids:
+            return []
+        for request_id, prompt in zip(request_ids, prompts, strict=True):
+            self._check_prompt(pool, request_id, prompt)
+        hashes = [prefix_hashes(prompt) for prompt in prompts]  # H_0..H_n per request
+        records = [
+            self._new_record(prompt, int(prefix[-1])) for prompt, prefix in zip(prompts, hashes, strict=True)
+        ]
+        for kind in self.pattern.kv_kinds():
+            pages, rows, row_hashes = [], [], []
+            for request_id, prompt, prefix in zip(request_ids, prompts, hashes, strict=True):
+                positions = self.pattern.held_positions(pool, request_id, kind, len(prompt))
+                page, row = self.pattern.places(pool, request_id, kind, positions)
+                pages.append(page)
+                rows.append(row)
+                row_hashes.append(prefix[positions + 1])
+            self.pattern.write_kv(pool, kind, torch.cat(pages), torch.cat(rows), np.concatenate(row_hashes))
+        for request_id, record in zip(request_ids, records, strict=True):
+            self.pattern.write_state(pool, request_id, record.last_hash, stripe=None)
+            self._records[request_id] = record
+        return [record.next_token for record in records]
+
+    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
+        """Feed `last_tokens` as each request's newest position (the caller extended it by one):
+        write its KV rows and one state stripe per tensor; return the next tokens.
+
+        Each fed token must be the one the cache last returned for that request (or, after `admit`,
+        its first token): a different one means the caller mixed requests up.
+        """
+        if len(request_ids) != len(last_tokens):
+            raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
+        self._check_batch(request_ids)
+        if not request_ids:
+            return []
+        self._check_tokens(last_tokens, "last_tokens")
+        records = []
+        for request_id, token in zip(request_ids, last_tokens, strict=True):
+            record = self._record(request_id)
+            if pool.num_tokens(request_id) != len(record.tokens) + 1:
+                raise ValueError(
+                    f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool after "
+                    f"{len(record.tokens)} written. Fix: pool.extend(request_id, 1) before each decode step"
+                )
+            if token != record.next_token:
+                raise ValueError(
+                    f"request {request_id!r} was fed token {token}, but the cache generated "
+                    f"{record.next_token} for it. Fix: feed each request the token its last step returned"
+                )
+            records.append(record)
+        new_hashes = [next_hash(r.last_hash, t) for r, t in zip(records, last_tokens, strict=True)]
+        for kind in self.pattern.kv_kinds():
+            places = [
+                self.pattern.places(pool, request_id, kind, np.array([len(record.tokens)]))
+                for request_id, record in zip(request_ids, records, strict=True)
+            ]
+            pages, rows = (torch.cat(part) for part in zip(*places, strict=True))
+            self.pattern.write_kv(pool, kind, pages, rows, np.array(new_hashes, dtype=np.uint64))
+        for request_id, record, token, new_hash in zip(
+            request_ids, records, last_tokens, new_hashes, strict=True
+        ):
+            record.tokens.append(int(token))
+            record.last_hash = new_hash
+            record.next_token = token_after(self.seed, new_hash, self.vocab_size)
+            self.pattern.write_state(pool, request_id, new_hash, stripe=len(record.tokens))
+        return [record.next_token for record in records]
+
+    def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
+        """Verify a received envelope byte for byte against what prefill writes for `prompt`; register
+        the request (the next step feeds `first_token`) when it matches, else register nothing."""
+        if request_id in self._records:
+            raise ValueError(f"request {request_id!r} is already registered. Fix: forget it before admit")
+        self._check_prompt(pool, request_id, prompt)
+        self._check_tokens([first_token], "first_token")
+        mismatch = self.pattern.verify(pool, request_id, prompt, len(prompt))
+        if mismatch is None:
+            last_hash = int(prefix_hashes(prompt)[-1])
+            self._records[request_id] = self._new_record(prompt, last_hash, next_token=first_token)
+        return mismatch
+
+    def check(self, pool: Pool, request_id: str) -> Mismatch | None:
+        """Verify every KV row the request holds and every state stripe, as its record says they are."""
+        record = self._record(request_id)
+        if pool.num_tokens(request_id) < len(record.tokens):
+            raise ValueError(
+                f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but "
+                f"{len(record.tokens)} were written"
+            )
+        return self.pattern.verify(pool, request_id, record.tokens, record.prompt_len)
+
+    def forget(self, request_id: str) -> None:
+        self._records.pop(request_id, None)
+
+    # ---- validation -----------------------------------------------------------------------------
+    def _check_batch(self, request_ids: Sequence[str]) -> None:
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError(f"a batch names a request twice: {list(request_ids)}")
+
+    def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
+        if any(not 0 <= t < self.vocab_size for t in tokens):
+            raise ValueError(f"{what} has token ids outside [0, {self.vocab_size}): {list(tokens)}")
+
+    def _check_prompt(self, pool: Pool, request_id: str, prompt: Sequence[int]) -> None:
+        if len(prompt) == 0:
+            raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
+        self._check_tokens(prompt, "prompt")
+        if pool.num_tokens(request_id) != len(prompt):
+            raise ValueError(
+                f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
+                f"prompt has {len(prompt)}. Fix: reserve it with len(prompt) tokens before prefill"
+            )
+
+    def _record(self, request_id: str) -> _Record:
+        if request_id not in self._records:
+            raise ValueError(f"request {request_id!r} is not registered. Fix: prefill or admit it first")
+        return self._records[request_id]
+
+    def _new_record(self, prompt: Sequence[int], last_hash: int, next_token: int | None = None) -> _Record:
+        """The record of a request just filled with `prompt` (H_n = `last_hash`); the next token fed
+        is `next_token`, by default the one generated after the prompt."""
+        if next_token is None:
+            next_token = token_after(self.seed, last_hash, self.vocab_size)
+        return _Record(
+            tokens=[int(t) for t in prompt],
+            prompt_len=len(prompt),
+            last_hash=last_hash,
+            next_token=next_token,
+        )

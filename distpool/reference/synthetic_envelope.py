@@ -1,0 +1,194 @@
+"""The synthetic pattern laid over a pool: which rows a request holds, writing them, verifying them.
+
+Rows are addressed through the pool's own views (no copies): a KV tensor as (num_pages, page_size,
+words) and a state tensor as (num_slots, words), words as `synthetic_pattern.as_words` reads them.
+Writes are batched: one indexed write per layer, tensor and chunk of positions for a whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from distpool.model.spec import ModelSpec
+from distpool.reference.pool_model import Mismatch
+from distpool.reference.synthetic_pattern import (
+    as_words,
+    base_words,
+    prefix_hashes,
+    row_hashes,
+    spread,
+    stream_key,
+    stripe_bounds,
+    stripe_writers,
+)
+
+if TYPE_CHECKING:
+    from distpool.memory.pool import Pool
+
+CHUNK_POSITIONS = 4096  # KV rows generated at once: bounds the temporary memory of a long prompt
+KV_KINDS = ("kv", "swa_kv")  # full attention, sliding window
+_STREAM_PREFIX = {"kv": "", "swa_kv": "swa_"}  # stream names: k / v, swa_k / swa_v
+
+# (layer, tensor name, words, (pages, rows) on the device, chunk start, expected rows (n, words))
+_KvChunk = tuple[int, str, torch.Tensor, tuple[torch.Tensor, torch.Tensor], int, torch.Tensor]
+
+
+def _first_diff(actual: torch.Tensor, expected: torch.Tensor) -> int:
+    """Byte offset of the first byte where two 1-D word tensors differ."""
+    return int((actual.view(torch.uint8) != expected.view(torch.uint8)).nonzero()[0])
+
+
+class EnvelopePattern:
+    """Writes and verifies the pattern of (spec, seed) in pools on `device`; caches per-stream bases."""
+
+    def __init__(self, spec: ModelSpec, *, seed: int, device: torch.device) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.device = device
+        self._bases: dict[tuple[int, str], tuple[int, torch.Tensor]] = {}  # (layer, what) -> key, base
+
+    # ---- where rows live ------------------------------------------------------------------------
+    def layers(self, kind: str) -> tuple[int, ...]:
+        return self.spec.full_attention_layers if kind == "kv" else self.spec.sliding_window_layers
+
+    def kv_kinds(self) -> list[str]:
+        """The KV kinds this model has."""
+        return [kind for kind in KV_KINDS if self.layers(kind)]
+
+    def held_positions(self, pool: Pool, request_id: str, kind: str, num_tokens: int) -> np.ndarray:
+        """Positions among the first `num_tokens` whose rows the pool keeps (a window drops some)."""
+        first = pool.swa_first_page(request_id) * pool.page_size if kind == "swa_kv" else 0
+        return np.arange(first, num_tokens)
+
+    def places(
+        self, pool: Pool, request_id: str, kind: str, positions: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(physical page id, row within the page) of each token position."""
+        if kind == "kv":
+            ids, first_page = pool.page_ids(request_id), 0
+        else:
+            ids, first_page = pool.swa_page_ids(request_id), pool.swa_first_page(request_id)
+        at = torch.from_numpy(positions).to(torch.int64)
+        return ids.cpu()[at // pool.page_size - first_page], at % pool.page_size
+
+    def _words(self, view: torch.Tensor, lead_dims: int) -> torch.Tensor:
+        if view.device != self.device:
+            raise ValueError(
+                f"the pool is on {view.device} but the synthetic cache on {self.device}. "
+                "Fix: build both on one device"
+            )
+        return as_words(view, lead_dims)
+
+    def _stream(self, layer: int, what: str, words: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(key, base words) of one stream, built on first use."""
+        if (layer, what) not in self._bases:
+            key = stream_key(self.seed, layer, what)
+            self._bases[layer, what] = (key, base_words(key, words.shape[-1], words.dtype, self.device))
+        key, base = self._bases[layer, what]
+        assert (base.dtype, base.numel()) == (words.dtype, words.shape[-1]), f"layer {layer} {what} resized"
+        return key, base
+
+    # ---- KV rows --------------------------------------------------------------------------------
+    def _kv_chunks(
+        self, pool: Pool, kind: str, pages: torch.Tensor, rows: torch.Tensor, hashes: np.ndarray
+    ) -> Iterator[_KvChunk]:
+        """Expected rows for `hashes` (H_{p+1} of each row's position p), per layer, K/V and chunk."""
+        chunks = []
+        for start in range(0, len(hashes), CHUNK_POSITIONS):
+            stop = start + CHUNK_POSITIONS
+            chunks.append((start, (pages[start:stop].to(self.device), rows[start:stop].to(self.device))))
+        for layer in self.layers(kind):
+            view = pool.kv_view(layer) if kind == "kv" else pool.swa_kv_view(layer)
+            for name, tensor in zip("kv", view, strict=True):
+                if tensor.numel() == 0:
+                    continue  # MLA caches no V
+                words = self._words(tensor, 2)  # (num_pages, page_size, words)
+                key, base = self._stream(layer, _STREAM_PREFIX[kind] + name, words)
+                for start, where in chunks:
+                    mixed = row_hashes(key, hashes[start : start + CHUNK_POSITIONS])
+                    expected = base ^ spread(mixed, words.dtype, 0, base.numel(), self.device)
+                    yield layer, name, words, where, start, expected
+
+    def write_kv(
+        self, pool: Pool, kind: str, pages: torch.Tensor, rows: torch.Tensor, hashes: np.ndarray
+    ) -> None:
+        """Write the rows at (pages, rows) of every layer of `kind`; `hashes` are their H_{p+1}."""
+        for _, _, words, where, _, expected in self._kv_chunks(pool, kind, pages, rows, hashes):
+            words[where] = expected
+
+    def _verify_kv(
+        self, pool: Pool, request_id: str, kind: str, hashes: np.ndarray, num_tokens: int
+    ) -> Mismatch | None:
+        positions = self.held_positions(pool, request_id, kind, num_tokens)
+        pages, rows = self.places(pool, request_id, kind, positions)
+        for layer, name, words, where, start, expected in self._kv_chunks(
+            pool, kind, pages, rows, hashes[positions + 1]
+        ):
+            actual = words[where]  # (n, words), a copy
+            bad = (actual != expected).any(dim=1)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                byte = _first_diff(actual[i], expected[i])
+                return Mismatch(
+                    kind=kind, layer=layer, tensor=name, position=int(positions[start + i]), byte_offset=byte
+                )
+        return None
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _states(self, pool: Pool) -> Iterator[tuple[int, str, torch.Tensor, int, torch.Tensor]]:
+        """(layer, tensor name, (num_slots, words), key, base) of every state tensor."""
+        if self.spec.mamba is None:
+            return
+        names = [t.name for t in self.spec.mamba.tensors]
+        for layer in self.spec.mamba_layers:
+            for name, view in zip(names, pool.state_view(layer), strict=True):
+                if view.numel():
+                    words = self._words(view, 1)
+                    yield layer, name, words, *self._stream(layer, f"state.{name}", words)
+
+    def _pattern(self, key: int, prefix_hash: int, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+        """Words [start, stop) of a state tensor's hash for `prefix_hash` (broadcasts over them)."""
+        mixed = row_hashes(key, np.array([prefix_hash], dtype=np.uint64))
+        return spread(mixed, dtype, start, stop - start, self.device)[0]
+
+    def write_state(self, pool: Pool, request_id: str, prefix_hash: int, *, stripe: int | None) -> None:
+        """Write `prefix_hash`'s pattern over the whole slot (`stripe` None), or over stripe
+        (`stripe` mod the tensor's stripe count) of each state tensor. No-op without state."""
+        slot = pool.slot_id(request_id)
+        for _, _, words, key, base in self._states(pool):
+            bounds = stripe_bounds(base.numel())
+            start, stop = (0, base.numel()) if stripe is None else bounds[stripe % len(bounds)]
+            if start < stop:
+                pattern = self._pattern(key, prefix_hash, words.dtype, start, stop)
+                torch.bitwise_xor(base[start:stop], pattern, out=words[slot, start:stop])
+
+    def _verify_state(
+        self, pool: Pool, request_id: str, hashes: np.ndarray, prompt_len: int, num_tokens: int
+    ) -> Mismatch | None:
+        slot = pool.slot_id(request_id)
+        for layer, name, words, key, base in self._states(pool):
+            bounds = stripe_bounds(base.numel())
+            expected = torch.empty_like(base)
+            writers = stripe_writers(prompt_len, num_tokens, len(bounds))
+            for (start, stop), writer in zip(bounds, writers, strict=True):
+                pattern = self._pattern(key, int(hashes[writer]), words.dtype, start, stop)
+                torch.bitwise_xor(base[start:stop], pattern, out=expected[start:stop])
+            if not torch.equal(words[slot], expected):
+                byte = _first_diff(words[slot], expected)
+                return Mismatch(kind="state", layer=layer, tensor=name, position=None, byte_offset=byte)
+        return None
+
+    # ---- a whole envelope -----------------------------------------------------------------------
+    def verify(self, pool: Pool, request_id: str, tokens: Sequence[int], prompt_len: int) -> Mismatch | None:
+        """The first wrong byte of the envelope of a request whose first `len(tokens)` positions hold
+        `tokens`, prefilled with `prompt_len` of them: state first, then KV by kind and layer."""
+        hashes = prefix_hashes(tokens)
+        mismatch = self._verify_state(pool, request_id, hashes, prompt_len, len(tokens))
+        for kind in self.kv_kinds():
+            if mismatch is None:
+                mismatch = self._verify_kv(pool, request_id, kind, hashes, len(tokens))
+        return mismatch
