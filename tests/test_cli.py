@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from distpool.cli import main
+from distpool.model.presets import preset_names
 from tests.factories import FIXTURES
 
 GIB = 1 << 30
@@ -105,3 +106,65 @@ def test_a_budget_that_is_not_a_finite_positive_size_is_refused_naming_the_flag(
 def test_a_bad_transfer_timeout_is_refused_before_ray_starts(capsys):
     assert main(["run", "--transfer-timeout", "0"]) == 2
     assert "transfer timeout must be 0.1 to 3600" in capsys.readouterr().err
+
+
+# ---- presets -----------------------------------------------------------------------------------
+def test_check_takes_a_preset_name(capsys):
+    out = check_json(capsys, "nemotron-h-8b", "--ssm-dtype", "bf16")
+    assert out["architectures"] == ["NemotronHForCausalLM"] and out["model_kind"] == "hybrid_mamba"
+    assert (out["num_full_attention_layers"], out["num_mamba_layers"]) == (4, 24)
+    assert out["slot_bytes"] == 24 * ((128 * 64 + 2 * 8 * 128) * 3 * 2 + 128 * 64 * 128 * 2)  # 49.4 MiB
+    assert out["page_bytes"] == 16 * 4 * 8 * (128 + 128) * 2
+
+
+def test_presets_table_names_every_preset_with_its_figures(capsys):
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["preset", "architecture", "kind", "attention", "mamba"]
+    rows = {line.split()[0]: line.split() for line in lines[1:] if line.split()[0] in preset_names()}
+    assert sorted(rows) == preset_names()
+    # name, architecture, kind, attention, mamba, slot MiB, KV KiB/token, dtypes
+    assert rows["nemotron-h-8b"][1:7] == ["NemotronHForCausalLM", "hybrid_mamba", "4", "24", "97.41", "16.00"]
+    assert rows["nemotron-h-56b"][3:5] == ["10", "54"]
+
+
+def test_presets_json_lists_every_preset(capsys):
+    assert main(["presets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == preset_names()
+    assert all(r["kind"] == "hybrid_mamba" and r["slot_bytes"] > 0 for r in rows)
+
+
+def test_an_unknown_preset_exits_2_naming_the_presets():
+    proc = subprocess.run(
+        [sys.executable, "-m", "distpool", "check", "nemotron-h-9b"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "nemotron-h-9b" in proc.stderr and all(name in proc.stderr for name in preset_names())
+
+
+def test_run_refuses_an_unknown_model_before_ray_starts(capsys):
+    assert main(["run", "--model", "nemotron-h-9b"]) == 2
+    assert "nemotron-h-8b" in capsys.readouterr().err
+
+
+def test_run_refuses_the_long_workload_when_the_context_cannot_hold_8k_prompts(capsys):
+    assert main(["run", "--workload", "long", "--context-len", "4096"]) == 2
+    assert "--context-len" in capsys.readouterr().err
+
+
+def test_run_offers_exactly_the_workloads(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--workload", "huge"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in ("short", "long-tailed", "long", "mixed"))
+
+
+@pytest.mark.parametrize("command", ["check", "presets", "run"])
+def test_every_subcommand_prints_its_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: distpool {command}" in capsys.readouterr().out

@@ -1,13 +1,30 @@
-"""Workloads for the main job: generated (seeded, mixed prompt lengths) or read from a JSONL file."""
+"""Workloads for the main job: generated (seeded, by prompt-length distribution) or read from a JSONL file."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from distpool.memory.envelope import MAX_REQUEST_ID_CHARS as MAX_ID_CHARS  # an id must fit an envelope
+from distpool.memory.sizing import PoolArgs
+
+# What `run --workload` offers (the README lists these lines).
+WORKLOADS = {
+    "short": "prompts of 128-1024 tokens, uniform",
+    "long-tailed": "95% lognormal around 1.5k tokens (256-2048), 5% from 2048 up to the context length",
+    "long": "prompts of 8k-32k tokens, uniform (needs --context-len of 8192 + max new tokens or more)",
+    "mixed": "prompts uniform in [--min-prompt-len, --max-prompt-len] (default 4-96)",
+}
+DEFAULT_VOCAB_SIZE = 32000  # token ids for a model config that states no vocab_size
+SHORT_PROMPT = (128, 1024)
+LONG_PROMPT = (8192, 32768)
+# long-tailed: a lognormal body with median 1.5k, clipped to BODY_PROMPT (sigma 0.2 puts ~98% of it
+# in 1k-2k); TAIL_SHARE of the requests are drawn uniform from the body's top up to the context length.
+BODY_MEDIAN, BODY_SIGMA, BODY_PROMPT = 1536, 0.2, (256, 2048)
+TAIL_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -18,28 +35,74 @@ class Request:
 
 
 def generate(
-    num_requests: int, *, vocab_size: int, min_prompt: int, max_prompt: int, max_new_tokens: int, seed: int
+    num_requests: int,
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+    seed: int,
+    workload: str = "mixed",
+    context_len: int = PoolArgs.context_len,
+    min_prompt: int = 4,
+    max_prompt: int = 96,
 ) -> list[Request]:
-    """Prompts of uniformly mixed lengths in [min_prompt, max_prompt], random token ids."""
-    if num_requests < 1 or not 1 <= min_prompt <= max_prompt or max_new_tokens < 1:
+    """`num_requests` prompts of random token ids in [0, vocab_size), lengths drawn per `workload`.
+
+    Every prompt is clipped to `context_len - max_new_tokens` tokens, so each request fits the context;
+    `long` refuses a context too short for its shortest prompt instead. `min_prompt` and `max_prompt`
+    bound `mixed` only. The same arguments give the same requests. `vocab_size` 0: DEFAULT_VOCAB_SIZE.
+    """
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if num_requests < 1 or not 1 <= min_prompt <= max_prompt or max_new_tokens < 1 or vocab_size < 0:
         raise ValueError(
             f"bad workload: requests={num_requests}, prompt lengths [{min_prompt}, {max_prompt}], "
-            f"max_new_tokens={max_new_tokens}; all must be >= 1 and min <= max"
+            f"max_new_tokens={max_new_tokens}, vocab_size={vocab_size}; requests, lengths and "
+            "max_new_tokens must be >= 1, min <= max, and vocab_size >= 0"
+        )
+    limit = context_len - max_new_tokens  # the longest prompt that leaves room for the new tokens
+    if limit < 1:
+        raise ValueError(
+            f"--context-len {context_len} leaves no room for a prompt before {max_new_tokens} new tokens; "
+            "raise --context-len or lower --max-new-tokens"
+        )
+    if workload == "long" and limit < LONG_PROMPT[0]:
+        raise ValueError(
+            f"the long workload needs prompts of {LONG_PROMPT[0]} tokens or more: raise --context-len to "
+            f"at least {LONG_PROMPT[0] + max_new_tokens} (it is {context_len})"
         )
     rng = random.Random(seed)
-    return [
-        Request(
-            request_id=f"req-{i:05d}",
-            prompt=[rng.randrange(vocab_size) for _ in range(rng.randint(min_prompt, max_prompt))],
-            max_new_tokens=max_new_tokens,
+    tokens = range(vocab_size or DEFAULT_VOCAB_SIZE)
+    requests = []
+    for i in range(num_requests):
+        length = min(_prompt_len(rng, workload, limit, (min_prompt, max_prompt)), limit)
+        requests.append(
+            Request(
+                request_id=f"req-{i:05d}",
+                prompt=rng.choices(tokens, k=length),  # not randrange per token: 32k tokens in ms
+                max_new_tokens=max_new_tokens,
+            )
         )
-        for i in range(num_requests)
-    ]
+    return requests
+
+
+def _prompt_len(rng: random.Random, workload: str, limit: int, mixed: tuple[int, int]) -> int:
+    """One prompt length before clipping to `limit`."""
+    if workload == "short":
+        return rng.randint(*SHORT_PROMPT)
+    if workload == "long":
+        return rng.randint(LONG_PROMPT[0], min(LONG_PROMPT[1], limit))
+    if workload == "long-tailed":
+        if rng.random() < TAIL_SHARE:
+            return rng.randint(BODY_PROMPT[1], max(BODY_PROMPT[1], limit))
+        body = round(rng.lognormvariate(math.log(BODY_MEDIAN), BODY_SIGMA))
+        return max(BODY_PROMPT[0], min(body, BODY_PROMPT[1]))
+    return rng.randint(*mixed)
 
 
 def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> list[Request]:
     """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"} (UTF-8 bytes mod vocab),
-    with optional "max_new_tokens" and "id"."""
+    with optional "max_new_tokens" and "id". `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+    vocab_size = vocab_size or DEFAULT_VOCAB_SIZE
     requests = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()

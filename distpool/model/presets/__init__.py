@@ -1,0 +1,96 @@
+"""Model presets: public Hugging Face `config.json` files that ship with distpool, named for the CLI.
+
+Each `<name>.json` here is the public config of one hybrid model, trimmed to the fields that decide
+its layers, KV and state (as in tests/fixtures). `resolve_model` turns what a user types after
+`distpool check` or `run --model` into a config path; `preset_rows` is the `distpool presets` table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from distpool.model.hf_config import spec_from_hf
+
+PRESETS_DIR = Path(__file__).parent
+
+
+def preset_names() -> list[str]:
+    """Every preset, sorted: the file names here without `.json`."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """The config.json a preset name or a path stands for.
+
+    A preset name wins over a file of the same name in the working directory (write `./NAME` for the
+    file). A directory must hold a `config.json`. Anything else raises ValueError naming the input and
+    listing the presets.
+    """
+    if name_or_path in preset_names():
+        return PRESETS_DIR / f"{name_or_path}.json"
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"
+    found = "no config.json in that directory" if path.is_dir() else "no such file"
+    raise ValueError(
+        f"{name_or_path}: {found}, and no preset of that name; pass a config.json, a directory holding "
+        f"one, or a preset: {', '.join(preset_names())}"
+    )
+
+
+@dataclass(frozen=True)
+class PresetRow:
+    """One line of `distpool presets`: the figures `check` reports, before any pool is sized."""
+
+    name: str
+    architecture: str
+    kind: str
+    num_attention_layers: int  # full and sliding-window
+    num_mamba_layers: int
+    slot_bytes: int  # one request's recurrent state over every Mamba layer (unpadded)
+    kv_bytes_per_token: int  # K and V of one token over every attention layer
+    kv_dtype: str
+    ssm_dtype: str | None  # the recurrent state's dtype; None without Mamba layers
+
+
+def preset_rows() -> list[PresetRow]:
+    """Every preset, classified with the dtypes its config states (SSM state: float32 unless set)."""
+    rows = []
+    for name in preset_names():
+        spec = spec_from_hf(PRESETS_DIR / f"{name}.json")
+        attention = spec.full_attention or spec.sliding_attention
+        rows.append(
+            PresetRow(
+                name=name,
+                architecture=", ".join(spec.architectures) or spec.model_type,
+                kind=spec.kind,
+                num_attention_layers=spec.num_full_attention_layers + spec.num_sliding_window_layers,
+                num_mamba_layers=spec.num_mamba_layers,
+                slot_bytes=spec.slot_bytes,
+                kv_bytes_per_token=spec.full_kv_bytes_per_token + spec.swa_kv_bytes_per_token,
+                kv_dtype=attention.dtype if attention else spec.dtype,
+                # slot order puts the SSM / recurrent state last (MambaSpec)
+                ssm_dtype=spec.mamba.tensors[-1].dtype if spec.mamba else None,
+            )
+        )
+    return rows
+
+
+def format_presets(rows: list[PresetRow]) -> str:
+    n, a = max(len(r.name) for r in rows), max(len(r.architecture) for r in rows)
+    head = "kind          attention  mamba  slot MiB  KV KiB/token  dtypes"
+    lines = [f"{'preset':{n}}  {'architecture':{a}}  {head}"]
+    lines += [
+        f"{r.name:{n}}  {r.architecture:{a}}  {r.kind:12}  {r.num_attention_layers:9}  "
+        f"{r.num_mamba_layers:5}  {r.slot_bytes / (1 << 20):8.2f}  {r.kv_bytes_per_token / (1 << 10):12.2f}  "
+        f"KV {r.kv_dtype}, SSM {r.ssm_dtype or '-'}"
+        for r in rows
+    ]
+    lines += [
+        "slot: one request's recurrent state; KV: every attention layer (see --kv-dtype, --ssm-dtype).",
+        "Pass the preset name to `distpool check NAME` or `distpool run --model NAME`.",
+    ]
+    return "\n".join(lines)
