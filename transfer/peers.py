@@ -16,6 +16,7 @@ from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.errors import ChannelError
 from transfer.faults import receiver_hook, sender_hook
 from transfer.handle import Transfer, TransferOptions
+from transfer.link import measure
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
@@ -130,6 +131,11 @@ class PeerChannels:
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook
         )
+
+    def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
+        """Time `repeats` raw messages of `nbytes` to or from `peer` (who must call this at the same
+        time); the receiving end returns the median seconds per message, the sending end None."""
+        return measure(self._end(peer), nbytes, repeats)
 
     def rejected_messages(self) -> int:
         """Control messages that did not open under the deployment's secret, over every channel."""

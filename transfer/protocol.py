@@ -60,6 +60,8 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 # A payload message goes with tag TAG_DATA + its stream (plan.assign_streams; Gloo: one connection
 # per stream).
 TAG_DATA = 1
+# The raw link measurement (transfer.link) uses tags no payload stream reaches.
+TAG_LINK_GO, TAG_LINK_PAYLOAD = 1 << 20, (1 << 20) + 1
 # On a bell key instead of a header: the channel is being torn down (wakes a blocked receiver).
 TEARDOWN_MARK = b"\x00teardown:"
 
