@@ -3,7 +3,10 @@
 State contract (who owns which request, guarded by `_lock`):
 - `_waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
-- `_running`: received; in the decode batch; grows one token per step.
+- `_arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
+  before the request joins the batch, and fails it as corrupt on a mismatch.
+- `_running`: verified; in the decode batch; grows one token per step. Before release the whole
+  envelope is verified again (compaction or a neighbour's write could have damaged it).
 - `_finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
   nothing for them.
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
@@ -12,6 +15,7 @@ step never runs out of pages.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,13 +31,20 @@ RESERVATION_WAIT_S = 120.0
 
 @dataclass
 class _Request:
-    prompt_len: int
+    prompt: list[int]
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)  # generated so far (the first comes from prefill)
+    runs: int = 0  # byte runs of the destination envelope
+    landed_at: float = 0.0
     admitted_at: float = 0.0
     finished_at: float = 0.0
     transfer: Transfer | None = None
-    error: str | None = None  # set when decode gave it up after admitting it (`cancel(notify=True)`)
+    error: str | None = None  # set when decode gave it up after receiving it
+    corrupt: bool = False  # its bytes failed verification
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
 
 
 class DecodeWorker(WorkerBase):
@@ -44,11 +55,14 @@ class DecodeWorker(WorkerBase):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._waiting: dict[str, _Request] = {}
+        self._arrived: dict[str, _Request] = {}
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self.num_steps = 0
+        self.verified_envelopes = 0
+        self.corrupt_envelopes = 0
         self._stepper = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
         self._stepper.start()
 
@@ -58,7 +72,7 @@ class DecodeWorker(WorkerBase):
         pages_for = self.pool.pages_for
         pages = sum(
             pages_for(req.prompt_len + req.max_new_tokens) - pages_for(self.pool.num_tokens(rid))
-            for rid, req in (*self._waiting.items(), *self._running.items())
+            for rid, req in self._admitted()
         )
         return pages * self.pool.page_size
 
@@ -66,19 +80,26 @@ class DecodeWorker(WorkerBase):
         """Whether a request fits (compacting if need be) beside the growth every admitted request
         may still claim."""
         with self._lock:
-            if len(self._waiting) + len(self._running) >= self.sizes.max_running_requests:
+            if sum(1 for _ in self._admitted()) >= self.sizes.max_running_requests:
                 return False
             return self.pool.can_reserve(prompt_len + max_new_tokens + self._growth_tokens(), compact=True)
 
+    def _admitted(self):
+        """(request id, request) of every request holding memory here."""
+        return (*self._waiting.items(), *self._arrived.items(), *self._running.items())
+
     def reserve(
-        self, request_id: str, prompt_len: int, max_new_tokens: int, prefill: str, fault: str | None = None
+        self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str, fault: str | None = None
     ) -> bytes:
-        """Reserve the destination envelope for a prompt and expect it from worker `prefill`;
+        """Reserve the destination envelope for `prompt` and expect it from worker `prefill`;
         returns the encoded Envelope. The request joins the decode batch when its transfer lands
         (the transfer header carries its first token), and is freed if the transfer fails. `fault`
         (a receiver fault of `transfer.faults`) is injected into its transfer on purpose.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
+        if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
+            raise ValueError(f"the prompt of {request_id!r} must be a list of token ids")
+        prompt_len = len(prompt)
         if prompt_len < 1 or max_new_tokens < 1:
             raise ValueError(
                 f"prompt_len and max_new_tokens must be >= 1; got {prompt_len}, {max_new_tokens}"
@@ -89,13 +110,14 @@ class DecodeWorker(WorkerBase):
                 f"context length {self.sizes.args.context_len}; raise --context-len"
             )
         with self._lock:
-            if request_id in self._waiting or request_id in self._running:
+            if any(request_id in held for held in (self._waiting, self._arrived, self._running)):
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
             if not self.can_admit(prompt_len, max_new_tokens):
                 raise DoesNotFit(request_id, f"{self.name} has no room with headroom for running requests")
             self.pool.reserve(request_id, prompt_len, compact=True)
             self.pool.pin(request_id)  # a transfer writes into it from now on
-            req = self._waiting[request_id] = _Request(prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+            req = self._waiting[request_id] = _Request(prompt=prompt, max_new_tokens=max_new_tokens)
+            req.runs = self._byte_runs(request_id)
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
             envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
@@ -109,24 +131,50 @@ class DecodeWorker(WorkerBase):
         return envelope.encode()
 
     def _landed(self, transfer: Transfer) -> None:
-        """A destination's transfer concluded (on the engine's thread): admit or free it."""
+        """A destination's transfer concluded (on the engine's thread): hand it to the decode loop,
+        which verifies it, or free it."""
         rid = transfer.request_id
         with self._lock:
             req = self._waiting.get(rid)
             if req is None or req.transfer is not transfer:
                 return
             if transfer.error is not None:
+                self.metrics.add_failure(transfer.error.reason)
                 self._free(self._waiting, rid, pinned=True)
                 return
             del self._waiting[rid]
             self.pool.unpin(rid)
             req.tokens.append(int(transfer.first_token))
+            req.landed_at = time.monotonic()
+            self._arrived[rid] = req
+            self._wake.notify_all()
+
+    def _verify_arrived(self) -> None:
+        """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
+        for rid in list(self._arrived):
+            req = self._arrived.pop(rid)
+            mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
+            if mismatch is not None:
+                self._fail_corrupt(rid, req, f"received {mismatch}")
+                continue
+            self.verified_envelopes += int(self.model.verifies)
             req.admitted_at = time.monotonic()
             if len(req.tokens) >= req.max_new_tokens:
                 self._finish(rid, req)
             else:
                 self._running[rid] = req
-            self._wake.notify_all()
+
+    def _fail_corrupt(self, rid: str, req: _Request, what: str) -> None:
+        """Under the lock: the request's bytes are wrong; it is never decoded (further)."""
+        self.corrupt_envelopes += 1
+        req.error, req.corrupt = f"corrupt envelope: {what}", True
+        self.metrics.add_failure(req.error)
+        print(f"distpool: {self.name}: {rid}: {req.error}", file=sys.stderr, flush=True)
+        self.model.forget(rid)
+        self.pool.release(rid)
+        req.finished_at = time.monotonic()
+        self._finished[rid] = req
+        self._wake.notify_all()
 
     def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
@@ -150,10 +198,13 @@ class DecodeWorker(WorkerBase):
         return True
 
     def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
-        """Under the lock: drop a running or finished request (see `cancel`); whether there was one."""
-        req = self._running.get(request_id) or self._finished.get(request_id)
+        """Under the lock: drop an arrived, running or finished request (see `cancel`); whether
+        there was one."""
+        held = (self._arrived, self._running, self._finished)
+        req = next((owned[request_id] for owned in held if request_id in owned), None)
         if req is None:
             return False
+        self._free(self._arrived, request_id)
         self._free(self._running, request_id)
         self._finished.pop(request_id, None)
         if notify:
@@ -164,6 +215,11 @@ class DecodeWorker(WorkerBase):
 
     # ---- decode loop --------------------------------------------------------------------------
     def _finish(self, request_id: str, req: _Request) -> None:
+        mismatch = self.model.check(self.pool, request_id)
+        if mismatch is not None:
+            self._fail_corrupt(request_id, req, f"at release {mismatch}")
+            return
+        self.model.forget(request_id)
         req.finished_at = time.monotonic()
         self.pool.release(request_id)
         self._finished[request_id] = req
@@ -174,10 +230,13 @@ class DecodeWorker(WorkerBase):
             with self._lock:
                 if self._stopping:
                     return
-                if not self._running:
+                if self._arrived:
+                    self._verify_arrived()
+                elif self._running:
+                    self.step_locked()
+                else:
                     self._wake.wait(timeout=0.5)
                     continue
-                self.step_locked()
             time.sleep(0)  # between steps: let receives and reservations take the lock
 
     def step_locked(self) -> None:
@@ -204,7 +263,9 @@ class DecodeWorker(WorkerBase):
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, dict]:
-        """Wait up to `timeout_s` for finished requests; hands each out once (tokens, decode_s).
+        """Wait up to `timeout_s` for finished requests; hands each out once: {"tokens", "decode_s"
+        (first token to last), "admit_s" (landed to verified and in the batch), "runs" (byte runs of
+        the destination envelope)}, or {"error", "corrupt"}.
 
         The driver keeps one such call outstanding per decode worker: results arrive as they finish,
         with no polling interval."""
@@ -214,9 +275,14 @@ class DecodeWorker(WorkerBase):
                 self._wake.wait(deadline - time.monotonic())
             done, self._finished = self._finished, {}
         return {
-            rid: {"error": r.error}
+            rid: {"error": r.error, "corrupt": r.corrupt}
             if r.error is not None
-            else {"tokens": r.tokens, "decode_s": r.finished_at - r.admitted_at}
+            else {
+                "tokens": r.tokens,
+                "decode_s": r.finished_at - r.admitted_at,
+                "admit_s": r.admitted_at - r.landed_at,
+                "runs": r.runs,
+            }
             for rid, r in done.items()
         }
 
@@ -225,7 +291,10 @@ class DecodeWorker(WorkerBase):
             return {
                 **super().stats(),
                 "waiting": len(self._waiting),
+                "arrived": len(self._arrived),
                 "running": len(self._running),
+                "verified_envelopes": self.verified_envelopes,
+                "corrupt_envelopes": self.corrupt_envelopes,
                 "finished_uncollected": len(self._finished),
                 "steps": self.num_steps,
             }

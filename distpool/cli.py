@@ -1,4 +1,4 @@
-"""`distpool` command line: `check` (classify and size) and `run` (PD serving, the main job).
+"""`distpool` command line: `check` (classify and size), `presets` and `run` (PD serving, the main job).
 
 Exit status 0 on success, 2 with the reason on stderr (no traceback) for refusals and bad input.
 Everything is validated here, before Ray or any actor starts.
@@ -7,14 +7,20 @@ Everything is validated here, before Ray or any actor starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections.abc import Sequence
 
-from distpool.memory.sizing import GIB, PoolArgs, PoolSizes, size_pools
+from distpool.memory.describe import format_sizes
+from distpool.memory.sizing import GIB, PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.presets import format_presets, preset_rows, resolve_model
+from distpool.reference.cache import CACHES, choose_cache
 from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.serving import workload
+from distpool.serving.workload import WORKLOADS, Request
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
 from transfer import TransferOptions
@@ -67,68 +73,69 @@ def pool_args_from(ns: argparse.Namespace, disaggregation_mode: str | None) -> P
     )
 
 
-def _human_bytes(n: int) -> str:
-    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
-def format_sizes(p: PoolSizes) -> str:
-    s = p.summary()
-    spec = p.spec
-    lines = [
-        f"model        {', '.join(spec.architectures) or spec.model_type} ({spec.source})",
-        f"kind         {spec.kind}",
-        f"layers       {spec.num_layers}: {spec.num_full_attention_layers} full attention, "
-        f"{spec.num_sliding_window_layers} sliding window, {spec.num_mamba_layers} mamba",
-        f"pool         {'unified arena' if p.unified else 'static pools'}, mode "
-        f"{p.args.disaggregation_mode or 'colocated'}, budget {_human_bytes(p.budget_bytes)}",
-        f"page         {p.page_size} tokens = {s['page_bytes']} bytes ({_human_bytes(p.page_bytes)})",
-    ]
-    if p.swa_page_bytes:
-        lines.append(f"swa page     {s['swa_page_bytes']} bytes, window {spec.sliding_window} tokens")
-    if p.slot_bytes:
-        lines.append(f"slot         {s['slot_bytes']} bytes ({_human_bytes(p.slot_bytes)}) per request")
-    lines += [
-        f"pages        {s['num_pages']}" + (f" (+{s['num_swa_pages']} swa)" if p.num_swa_pages else ""),
-        f"slots        {s['num_slots']}",
-    ]
-    if p.page_bytes == 0 and p.swa_page_bytes == 0:  # attention-free: memory does not grow with tokens
-        lines.append(f"capacity     {s['num_slots']} requests of any length (state only, no KV)")
-    else:
-        lines.append(
-            f"capacity     {s['requests_at_full_context']} requests at full context ({p.args.context_len} "
-            f"tokens); max {s['max_total_tokens']} tokens with {s['max_running_requests']} requests running"
-        )
-    return "\n".join(lines)
-
-
 def cmd_check(ns: argparse.Namespace) -> int:
-    spec = spec_from_hf(ns.config)
+    spec = spec_from_hf(resolve_model(ns.config))
     sizes = size_pools(spec, pool_args_from(ns, ns.disaggregation_mode), int(ns.memory_gib * GIB))
     print(json.dumps(sizes.summary()) if ns.json else format_sizes(sizes))
     return 0
 
 
+def cmd_presets(ns: argparse.Namespace) -> int:
+    rows = preset_rows()
+    print(json.dumps([dataclasses.asdict(r) for r in rows]) if ns.json else format_presets(rows))
+    return 0
+
+
+def requests_for(ns: argparse.Namespace, worker: WorkerConfig) -> list[Request]:
+    """The prompts file, else the generated workload (its prompts clipped to fit --context-len)."""
+    context_len = worker.pool_args.context_len
+    vocab_size = worker.spec.vocab_size
+    if not ns.prompts:
+        return workload.generate(
+            ns.requests,
+            vocab_size=vocab_size,
+            max_new_tokens=ns.max_new_tokens,
+            seed=ns.seed,
+            workload=ns.workload,
+            context_len=context_len,
+            min_prompt=ns.min_prompt_len,
+            max_prompt=ns.max_prompt_len,
+        )
+    requests = workload.load_jsonl(ns.prompts, vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens)
+    if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
+        raise ValueError(f"a request in {ns.prompts} is longer than --context-len {context_len}; raise it")
+    return requests
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     # Imported here so that `distpool check` does not pay for importing Ray.
-    from distpool.serving import workload
     from distpool.serving.deployment import DeploymentSpec
-    from distpool.serving.preflight import check_fits_this_machine, check_reachable
+    from distpool.serving.metrics import validate_metrics_port
+    from distpool.serving.preflight import check_fits_this_machine, check_reachable, default_budget_bytes
     from distpool.serving.run import run
 
     if not 0.0 <= ns.fault_rate < 1.0:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
+    model = spec_from_hf(resolve_model(ns.model))
+    # auto: the reference model where it can run the config, else the synthetic cache (the
+    # configurator's refusals still come first: DeploymentSpec checks the cache after them)
+    cache = choose_cache(model, "auto") if ns.cache == "auto" else ns.cache
+    pool_args = pool_args_from(ns, None)
+    budget = (
+        int(ns.memory_gib * GIB)
+        if ns.memory_gib is not None
+        else default_budget_bytes(model, pool_args, cache, ns.prefill + ns.decode)
+    )
     worker = WorkerConfig(
-        spec=spec_from_hf(ns.model),
-        pool_args=pool_args_from(ns, None),
-        budget_bytes=int(ns.memory_gib * GIB),
+        spec=model,
+        pool_args=pool_args,
+        budget_bytes=budget,
         transfer=transfer,
         device=ns.device,
         seed=ns.seed,
+        cache=cache,
     )
     unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
     spec = DeploymentSpec.build(
@@ -137,31 +144,25 @@ def cmd_run(ns: argparse.Namespace) -> int:
     address = ns.address or settings.ray_address
     if not address:  # the embedded cluster runs every worker on this machine
         check_fits_this_machine(worker, ns.prefill + ns.decode)
+        if ns.metrics_port is not None:
+            validate_metrics_port(ns.metrics_port)
     else:
         check_reachable(address)
-    vocab_size = worker.spec.vocab_size
-    if ns.prompts:
-        requests = workload.load_jsonl(ns.prompts, vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens)
-    else:
-        requests = workload.generate(
-            ns.requests,
-            vocab_size=vocab_size,
-            min_prompt=ns.min_prompt_len,
-            max_prompt=ns.max_prompt_len,
-            max_new_tokens=ns.max_new_tokens,
-            seed=ns.seed,
-        )
-    if max(len(r.prompt) + r.max_new_tokens for r in requests) > worker.pool_args.context_len:
-        raise ValueError(f"a request is longer than --context-len {worker.pool_args.context_len}; raise it")
+        if ns.metrics_port is not None:
+            raise ValueError(
+                "--metrics-port sets up the embedded cluster's exporter; a cluster exports its own "
+                "metrics (start its nodes with `ray start --metrics-export-port P`)"
+            )
     return run(
         spec,
-        requests,
+        requests_for(ns, worker),
         address=address,
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
+        metrics_port=ns.metrics_port,
     )
 
 
@@ -183,18 +184,34 @@ def transfer_options(ns: argparse.Namespace, settings: Settings) -> TransferOpti
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="serve a workload through prefill/decode disaggregation on Ray")
-    run.add_argument("--model", default=str(REFERENCE_HYBRID_CONFIG), help="model config.json (reference)")
+    run.add_argument(
+        "--model",
+        default=str(REFERENCE_HYBRID_CONFIG),
+        metavar="NAME|PATH",
+        help="a preset (`distpool presets`) or a config.json (default: the bundled reference model)",
+    )
     run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
     run.add_argument("--requests", type=int, default=32, help="generated requests (ignored with --prompts)")
+    run.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="mixed",
+        # argparse formats help with %: the descriptions' "95%" must be escaped
+        help="prompt lengths: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
+    )
     run.add_argument("--prompts", default=None, help="JSONL file of prompts instead of a generated workload")
-    run.add_argument("--min-prompt-len", type=int, default=4)
-    run.add_argument("--max-prompt-len", type=int, default=96)
+    run.add_argument("--min-prompt-len", type=int, default=4, help="shortest prompt of --workload mixed")
+    run.add_argument("--max-prompt-len", type=int, default=96, help="longest prompt of --workload mixed")
     run.add_argument("--max-new-tokens", type=int, default=16)
     run.add_argument("--fault-rate", type=float, default=0.0, help="probability a transfer is aborted")
     run.add_argument("--parity-sample", type=int, default=4, help="requests re-generated colocated")
     run.add_argument(
-        "--memory-gib", type=_gib, default=DEFAULT_BUDGET_BYTES / GIB, help="pool budget per worker"
+        "--memory-gib",
+        type=_gib,
+        default=None,
+        help=f"pool budget per worker (default: {DEFAULT_BUDGET_BYTES / GIB:g} for the reference model; for "
+        "the synthetic cache, 4 requests at full context within 40%% of the available memory)",
     )
     run.add_argument("--disable-unified-memory", action="store_true", help="static pools even for hybrid")
     run.add_argument(
@@ -211,6 +228,20 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="seconds (0.1-3600); default 10 or DISTPOOL_TRANSFER_TIMEOUT_S",
     )
+    run.add_argument(
+        "--cache",
+        choices=CACHES,
+        default="auto",
+        help="what fills the pools: the reference model (real tokens, small configs), the synthetic "
+        "cache (any config at its true sizes, every byte verified at decode), or auto: the reference "
+        "model when it can run the config, else synthetic",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of the embedded cluster at http://127.0.0.1:PORT/metrics",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", default=None, metavar="PATH", help="write the summary as JSON")
     add_pool_arguments(run)
@@ -222,12 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="classify a model config and size its pools")
-    check.add_argument("config", help="config.json, or a directory holding one")
+    check.add_argument(
+        "config",
+        metavar="NAME|PATH",
+        help="a preset (`distpool presets`), a config.json, or a directory holding one",
+    )
     check.add_argument("--disaggregation-mode", type=_mode, default=None, metavar="{null,prefill,decode}")
     check.add_argument("--memory-gib", type=_gib, default=CHECK_MEMORY_GIB, help="pool budget")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     add_pool_arguments(check)
     check.set_defaults(handler=cmd_check)
+
+    presets = sub.add_parser("presets", help="list the bundled model presets with their per-request memory")
+    presets.add_argument("--json", action="store_true", help="print one JSON list")
+    presets.set_defaults(handler=cmd_presets)
     add_run_parser(sub)
     return parser
 

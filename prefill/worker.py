@@ -28,12 +28,14 @@ class PrefillWorker(WorkerBase):
         """Prefill a batch of (request id, prompt, decode worker, injected sender fault or None) and
         send each envelope to its decode worker, with the first token in the transfer header.
 
-        Returns request id -> {"outcome": "sent", "bytes", "seconds"} | {"outcome": "busy", "reason"}
+        Returns request id -> {"outcome": "sent", "bytes", "seconds", "runs"} (`runs`: the byte runs
+        the source envelope sat in) | {"outcome": "busy", "reason"}
         (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
         `retry` says whether another pair may succeed). Nothing is held here once it returns.
         """
         out: dict[str, dict] = {}
         admitted: list[tuple[str, list[int], str, str | None]] = []
+        runs: dict[str, int] = {}
         with self._lock:
             for rid, prompt, peer, fault in batch:
                 if rid in self._held:
@@ -66,6 +68,7 @@ class PrefillWorker(WorkerBase):
                     continue
                 self.pool.pin(rid)  # compaction may not move it while the transfer reads it
                 outgoing.append((rid, peer, fault, int(token), envelope, ranges))
+                runs[rid] = self._byte_runs(rid)
         transfers: list[tuple[str, Transfer]] = []
         for rid, peer, fault, token, envelope, ranges in outgoing:
             try:
@@ -80,8 +83,15 @@ class PrefillWorker(WorkerBase):
         for rid, transfer in transfers:
             try:
                 transfer.wait()
-                out[rid] = {"outcome": SENT, "bytes": transfer.num_bytes, "seconds": transfer.active_s}
+                self.metrics.add_transfer(transfer.num_bytes, transfer.active_s or 0.0)
+                out[rid] = {
+                    "outcome": SENT,
+                    "bytes": transfer.num_bytes,
+                    "seconds": transfer.active_s,
+                    "runs": runs[rid],
+                }
             except TransferError as exc:
+                self.metrics.add_failure(exc.reason)
                 out[rid] = {"outcome": FAILED, "reason": exc.reason, "retry": True}
             finally:
                 self._free(self._held, rid, pinned=True)

@@ -99,7 +99,7 @@ def main() -> int:
         total, vocab_size=96, min_prompt=1, max_prompt=40, max_new_tokens=MAX_NEW_TOKENS, seed=SEED
     )
     spec = make_spec()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     started = time.monotonic()
     deployment = Deployment.start(spec)
     killed: list[str] = []

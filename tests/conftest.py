@@ -17,6 +17,6 @@ def ray_session():
         yield ray
         return
     # Logical CPUs: workers are mostly idle between steps, so more actors than cores is fine.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

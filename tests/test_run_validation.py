@@ -102,3 +102,19 @@ def test_an_attention_free_model_reports_capacity_without_a_context_limit(capsys
     assert main(["check", str(FIXTURES / "mamba2.json"), "--memory-gib", "4"]) == 0
     out = capsys.readouterr().out
     assert "requests of any length (state only, no KV)" in out and "at full context" not in out
+
+
+def test_the_default_budget_fits_the_model_and_this_machine(monkeypatch):
+    from distpool.memory.sizing import GIB, PoolArgs, size_pools
+    from distpool.model.hf_config import spec_from_hf
+    from distpool.model.presets import resolve_model
+
+    monkeypatch.setattr(preflight, "_available_host_bytes", lambda: 24 << 30)
+    spec = spec_from_hf(resolve_model("nemotron-h-8b"))
+    args = PoolArgs(enable_unified_memory=True, context_len=4096)  # what run resolves for hybrid Mamba
+    assert preflight.default_budget_bytes(spec, args, "reference", 2) == 256 << 20
+    budget = preflight.default_budget_bytes(spec, args, "synthetic", 2)
+    assert budget % (256 << 20) == 0 and budget <= 0.4 * 24 * GIB / 2
+    assert size_pools(spec, args, budget).requests_at_full_context >= 4  # room for a small batch
+    monkeypatch.setattr(preflight, "_available_host_bytes", lambda: 2 << 30)  # a small machine: capped
+    assert preflight.default_budget_bytes(spec, args, "synthetic", 2) == 256 << 20

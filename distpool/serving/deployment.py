@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode.worker import DecodeWorker
 from distpool.memory.sizing import size_pools
 from distpool.model.spec import HYBRID_MAMBA
-from distpool.reference.model import unsupported_reason
+from distpool.reference.cache import choose_cache
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 
@@ -45,8 +45,7 @@ class DeploymentSpec:
             )
         for role in ("prefill", "decode"):
             size_pools(self.worker.spec, self.worker.for_role(role), self.worker.budget_bytes)
-        if (reason := unsupported_reason(self.worker.spec)) is not None:
-            raise ValueError(reason)
+        choose_cache(self.worker.spec, self.worker.cache)  # the reference model refuses what it cannot run
 
     @classmethod
     def build(cls, worker: WorkerConfig, *, unified: bool | None = None, **counts) -> DeploymentSpec:

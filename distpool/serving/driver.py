@@ -22,6 +22,7 @@ from distpool.memory.pool import DoesNotFit
 from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
+from distpool.serving.metrics import DriverMetrics
 from distpool.serving.recovery import Recovery
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
@@ -38,10 +39,23 @@ class Outcome:
     tokens: list[int] | None = None
     error: str | None = None
     attempts: int = 0
-    ttft_s: float = 0.0  # submit -> the envelope (with the first token) landed on the decode worker
+    corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
+    # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
+    queue_s: float = 0.0  # submit -> the decode reserve that succeeded was asked for
+    reserve_s: float = 0.0  # that reserve's round trip
+    prefill_s: float = 0.0  # prefill call minus the transfer: batching, prefill, waiting to send
+    transfer_s: float = 0.0  # the envelope's transfer, first byte to last
+    first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
     decode_s: float = 0.0  # first token -> last token
     transfer_bytes: int = 0
-    transfer_s: float = 0.0
+    source_runs: int = 0  # byte runs of the envelope at prefill
+    destination_runs: int = 0  # and at decode
+    pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
+
+    @property
+    def ttft_s(self) -> float:
+        """Submit -> the first token is on the decode worker, the envelope verified."""
+        return self.queue_s + self.reserve_s + self.prefill_s + self.transfer_s + self.first_token_s
 
 
 @dataclass
@@ -72,6 +86,10 @@ class _Retry(Exception):
     """This attempt failed in a way another pair may not (a failed transfer, a dead worker)."""
 
 
+class _Corrupt(Exception):
+    """Decode found the envelope's bytes wrong; the request fails as corrupt."""
+
+
 class Server:
     def __init__(self, deployment: Deployment, options: ServeOptions) -> None:
         self.dep = deployment
@@ -85,6 +103,7 @@ class Server:
         self.background: list[asyncio.Task] = []
         self.retried = 0
         self.done = 0
+        self.metrics = DriverMetrics()  # Prometheus, through Ray
 
     async def serve(self, requests: list[Request]) -> list[Outcome]:
         queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=self.options.queue_bound)
@@ -94,8 +113,14 @@ class Server:
 
         async def worker() -> None:
             while (req := await queue.get()) is not None:
-                outcomes.append(await self._serve_one(req))
+                out = await self._serve_one(req)
+                outcomes.append(out)
                 self.done += 1
+                if out.tokens is not None:
+                    self.metrics.observe_ttft(out.ttft_s)
+                self.metrics.count(
+                    "completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed"
+                )
 
         workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
         try:
@@ -134,10 +159,14 @@ class Server:
                     out.error = f"not admitted within {self.options.admission_timeout_s} s: {exc}"
                     return out
                 await asyncio.sleep(ADMISSION_POLL_S)
+            except _Corrupt as exc:  # a damaged envelope is a bug to see, not bad luck to retry
+                out.error, out.corrupt = str(exc), True
+                return out
             except _Retry as exc:  # both sides already freed what they held
                 out.error = str(exc)
                 if out.attempts < self.options.max_attempts:
                     self.retried += 1
+                    self.metrics.count("retried")
             except Exception as exc:  # a bug, not bad luck: retrying would only repeat it
                 out.error = one_line(exc)
                 return out
@@ -150,7 +179,9 @@ class Server:
         fault = self.faults.draw()
         try:
             receiver_fault = fault if fault in RECEIVER_FAULTS else None
+            asked = time.monotonic()
             decode_name = await self._reserve_decode(req, prefill_name, avoid, receiver_fault)
+            reserved = time.monotonic()
         except BaseException:
             self.router.end(prefill_name)
             raise
@@ -162,16 +193,21 @@ class Server:
                 self.background.append(asyncio.get_running_loop().create_task(self._quiet(cancel)))
             item = (rid, req.prompt, decode_name, fault if fault in SENDER_FAULTS else None)
             sent = await self._call(prefill_name, self.batchers[prefill_name].submit(item))
+            sent_at = time.monotonic()
             if sent["outcome"] == "busy":  # the prefill pool is full: give the destination back, try again
                 raise _Busy(sent["reason"])
             if sent["outcome"] != "sent":
                 avoid.add(decode_name)
                 raise (_Retry if sent["retry"] else RuntimeError)(sent["reason"])
-            out.ttft_s = time.monotonic() - submitted
-            out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
             result = await future
             if "error" in result:
-                raise _Retry(result["error"])
+                raise (_Corrupt if result.get("corrupt") else _Retry)(result["error"])
+            out.queue_s, out.reserve_s = asked - submitted, reserved - asked
+            out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
+            out.prefill_s = max(0.0, sent_at - reserved - out.transfer_s)
+            out.first_token_s = result["admit_s"]
+            out.source_runs, out.destination_runs = sent["runs"], result["runs"]
+            out.pair = (prefill_name, decode_name)
             out.tokens, out.decode_s, out.error = result["tokens"], result["decode_s"], None
         except BaseException:
             await self._after_failure(rid, prefill_name, decode_name)
@@ -194,7 +230,7 @@ class Server:
                 self.router.begin(name)
                 try:
                     ref = self.dep.decode[name].reserve.remote(
-                        req.request_id, len(req.prompt), req.max_new_tokens, prefill_name, fault
+                        req.request_id, req.prompt, req.max_new_tokens, prefill_name, fault
                     )
                     await self._call(name, ref)  # the encoded destination Envelope: decode keeps it
                     return name

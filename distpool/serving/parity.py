@@ -3,22 +3,34 @@
 from __future__ import annotations
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.sizing import size_pools
-from distpool.reference.model import ReferenceModel
+from distpool.memory.sizing import GIB, size_pools
+from distpool.reference.cache import build_cache
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.driver import Outcome
 from distpool.serving.workload import Request
+from distpool.worker.config import WorkerConfig
 
 
 def colocated_tokens(spec: DeploymentSpec, requests: list[Request]) -> dict[str, list[int]]:
-    """Greedy tokens for `requests` from one colocated pool and the same seeded reference model."""
+    """Tokens for `requests` from one colocated pool and the same seeded model or synthetic cache."""
     worker = spec.worker
-    model = ReferenceModel(worker.spec, seed=worker.seed, device="cpu")
-    pool = build_pool(size_pools(worker.spec, worker.for_role(None), worker.budget_bytes), "cpu")
+    model = build_cache(worker.spec, cache=worker.cache, seed=worker.seed, device="cpu")
+    pool = build_pool(_colocated_sizes(worker), "cpu")
     out: dict[str, list[int]] = {}
     for req in requests:  # one at a time: a sample is small and this keeps the pool need minimal
         out[req.request_id] = list(model.generate(pool, [req.prompt], req.max_new_tokens)[0])
     return out
+
+
+def _colocated_sizes(worker: WorkerConfig):
+    """A pool for one request at a time: the worker's budget, capped at 1 GiB beside the workers
+    when that still holds one request at full context."""
+    args = worker.for_role(None)
+    if worker.budget_bytes > GIB:
+        sizes = size_pools(worker.spec, args, GIB)
+        if sizes.requests_at_full_context >= 1:  # every request of the run is within context_len
+            return sizes
+    return size_pools(worker.spec, args, worker.budget_bytes)
 
 
 def check_parity(

@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
-from distpool.memory.sizing import GIB
-from distpool.worker.config import WorkerConfig
+from distpool.memory.sizing import GIB, PoolArgs, size_pools
+from distpool.model.spec import ModelSpec
+from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
+
+DEFAULT_FULL_CONTEXT_REQUESTS = 4  # what a default synthetic-cache pool holds at --context-len
+DEFAULT_SHARE_OF_MEMORY = 0.4  # of this machine's available memory, over all workers
+
+
+def default_budget_bytes(spec: ModelSpec, pool_args: PoolArgs, cache: str, num_workers: int) -> int:
+    """`--memory-gib` when none is given: 256 MiB for the reference model; for the synthetic cache
+    (a real model's sizes), room for 4 requests at full context, in 256 MiB steps, but at most 40% of
+    this machine's available memory split over the workers (and never under 256 MiB)."""
+    if cache != "synthetic":
+        return DEFAULT_BUDGET_BYTES
+    args = dataclasses.replace(pool_args, disaggregation_mode="decode")
+    one = size_pools(spec, args, 1 << 50).request_bytes_at_full_context
+    step = DEFAULT_BUDGET_BYTES
+    wanted = -(-DEFAULT_FULL_CONTEXT_REQUESTS * one // step) * step
+    available = _available_host_bytes()
+    if available is not None:
+        wanted = min(wanted, int(DEFAULT_SHARE_OF_MEMORY * available / num_workers) // step * step)
+    return max(wanted, step)
 
 
 def check_fits_this_machine(worker: WorkerConfig, num_workers: int) -> None:

@@ -1,10 +1,13 @@
-"""The main job's summary: latency percentiles, transfer rate, occupancy and leaks."""
+"""The main job's summary: latency percentiles and their breakdown, transfer rate against the raw
+link, envelope sizes, verification, occupancy and leaks."""
 
 from __future__ import annotations
 
 import math
 
 from distpool.serving.driver import Outcome
+
+TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -16,6 +19,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def link_summary(done: list[Outcome], link_s: dict[tuple[str, str], float], nbytes: int) -> dict:
+    """The raw link rate (`link_s`: median seconds of one `nbytes` message per channel), weighted
+    by the bytes each channel's transfers moved, and the transfers' utilization of it."""
+    moved: dict[tuple[str, str], int] = {}
+    for o in done:
+        if o.pair is not None:
+            moved[o.pair] = moved.get(o.pair, 0) + o.transfer_bytes
+    measured = {pair: nbytes / seconds / 1e9 for pair, seconds in link_s.items() if seconds > 0}
+    weights = {pair: moved.get(pair, 0) for pair in measured}
+    total = sum(weights.values())
+    link_gbps = sum(measured[p] * w for p, w in weights.items()) / total if total else 0.0
+    return {
+        "link_gbps": link_gbps,
+        "link_message_bytes": nbytes,
+        "links": [{"channel": f"{p}->{d}", "gbps": g} for (p, d), g in sorted(measured.items())],
+    }
+
+
 def summarize(
     outcomes: list[Outcome],
     *,
@@ -25,12 +46,20 @@ def summarize(
     wall_s: float,
     workers_lost: int = 0,
     workers_restarted: int = 0,
+    cache: str = "reference",
+    link: dict | None = None,
 ) -> dict:
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
     moved, seconds = sum(o.transfer_bytes for o in done), sum(o.transfer_s for o in done)
+    envelope_bytes = [float(o.transfer_bytes) for o in done]
+    runs = [float(r) for o in done for r in (o.source_runs, o.destination_runs)]
+    link = link or {"link_gbps": 0.0, "link_message_bytes": 0, "links": []}
+    transfer_gbps = moved / seconds / 1e9 if seconds else 0.0
+    parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     return {
+        "cache": cache,
         "requests": len(outcomes),
         "completed": len(done),
         "failed": len(outcomes) - len(done),
@@ -39,10 +68,21 @@ def summarize(
         "workers_restarted": workers_restarted,
         "parity_checked": parity[0],
         "parity_mismatches": parity[1],
+        "verified_envelopes": sum(s.get("verified_envelopes", 0) for s in worker_stats),
+        "corrupt_envelopes": sum(s.get("corrupt_envelopes", 0) for s in worker_stats),
         "transfer_bytes": moved,
-        "transfer_gbps": moved / seconds / 1e9 if seconds else 0.0,
+        "transfer_gbps": transfer_gbps,
+        **link,
+        "link_utilization": transfer_gbps / link["link_gbps"] if link["link_gbps"] else 0.0,
+        "envelope_bytes_p50": percentile(envelope_bytes, 50),
+        "envelope_bytes_max": max(envelope_bytes, default=0.0),
+        "runs_per_envelope_p50": percentile(runs, 50),
+        "runs_per_envelope_max": max(runs, default=0.0),
         "ttft_ms_p50": percentile(ttft_ms, 50),
         "ttft_ms_p99": percentile(ttft_ms, 99),
+        "ttft_breakdown_ms": {
+            part: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for part, v in parts.items()
+        },
         "tpot_ms_p50": percentile(tpot_ms, 50),
         "tpot_ms_p99": percentile(tpot_ms, 99),
         "tokens_generated": sum(len(o.tokens) for o in done),
@@ -55,24 +95,53 @@ def summarize(
     }
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def format_summary(report: dict) -> str:
+    breakdown = report["ttft_breakdown_ms"]
+    verified = (
+        f"{report['verified_envelopes']} / {report['corrupt_envelopes']}"
+        if report["cache"] == "synthetic"
+        else "- (reference model: parity instead)"
+    )
+    utilization = (
+        f"{report['transfer_gbps']:.2f} / {report['link_gbps']:.2f} GB/s = {report['link_utilization']:.2f} "
+        f"(raw: {_mib(report['link_message_bytes'])} messages)"
+    )
     rows = [
+        ("cache", report["cache"]),
         ("requests", report["requests"]),
         ("completed", report["completed"]),
         ("failed", report["failed"]),
         ("retried", report["retried"]),
         ("workers lost / restarted", f"{report['workers_lost']} / {report['workers_restarted']}"),
         ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
+        ("envelopes verified / corrupt", verified),
         ("TTFT p50 / p99 (ms)", f"{report['ttft_ms_p50']:.1f} / {report['ttft_ms_p99']:.1f}"),
+        *(
+            (f"  {part.replace('_', ' ')}", f"{breakdown[part]['p50']:.1f} / {breakdown[part]['p99']:.1f}")
+            for part in TTFT_PARTS
+        ),
         ("per-token p50 / p99 (ms)", f"{report['tpot_ms_p50']:.2f} / {report['tpot_ms_p99']:.2f}"),
-        ("transfer", f"{report['transfer_bytes'] / 2**20:.1f} MiB at {report['transfer_gbps']:.2f} GB/s"),
+        (
+            "envelope p50 / max",
+            f"{_mib(report['envelope_bytes_p50'])} / {_mib(report['envelope_bytes_max'])}",
+        ),
+        (
+            "byte runs p50 / max",
+            f"{report['runs_per_envelope_p50']:.0f} / {report['runs_per_envelope_max']:.0f}",
+        ),
+        ("transfer", f"{_mib(report['transfer_bytes'])} at {report['transfer_gbps']:.2f} GB/s"),
+        ("transfer / raw link", utilization),
         ("tokens generated", f"{report['tokens_generated']} in {report['wall_s']:.1f} s"),
         ("leaked pages / slots", f"{report['leaked_pages']} / {report['leaked_slots']}"),
     ]
     width = max(len(k) for k, _ in rows)
-    lines = ["", "distpool PD run summary", "-" * (width + 30)]
+    lines = ["", "distpool PD run summary", "-" * (width + 40)]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
-    lines.append("-" * (width + 30))
+    lines.append("-" * (width + 40))
     lines.append(f"{'worker':<12}{'pages used/peak/cap':>24}{'slots used/peak/cap':>24}")
     for s in report["workers"]:
         pages = f"{s['pages_used']}/{s['pages_peak']}/{s['pages_capacity']}"

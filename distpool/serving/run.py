@@ -15,9 +15,10 @@ from pathlib import Path
 import ray
 
 from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import ServeOptions, Server, one_line
+from distpool.serving.driver import Outcome, ServeOptions, Server, one_line
+from distpool.serving.metrics import ray_init_options
 from distpool.serving.parity import check_parity
-from distpool.serving.report import format_summary, summarize
+from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
 from distpool.worker.base import BANDS
 
@@ -36,6 +37,34 @@ def worker_stats(deployment: Deployment) -> list[dict]:
     return stats
 
 
+LINK_REPEATS = 5  # raw messages per channel; the median counts
+
+
+def measure_links(deployment: Deployment, outcomes: list[Outcome]) -> dict:
+    """Each channel's raw link at the run's median envelope size, one channel at a time, after the
+    run drained (nothing else competes for the cores or the link)."""
+    done = [o for o in outcomes if o.tokens is not None and o.transfer_bytes]
+    if not done:
+        return link_summary([], {}, 0)
+    nbytes = int(percentile([float(o.transfer_bytes) for o in done], 50))
+    seconds: dict[tuple[str, str], float] = {}
+    for pair in sorted({o.pair for o in done if o.pair is not None}):
+        prefill, decode = pair
+        try:
+            sent, received = ray.get(
+                [
+                    deployment.prefill[prefill].measure_link.remote(decode, nbytes, LINK_REPEATS),
+                    deployment.decode[decode].measure_link.remote(prefill, nbytes, LINK_REPEATS),
+                ],
+                timeout=120,
+            )
+        except Exception as exc:  # a channel that died since: reported without its link rate
+            print(f"distpool: warning: link {prefill}->{decode} not measured: {one_line(exc)}", flush=True)
+            continue
+        seconds[pair] = received
+    return link_summary(done, seconds, nbytes)
+
+
 def run(
     spec: DeploymentSpec,
     requests: list[Request],
@@ -46,6 +75,7 @@ def run(
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Serve `requests`; returns the exit status (`exit_status`). The summary is always printed and
     written, also when workers died."""
@@ -55,9 +85,22 @@ def run(
             ray.init(address=address, log_to_driver=False)
         else:
             cpus = num_cpus or spec.num_prefill + spec.num_decode + 1
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(  # "local": a new cluster, even when another one runs on this machine
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                **ray_init_options(metrics_port),
+            )
     where = address or "an embedded local Ray cluster"
-    print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {len(requests)} requests", flush=True)
+    cache = spec.worker.cache
+    what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
+    print(
+        f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {len(requests)} requests; {what}",
+        flush=True,
+    )
+    if metrics_port is not None and owns_ray and not address:
+        print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     deployment = None
     try:
         deployment = Deployment.start(spec)
@@ -65,6 +108,7 @@ def run(
         server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
         outcomes = asyncio.run(server.serve(requests))
         wall_s = time.monotonic() - started
+        link = measure_links(deployment, outcomes)
         stats = worker_stats(deployment)
         parity = check_parity(spec, requests, outcomes, parity_sample)
         report = summarize(
@@ -75,6 +119,8 @@ def run(
             wall_s=wall_s,
             workers_lost=len(server.recovery.lost),
             workers_restarted=len(server.recovery.restarted),
+            cache=cache,
+            link=link,
         )
     finally:
         if deployment is not None:
@@ -90,9 +136,13 @@ def run(
 
 
 def exit_status(report: dict) -> int:
-    """0: every request completed, parity held, nothing leaked and no worker was lost; 1: a request
-    failed, a token differed or memory leaked; 3: everything completed, but a worker died on the way."""
+    """0: every request completed, parity held, every envelope verified (synthetic cache), nothing
+    leaked and no worker was lost; 1: a request failed, a token differed, an envelope was corrupt or
+    memory leaked; 3: everything completed, but a worker died on the way."""
     healthy = report["failed"] == 0 and report["parity_mismatches"] == 0
+    healthy = healthy and report["corrupt_envelopes"] == 0
+    if report["cache"] == "synthetic":
+        healthy = healthy and report["verified_envelopes"] >= report["completed"]
     if not (healthy and report["leaked_pages"] == 0 and report["leaked_slots"] == 0):
         return 1
     return 3 if report["workers_lost"] else 0

@@ -1,4 +1,4 @@
-"""What prefill and decode workers share: one pool, the reference model, channels to peers, stats.
+"""What prefill and decode workers share: one pool, the cache model, channels to peers, stats.
 
 Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
 """
@@ -12,10 +12,11 @@ import torch
 
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
-from distpool.memory.pool import Pool
+from distpool.memory.pool import BandUsage, Pool
 from distpool.memory.sizing import size_pools
-from distpool.reference.model import ReferenceModel
+from distpool.reference.cache import build_cache
 from distpool.worker.config import WorkerConfig
+from distpool.worker.metrics import WorkerMetrics
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
 from transfer.rendezvous import free_port
 
@@ -35,7 +36,8 @@ class WorkerBase:
         self.name = name
         self.config = config
         self.device = resolve_device(config.device)
-        self.model = ReferenceModel(config.spec, seed=config.seed, device=self.device)
+        # What fills the pool: the reference model (real tokens) or the synthetic cache (real sizes).
+        self.model = build_cache(config.spec, cache=config.cache, seed=config.seed, device=self.device)
         self.sizes = size_pools(config.spec, config.for_role(self.role), config.budget_bytes)
         built = build_pool(self.sizes, self.device)
         self.pool: Pool = built
@@ -50,6 +52,8 @@ class WorkerBase:
             secret=config.secret,
         )
         self._peak = dict.fromkeys(BANDS, 0)
+        self.metrics = WorkerMetrics(name, self.role)  # Prometheus, through Ray (no-op without Ray)
+        self._compactions_seen = (0, 0)  # what the metrics were told so far: count, bytes
 
     # ---- identity and wiring ------------------------------------------------------------------
     def ping(self) -> str:
@@ -85,6 +89,11 @@ class WorkerBase:
     def channel_broken(self, peer: str) -> bool:
         return self.channels.broken(peer)
 
+    def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
+        """Raw messages of `nbytes` on the channel to `peer`, who calls this at the same time; the
+        decode end returns the median seconds per message (see `transfer.link`)."""
+        return self.channels.measure_link(peer, nbytes, repeats)
+
     def peer_lost(self, peer: str, peer_life: int) -> None:
         """`peer` died in life `peer_life`: fail every transfer with it now and drop the channel (its
         restart opens a new one; a late notice about an earlier life changes nothing)."""
@@ -96,17 +105,37 @@ class WorkerBase:
         with self._lock:
             if owned.pop(request_id, None) is None:
                 return False
+            self.model.forget(request_id)
             if pinned:
                 self.pool.unpin(request_id)
             self.pool.release(request_id)
             return True
 
     # ---- accounting ---------------------------------------------------------------------------
+    def _byte_runs(self, request_id: str) -> int:
+        """Maximal runs of consecutive bytes the request's envelope sits in (what a transfer copies
+        as one piece)."""
+        ranges = self.pool.envelope_ranges(request_id)
+        if len(ranges) == 0:
+            return 0
+        ends = ranges[:-1, 0] + ranges[:-1, 1]
+        return 1 + int((ranges[1:, 0] != ends).sum())
+
     def _note_peak(self) -> None:
-        """Called after every reserve and decode step: reads only the allocator's cheap counts."""
-        for name, usage in self.pool.usage().items():
+        """Called after every reserve and decode step: reads only the allocator's cheap counts, and
+        hands them (and new compactions) to the metrics."""
+        usage = self.pool.usage()
+        for name, band in usage.items():
             if name in self._peak:
-                self._peak[name] = max(self._peak[name], usage.held)
+                self._peak[name] = max(self._peak[name], band.held)
+        none = BandUsage(capacity=0, free=0, held=0, pinned=0)
+        pages, slots = usage.get("pages", none), usage.get("slots", none)
+        self.metrics.set_usage(pages.held, pages.capacity, slots.held, slots.capacity)
+        count, moved, _ = self.pool.compactions()
+        seen_count, seen_moved = self._compactions_seen
+        if count > seen_count:
+            self.metrics.add_compactions(count - seen_count, moved - seen_moved)
+            self._compactions_seen = (count, moved)
 
     def stats(self) -> dict:
         with self._lock:

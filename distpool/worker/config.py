@@ -28,6 +28,7 @@ class WorkerConfig:
     transfer: TransferOptions = field(default_factory=TransferOptions)
     device: str = "auto"  # auto: a GPU when the worker has one
     seed: int = 0
+    cache: str = "reference"  # what fills the pools: "reference" (real tokens) or "synthetic" (any size)
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
@@ -36,6 +37,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
+        if self.cache not in ("reference", "synthetic"):
+            raise ValueError(f"the cache must be reference or synthetic; got {self.cache!r}")
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(
                 f"--device must be one of {', '.join(DEVICES)} (cuda:N too); got {self.device!r}"

@@ -82,7 +82,12 @@ def test_percentile_nearest_rank():
 def test_summary_counts_and_rates():
     outcomes = [
         Outcome(
-            request_id="a", tokens=[1, 2, 3], ttft_s=0.01, decode_s=0.02, transfer_bytes=1000, transfer_s=1e-6
+            request_id="a",
+            tokens=[1, 2, 3],
+            queue_s=0.01,
+            decode_s=0.02,
+            transfer_bytes=1000,
+            transfer_s=1e-6,
         ),
         Outcome(request_id="b", error="TransferError: boom"),
     ]

@@ -20,8 +20,8 @@ ARGS = PoolArgs(enable_unified_memory=True, page_size=4, context_len=128)
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)
 
 
-def make_pair(budget_bytes: int = 4 << 20, timeout_s: float = 5.0, wrap=None):
-    config = WorkerConfig(
+def make_pair(budget_bytes: int = 4 << 20, timeout_s: float = 5.0, wrap=None, config=None):
+    config = config or WorkerConfig(
         spec=SPEC, pool_args=ARGS, budget_bytes=budget_bytes, transfer=TransferOptions(timeout_s=timeout_s)
     )
     p = PrefillWorker(name="prefill-0", config=config)
@@ -47,7 +47,7 @@ def pair():
 def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) -> dict[str, dict]:
     """The driver's three calls: reserve on decode, prefill-and-send, wait for what finished."""
     for rid, prompt in prompts.items():
-        d.reserve(rid, len(prompt), max_new_tokens, "prefill-0")
+        d.reserve(rid, prompt, max_new_tokens, "prefill-0")
     return p.prefill_and_send([(rid, prompt, "decode-0", fault) for rid, prompt in prompts.items()])
 
 
@@ -111,14 +111,14 @@ def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
 def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
     _, d = pair
     with pytest.raises(ValueError, match="context"):
-        d.reserve("long", 100, 29, "prefill-0")  # 129 tokens > --context-len 128
+        d.reserve("long", [1] * 100, 29, "prefill-0")  # 129 tokens > --context-len 128
     with pytest.raises(ValueError):
-        d.reserve("bad", 0, 1, "prefill-0")
+        d.reserve("bad", [], 1, "prefill-0")
     admitted = 0
     with pytest.raises(DoesNotFit):
         for i in range(1000):  # each prompt of 8 fits alone; admission counts every request's growth
             before = d.stats()
-            d.reserve(f"r{i}", 8, 120, "prefill-0")
+            d.reserve(f"r{i}", [1] * 8, 120, "prefill-0")
             admitted += 1
     assert d.stats() == before  # the refused request holds nothing
     # 4 MiB holds about 95 requests at their full 128 tokens (32 pages of 1 KiB + a 9.6 KB slot)
@@ -129,7 +129,7 @@ def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
 
 def test_cancel_returns_the_reservation(pair):
     p, d = pair
-    d.reserve("r", 10, 2, "prefill-0")
+    d.reserve("r", list(range(10)), 2, "prefill-0")
     assert d.stats()["pages_used"] > 0
     assert d.cancel("r")
     assert_nothing_held(p, d)
@@ -142,7 +142,7 @@ def test_cancel_returns_the_reservation(pair):
 def test_a_reservation_from_an_unknown_prefill_worker_holds_nothing(pair):
     _, d = pair
     with pytest.raises(ChannelError, match="no channel"):
-        d.reserve("r", 10, 2, "prefill-9")
+        d.reserve("r", list(range(10)), 2, "prefill-9")
     assert_nothing_held(d)
 
 
@@ -170,7 +170,7 @@ def test_workers_use_nothing_but_the_pool_interface():
         assert len(wait_finished(d, ["a", "b"])) == 2
         with pytest.raises(DoesNotFit):
             for i in range(1000):
-                d.reserve(f"r{i}", 8, 120, "prefill-0")
+                d.reserve(f"r{i}", [1] * 8, 120, "prefill-0")
         assert_nothing_held(p)
     finally:
         p.shutdown()
@@ -180,6 +180,7 @@ def test_workers_use_nothing_but_the_pool_interface():
 def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
     _, d = pair
     with pytest.raises(ValueError, match="request_id must have 1 to 256 characters"):
-        d.reserve("x" * 300, 10, 2, "prefill-0")  # the pool holds it; the envelope cannot carry the id
+        # the pool holds it; the envelope cannot carry the id
+        d.reserve("x" * 300, list(range(10)), 2, "prefill-0")
     assert_nothing_held(d)
     assert d.stats()["pages_peak"] > 0  # it did take memory before it failed

@@ -1,0 +1,195 @@
+"""PD serving at a real model's sizes: 1P1D with the synthetic cache, one prompt length at a time.
+
+For each prompt length it serves a few requests through the whole stack (decode reserve, batched
+prefill into the pool, whole-envelope transfer, byte verification at decode, decode steps), then
+measures the channel's raw link at that envelope size (`transfer.link`), and reports per length:
+
+  prompt_tokens, envelope_bytes, transfer_ms, transfer_gbps, link_gbps, link_utilization, ttft_ms
+  (plus the TTFT parts, so the transfer's share of TTFT shows).
+
+    python scripts/bench_pd.py --model nemotron-h-8b --quick --json out/bench_pd.json
+
+The full run covers 1k, 4k, 16k and 32k tokens; `--quick` 1k and 8k. A table is printed, a plot
+written under out/, and `--json` writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+FULL_LENGTHS = (1024, 4096, 16384, 32768)
+QUICK_LENGTHS = (1024, 8192)
+MAX_NEW_TOKENS = 4
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="nemotron-h-8b", help="a preset name or a config.json")
+    parser.add_argument("--quick", action="store_true", help="1k and 8k tokens only")
+    parser.add_argument("--lengths", default=None, help="comma-separated prompt lengths (overrides)")
+    parser.add_argument("--requests", type=int, default=4, help="requests per prompt length")
+    parser.add_argument("--memory-gib", type=float, default=None, help="pool budget per worker")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--plot", default="out/bench_pd.png")
+    return parser.parse_args(argv)
+
+
+def worker_config(args: argparse.Namespace, lengths: list[int]):
+    from distpool.memory.sizing import GIB, PoolArgs, size_pools
+    from distpool.model.hf_config import spec_from_hf
+    from distpool.model.presets import resolve_model
+    from distpool.worker.config import WorkerConfig
+
+    spec = spec_from_hf(resolve_model(args.model))
+    context = max(lengths) + MAX_NEW_TOKENS
+    pool_args = PoolArgs(page_size=args.page_size, context_len=context)
+    if args.memory_gib is not None:
+        budget = int(args.memory_gib * GIB)
+    else:  # room for two requests at the longest length, so prefill batches and decode overlap
+        one = size_pools(spec, pool_args, 64 * GIB).request_bytes_at_full_context
+        budget = max(256 << 20, 2 * one + (64 << 20))
+    return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, cache="synthetic")
+
+
+def bench(args: argparse.Namespace) -> list[dict]:
+    import ray
+
+    from distpool.serving.deployment import Deployment, DeploymentSpec
+    from distpool.serving.driver import ServeOptions, Server
+    from distpool.serving.report import summarize
+    from distpool.serving.run import measure_links, worker_stats
+    from distpool.serving.workload import Request
+
+    lengths = (
+        [int(n) for n in args.lengths.split(",")]
+        if args.lengths
+        else list(QUICK_LENGTHS if args.quick else FULL_LENGTHS)
+    )
+    config = worker_config(args, lengths)
+    spec = DeploymentSpec.build(config, num_prefill=1, num_decode=1)
+    print(
+        f"bench_pd: {args.model}, 1P1D, synthetic cache, {config.budget_bytes / 2**30:.2f} GiB per worker, "
+        f"prompt lengths {lengths}",
+        flush=True,
+    )
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    deployment = Deployment.start(spec)
+    rows = []
+    try:
+        for length in lengths:
+            vocab = config.spec.vocab_size or 32000
+            requests = [
+                Request(
+                    request_id=f"len{length}-{i}",
+                    prompt=[(7919 * (i + 1) * (t + 1)) % vocab for t in range(length)],
+                    max_new_tokens=MAX_NEW_TOKENS,
+                )
+                for i in range(args.requests)
+            ]
+            server = Server(deployment, ServeOptions(progress=False))
+            outcomes = asyncio.run(server.serve(requests))
+            link = measure_links(deployment, outcomes)
+            report = summarize(
+                outcomes,
+                retried=server.retried,
+                worker_stats=worker_stats(deployment),
+                parity=(0, 0),
+                wall_s=0.0,
+                cache="synthetic",
+                link=link,
+            )
+            if report["failed"] or report["corrupt_envelopes"]:
+                raise RuntimeError(f"{length} tokens: {report['failed']} failed; {report['errors']}")
+            parts = report["ttft_breakdown_ms"]
+            row = {
+                "prompt_tokens": length,
+                "envelope_bytes": int(report["envelope_bytes_p50"]),
+                "transfer_ms": parts["transfer"]["p50"],
+                "transfer_gbps": report["transfer_gbps"],
+                "link_gbps": report["link_gbps"],
+                "link_utilization": report["link_utilization"],
+                "ttft_ms": report["ttft_ms_p50"],
+                "ttft_breakdown_ms": {part: v["p50"] for part, v in parts.items()},
+                "verified_envelopes": report["verified_envelopes"],
+            }
+            rows.append(row)
+            share = row["transfer_ms"] / row["ttft_ms"] if row["ttft_ms"] else 0.0
+            print(
+                f"  {length:>6} tokens: envelope {row['envelope_bytes'] / 2**20:8.1f} MiB, transfer "
+                f"{row['transfer_ms']:8.1f} ms at {row['transfer_gbps']:.2f} GB/s "
+                f"(raw {row['link_gbps']:.2f}, "
+                f"utilization {row['link_utilization']:.2f}), TTFT {row['ttft_ms']:.1f} ms "
+                f"(transfer {share:.0%})",
+                flush=True,
+            )
+    finally:
+        deployment.shutdown()
+        ray.shutdown()
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, ttft) = plt.subplots(1, 2, figsize=(11, 4.5))
+    tokens = [r["prompt_tokens"] for r in rows]
+    rate.plot(tokens, [r["transfer_gbps"] for r in rows], "-o", label="envelope transfer")
+    rate.plot(tokens, [r["link_gbps"] for r in rows], "--s", color="gray", label="raw link, same size")
+    rate.set_ylabel("GB/s")
+    bottom = [0.0] * len(rows)
+    for part in ("queue", "reserve", "prefill", "transfer", "first_token"):
+        heights = [r["ttft_breakdown_ms"][part] for r in rows]
+        ttft.bar([str(t) for t in tokens], heights, bottom=bottom, label=part.replace("_", " "))
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ttft.set_ylabel("TTFT p50 parts (ms)")
+    for ax in (rate, ttft):
+        ax.set_xlabel("prompt tokens")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    rate.set_xscale("log", base=2)
+    fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    args = parse_args(argv)
+    try:
+        rows = bench(args)
+    except ValueError as exc:  # a bad model name or a budget that cannot hold the longest prompt
+        print(f"bench_pd: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"\n{'tokens':>7} {'envelope MiB':>13} {'transfer ms':>12} {'GB/s':>6} {'raw':>6} "
+        f"{'util':>5} {'TTFT ms':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['prompt_tokens']:>7} {r['envelope_bytes'] / 2**20:>13.1f} {r['transfer_ms']:>12.1f} "
+            f"{r['transfer_gbps']:>6.2f} {r['link_gbps']:>6.2f} {r['link_utilization']:>5.2f} "
+            f"{r['ttft_ms']:>8.1f}"
+        )
+    plot(rows, Path(args.plot), f"PD at real sizes: {args.model}, 1P1D, Gloo")
+    print(f"plot: {args.plot}")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"model": args.model, "rows": rows}, indent=2))
+        print(f"json: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

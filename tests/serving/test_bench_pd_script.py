@@ -1,0 +1,35 @@
+"""The PD benchmark runs end to end on a tiny case and writes the rows its JSON promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.factories import FIXTURES
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"prompt_tokens", "envelope_bytes", "transfer_ms", "transfer_gbps", "link_gbps", "link_utilization"}
+
+
+def test_bench_pd_reports_one_row_per_prompt_length(tmp_path):
+    out, plot = tmp_path / "pd.json", tmp_path / "pd.png"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "scripts/bench_pd.py", "--model", str(FIXTURES / "jamba.json")]
+    command += ["--lengths", "64,512", "--requests", "2", "--json", str(out), "--plot", str(plot)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["prompt_tokens"] for r in rows] == [64, 512]
+    for row in rows:
+        assert KEYS | {"ttft_ms", "ttft_breakdown_ms", "verified_envelopes"} == set(row)
+        assert row["verified_envelopes"] >= 2 and row["link_gbps"] > 0 and row["transfer_gbps"] > 0
+        assert 0 < row["transfer_ms"] < row["ttft_ms"]
+    assert rows[1]["envelope_bytes"] > rows[0]["envelope_bytes"]  # 448 more tokens of KV
+    assert plot.stat().st_size > 0 and "utilization" in done.stdout

@@ -1,0 +1,160 @@
+"""Workers with the synthetic cache: decode verifies every received byte before a request joins its
+batch, and again before release; a damaged envelope fails its request as corrupt, holding nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from distpool.memory.sizing import PoolArgs
+from distpool.model.spec import DENSE, HYBRID_MAMBA, HYBRID_SWA
+from distpool.worker.config import WorkerConfig
+from tests.factories import make_spec
+from tests.worker.test_workers import assert_nothing_held, make_pair, serve, wait_finished
+from transfer import TransferOptions
+from transfer.faults import CORRUPT_PAYLOAD
+
+PROMPTS = {"a": list(range(1, 30)), "b": [7, 7, 7], "c": list(range(50, 90))}
+
+
+def synthetic_config(kind: str = HYBRID_MAMBA, *, unified: bool = True) -> WorkerConfig:
+    spec = make_spec(kind, num_layers=6, kv_heads=2, head_dim=16, conv_shape=(3, 64), ssm_shape=(4, 16, 16))
+    return WorkerConfig(
+        spec=spec,
+        pool_args=PoolArgs(enable_unified_memory=unified, page_size=4, context_len=128),
+        budget_bytes=2 << 20,
+        transfer=TransferOptions(timeout_s=5),
+        cache="synthetic",
+    )
+
+
+@pytest.fixture
+def pair():
+    p, d = make_pair(config=synthetic_config())
+    yield p, d
+    p.shutdown()
+    d.shutdown()
+
+
+def colocated(config: WorkerConfig, prompts: dict[str, list[int]], max_new_tokens: int) -> dict:
+    from distpool.memory.arena_pool import build_pool
+    from distpool.memory.sizing import size_pools
+    from distpool.reference.cache import build_cache
+
+    pool = build_pool(size_pools(config.spec, config.for_role(None), config.budget_bytes))
+    cache = build_cache(config.spec, cache="synthetic", seed=config.seed, device="cpu")
+    return {
+        rid: cache.generate(pool, [prompt], max_new_tokens, request_ids=[rid])[0]
+        for rid, prompt in prompts.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, unified", [(HYBRID_MAMBA, True), (HYBRID_MAMBA, False), (HYBRID_SWA, False), (DENSE, False)]
+)
+def test_every_envelope_verifies_and_tokens_match_colocated(kind, unified):
+    config = synthetic_config(kind, unified=unified)
+    p, d = make_pair(config=config)
+    try:
+        sent = serve(p, d, PROMPTS, 6)
+        assert {r["outcome"] for r in sent.values()} == {"sent"}
+        done = wait_finished(d, list(PROMPTS))
+        assert {rid: r["tokens"] for rid, r in done.items()} == colocated(config, PROMPTS, 6)
+        stats = d.stats()
+        assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (3, 0)
+        assert all(r["runs"] >= 1 and r["admit_s"] >= 0 for r in done.values())
+        assert_nothing_held(p, d)
+    finally:
+        p.shutdown()
+        d.shutdown()
+
+
+def fails_as_corrupt(d, rid: str, where: str) -> None:
+    result = wait_finished(d, [rid])[rid]
+    assert result["corrupt"] and "corrupt envelope" in result["error"] and where in result["error"]
+    assert "tokens" not in result
+    assert d.stats()["corrupt_envelopes"] == 1
+
+
+def test_a_byte_flipped_on_landing_fails_the_request_as_corrupt(pair):
+    p, d = pair
+    d.reserve("x", PROMPTS["a"], 4, "prefill-0", CORRUPT_PAYLOAD)  # the checksum is off
+    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0", None)])["x"]["outcome"] == "sent"
+    fails_as_corrupt(d, "x", "received")
+    assert_nothing_held(p, d)
+
+
+def damage_on_landing(d, damage) -> None:
+    """Run `damage(pool, request_id, ranges)` on the destination bytes after the transfer wrote them
+    and before decode verifies them."""
+    landed = d._landed
+
+    def patched(transfer):
+        with d._lock:
+            rid = transfer.request_id
+            if transfer.error is None:
+                damage(d.pool, rid, d.pool.envelope_ranges(rid))
+        landed(transfer)
+
+    d._landed = patched
+
+
+def swap_pages(pool, rid, ranges):
+    (a, n), (b, _) = ranges[1].tolist(), ranges[2].tolist()  # row 0 is the slot
+    first = pool.buffer[a : a + n].clone()
+    pool.buffer[a : a + n] = pool.buffer[b : b + n]
+    pool.buffer[b : b + n] = first
+
+
+def truncate(pool, rid, ranges):
+    offset, nbytes = ranges[-1].tolist()  # the last page never arrived
+    pool.buffer[offset : offset + nbytes] = 0
+
+
+@pytest.mark.parametrize("damage", [swap_pages, truncate], ids=["swapped page", "truncated"])
+def test_damaged_landings_fail_as_corrupt_with_nothing_held(pair, damage):
+    p, d = pair
+    damage_on_landing(d, damage)
+    d.reserve("x", PROMPTS["c"], 4, "prefill-0")
+    assert p.prefill_and_send([("x", PROMPTS["c"], "decode-0", None)])["x"]["outcome"] == "sent"
+    fails_as_corrupt(d, "x", "received")
+    assert_nothing_held(p, d)
+
+
+def test_a_stale_slot_fails_as_corrupt(pair):
+    """The slot keeps an earlier request's state (its write was lost): decode notices."""
+    p, d = pair
+    serve(p, d, {"earlier": PROMPTS["b"]}, 2)
+    wait_finished(d, ["earlier"])
+    stale = {}
+
+    def keep_stale(pool, rid, ranges):
+        offset, nbytes = ranges[0].tolist()
+        pool.buffer[offset : offset + nbytes] = stale["bytes"]
+
+    damage_on_landing(d, keep_stale)  # before the reservation: its transfer calls back what it saw
+    d.reserve("x", PROMPTS["a"], 4, "prefill-0")
+    offset, nbytes = d.pool.envelope_ranges("x")[0].tolist()
+    stale["bytes"] = d.pool.buffer[offset : offset + nbytes].clone()  # what "earlier" left behind
+    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0", None)])["x"]["outcome"] == "sent"
+    fails_as_corrupt(d, "x", "state")
+    assert_nothing_held(p, d)
+
+
+def test_damage_while_decoding_is_caught_before_release(pair):
+    """A neighbour's write (or a broken compaction) after admission: the release check fails it."""
+    p, d = pair
+    landed = d._verify_arrived
+
+    def then_damage():
+        rids = list(d._arrived)
+        landed()
+        for rid in rids:
+            if rid in d._running:
+                offset, _ = d.pool.envelope_ranges(rid)[1].tolist()
+                d.pool.buffer[offset] ^= 0x5A  # the first page's first byte
+
+    d._verify_arrived = then_damage
+    serve(p, d, {"x": PROMPTS["a"]}, 8)
+    fails_as_corrupt(d, "x", "at release")
+    assert d.stats()["verified_envelopes"] == 1
+    assert_nothing_held(p, d)
