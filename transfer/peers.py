@@ -135,7 +135,13 @@ class PeerChannels:
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
         """Time `repeats` raw messages of `nbytes` to or from `peer` (who must call this at the same
         time); the receiving end returns the median seconds per message, the sending end None."""
-        return measure(self._end(peer), nbytes, repeats)
+        return measure(self._end(peer), nbytes, repeats, self.options.chunk_bytes)
+
+    def moving(self) -> bool:
+        """Whether a transfer (or a link measurement) is moving bytes on any channel right now."""
+        with self._lock:
+            ends = list(self._ends.values())
+        return any(end.io_lock.locked() for end in ends)
 
     def rejected_messages(self) -> int:
         """Control messages that did not open under the deployment's secret, over every channel."""

@@ -60,8 +60,9 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 # A payload message goes with tag TAG_DATA + its stream (plan.assign_streams; Gloo: one connection
 # per stream).
 TAG_DATA = 1
-# The raw link measurement (transfer.link) uses tags no payload stream reaches.
-TAG_LINK_GO, TAG_LINK_PAYLOAD = 1 << 20, (1 << 20) + 1
+# The raw link measurement (transfer.link): its payload goes with TAG_LINK_PAYLOAD + stream, far
+# above any transfer's tags.
+TAG_LINK_GO, TAG_LINK_PAYLOAD = (1 << 20) - 1, 1 << 20
 # On a bell key instead of a header: the channel is being torn down (wakes a blocked receiver).
 TEARDOWN_MARK = b"\x00teardown:"
 

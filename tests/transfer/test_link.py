@@ -12,12 +12,12 @@ from transfer import ChannelError
 from transfer.link import measure
 
 
-def measure_both(sender, receiver, nbytes: int, repeats: int):
+def measure_both(sender, receiver, nbytes: int, repeats: int, chunk_bytes: int | None = None):
     results: dict[str, object] = {}
 
     def on(side, end):
         try:
-            results[side] = measure(end, nbytes, repeats)
+            results[side] = measure(end, nbytes, repeats, chunk_bytes)
         except Exception as exc:  # reported to the test
             results[side] = exc
 
@@ -31,7 +31,7 @@ def measure_both(sender, receiver, nbytes: int, repeats: int):
 
 def test_the_receiver_times_raw_messages_and_the_channel_still_moves_envelopes(pair):
     sender, receiver = pair
-    sent, seconds = measure_both(sender, receiver, 8 << 20, 5)
+    sent, seconds = measure_both(sender, receiver, 8 << 20, 5, chunk_bytes=1 << 20)
     assert sent is None
     assert isinstance(seconds, float) and 0 < seconds < 5
     src, dst = tables(seed=3)
