@@ -27,6 +27,9 @@ from transfer import Transfer, TransferError
 # How long a reservation waits for its prefill worker to start the transfer (queueing and prefill
 # included); the driver cancels it sooner when the request fails elsewhere.
 RESERVATION_WAIT_S = 120.0
+# A landed envelope's verification waits while another transfer moves bytes, YIELD_S at a time, for
+# at most MAX_YIELDS waits in a row (a steady stream of transfers does not starve it).
+YIELD_S, MAX_YIELDS = 0.002, 250
 
 
 @dataclass
@@ -61,6 +64,7 @@ class DecodeWorker(WorkerBase):
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self.num_steps = 0
+        self._yields = 0  # verifications put off in a row for a transfer that was moving
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
         self._stepper = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
@@ -230,6 +234,13 @@ class DecodeWorker(WorkerBase):
             with self._lock:
                 if self._stopping:
                     return
+                if self._arrived and self.channels.moving() and self._yields < MAX_YIELDS:
+                    # Verification shares the cores with the transfer landing now: let it land first
+                    # (on a GPU they would not compete). Decode steps go on.
+                    self._yields += 1
+                    self._wake.wait(timeout=YIELD_S)
+                    continue
+                self._yields = 0
                 if self._arrived:
                     self._verify_arrived()
                 elif self._running:

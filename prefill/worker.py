@@ -7,12 +7,15 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 
 from __future__ import annotations
 
+import time
+
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase
 from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
+YIELD_S, YIELD_MAX_S = 0.002, 1.0  # waits for transfers in flight before a batch's prefill
 
 
 class PrefillWorker(WorkerBase):
@@ -33,6 +36,11 @@ class PrefillWorker(WorkerBase):
         (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
         `retry` says whether another pair may succeed). Nothing is held here once it returns.
         """
+        # Prefill shares the cores with the previous batch's transfers: let those move first (on a
+        # GPU they would not compete), for a bounded time.
+        deadline = time.monotonic() + YIELD_MAX_S
+        while self.channels.moving() and time.monotonic() < deadline:
+            time.sleep(YIELD_S)
         out: dict[str, dict] = {}
         admitted: list[tuple[str, list[int], str, str | None]] = []
         runs: dict[str, int] = {}
