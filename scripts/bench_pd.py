@@ -1,7 +1,7 @@
 """PD serving at a real model's sizes: 1P1D with the synthetic cache, one prompt length at a time.
 
-For each prompt length it serves a few requests through the whole stack (decode reserve, batched
-prefill into the pool, whole-envelope transfer, byte verification at decode, decode steps), then
+For each prompt length it serves a few requests, one at a time, through the whole stack (decode
+reserve, prefill into the pool, whole-envelope transfer, byte verification at decode, decode steps), then
 measures the channel's raw link at that envelope size (`transfer.link`), and reports per length:
 
   prompt_tokens, envelope_bytes, transfer_ms, transfer_gbps, link_gbps, link_utilization, ttft_ms
@@ -94,7 +94,8 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 )
                 for i in range(args.requests)
             ]
-            server = Server(deployment, ServeOptions(progress=False))
+            # One request at a time: its transfer does not compete with another's hashing for the cores.
+            server = Server(deployment, ServeOptions(progress=False, queue_bound=1))
             outcomes = asyncio.run(server.serve(requests))
             link = measure_links(deployment, outcomes)
             report = summarize(
