@@ -79,6 +79,15 @@ def run(
 ) -> int:
     """Serve `requests`; returns the exit status (`exit_status`). The summary is always printed and
     written, also when workers died."""
+    where = address or "an embedded local Ray cluster"
+    cache = spec.worker.cache
+    what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
+    print(
+        f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {len(requests)} requests; {what}",
+        flush=True,
+    )
+    if metrics_port is not None and not ray.is_initialized() and not address:
+        print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         if address:
@@ -92,15 +101,6 @@ def run(
                 log_to_driver=False,
                 **ray_init_options(metrics_port),
             )
-    where = address or "an embedded local Ray cluster"
-    cache = spec.worker.cache
-    what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
-    print(
-        f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {len(requests)} requests; {what}",
-        flush=True,
-    )
-    if metrics_port is not None and owns_ray and not address:
-        print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     deployment = None
     try:
         deployment = Deployment.start(spec)
