@@ -101,8 +101,9 @@ class DecodeWorker(WorkerBase):
         (a receiver fault of `transfer.faults`) is injected into its transfer on purpose.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
-        if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
-            raise ValueError(f"the prompt of {request_id!r} must be a list of token ids")
+        vocab = self.model.vocab_size
+        if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < vocab for t in prompt):
+            raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab})")
         prompt_len = len(prompt)
         if prompt_len < 1 or max_new_tokens < 1:
             raise ValueError(
@@ -157,7 +158,10 @@ class DecodeWorker(WorkerBase):
         """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
         for rid in list(self._arrived):
             req = self._arrived.pop(rid)
-            mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
+            try:
+                mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
+            except ValueError as exc:  # e.g. a first token outside the vocabulary
+                mismatch = exc
             if mismatch is not None:
                 self._fail_corrupt(rid, req, f"received {mismatch}")
                 continue

@@ -101,6 +101,8 @@ class Server:
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
         self.recovery = Recovery(deployment, self.router, on_return=self._on_return)
         self.background: list[asyncio.Task] = []
+        self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
+        self.closing = False  # set once every request is done: the result streams stop
         self.retried = 0
         self.done = 0
         self.metrics = DriverMetrics()  # Prometheus, through Ray
@@ -108,8 +110,9 @@ class Server:
     async def serve(self, requests: list[Request]) -> list[Outcome]:
         queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=self.options.queue_bound)
         outcomes: list[Outcome] = []
-        self.background = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
-        self.background.append(asyncio.create_task(self._progress_loop(len(requests))))
+        self.closing = False
+        self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
+        self.background = [asyncio.create_task(self._progress_loop(len(requests)))]
 
         async def worker() -> None:
             while (req := await queue.get()) is not None:
@@ -130,8 +133,12 @@ class Server:
                 await queue.put(None)
             await asyncio.gather(*workers)
             await self.recovery.settle()  # a worker restarting now is reported as it ends up
+            # Let each long-poll return before the loop ends: a call left behind would take the
+            # results of the next `serve` on this deployment and hand them to nobody.
+            self.closing = True
+            await asyncio.wait(self.result_streams, timeout=RESULT_WAIT_S + 30)
         finally:
-            for task in (*workers, *self.background, *self.recovery.rejoining.values()):
+            for task in (*workers, *self.result_streams, *self.background, *self.recovery.rejoining.values()):
                 task.cancel()
         return sorted(outcomes, key=lambda o: o.request_id)
 
@@ -287,12 +294,12 @@ class Server:
 
     def _on_return(self, name: str) -> None:
         if name in self.dep.decode:  # its result stream ended when it was lost
-            self.background.append(asyncio.get_running_loop().create_task(self._results_from(name)))
+            self.result_streams.append(asyncio.get_running_loop().create_task(self._results_from(name)))
 
     async def _results_from(self, name: str) -> None:
         """One outstanding `next_finished` per decode worker: results arrive as requests finish."""
         handle = self.dep.decode[name]
-        while name not in self.router.dead:
+        while name not in self.router.dead and not self.closing:
             try:
                 done = await self._call(name, handle.next_finished.remote(RESULT_WAIT_S))
             except _Retry:

@@ -63,3 +63,28 @@ def test_single_token_prompt_and_single_new_token(ray_session):
     assert outcomes[0].tokens == colocated_tokens(spec, requests)["one"]
     assert len(outcomes[0].tokens) == 1
     assert_drained(stats)
+
+
+def test_a_second_server_on_the_same_deployment_gets_every_result(ray_session):
+    """Each `serve` waits for its result long-polls to return: one left behind took the next
+    server's results and handed them to nobody (that server then waited forever)."""
+    import asyncio
+
+    import ray
+
+    from distpool.serving.deployment import Deployment
+    from distpool.serving.driver import ServeOptions, Server
+
+    spec = make_spec()
+    deployment = Deployment.start(spec)
+    try:
+        for round_ in range(3):
+            requests = mixed_requests(2, max_new_tokens=3, seed=round_)
+            server = Server(deployment, ServeOptions(progress=False, queue_bound=1))
+            outcomes = asyncio.run(asyncio.wait_for(server.serve(requests), timeout=60))
+            assert [o.tokens for o in outcomes] == [
+                colocated_tokens(spec, requests)[r.request_id] for r in requests
+            ]
+        assert_drained(ray.get([h.stats.remote() for h in deployment.handles().values()]))
+    finally:
+        deployment.shutdown()

@@ -158,3 +158,25 @@ def test_damage_while_decoding_is_caught_before_release(pair):
     fails_as_corrupt(d, "x", "at release")
     assert d.stats()["verified_envelopes"] == 1
     assert_nothing_held(p, d)
+
+
+def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(pair):
+    p, d = pair
+    for prompt in ([-1, 2], [1, 10**9], [1.5], "abc"):
+        with pytest.raises(ValueError, match="token ids"):
+            d.reserve("bad", prompt, 2, "prefill-0")
+    assert_nothing_held(d)
+    original = d._landed
+
+    def wrong_first_token(transfer):
+        transfer.first_token = 10**9  # outside the vocabulary: what a broken peer could send
+        original(transfer)
+
+    d._landed = wrong_first_token
+    d.reserve("x", PROMPTS["b"], 3, "prefill-0")
+    assert p.prefill_and_send([("x", PROMPTS["b"], "decode-0", None)])["x"]["outcome"] == "sent"
+    fails_as_corrupt(d, "x", "received")
+    d._landed = original
+    assert serve(p, d, {"y": PROMPTS["a"]}, 3)["y"]["outcome"] == "sent"  # the decode loop lives on
+    assert len(wait_finished(d, ["y"])["y"]["tokens"]) == 3
+    assert_nothing_held(p, d)
