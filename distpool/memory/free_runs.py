@@ -88,44 +88,36 @@ class FreeRuns:
         self._drop_empty()
         return np.concatenate(pieces)
 
-    def take_extent(self, count: int, lo: int, gap_keep: int = 0, headroom: int = 0) -> list[tuple[int, int]]:
+    def take_extent(self, count: int, lo: int, gap_keep: int = 0) -> list[tuple[int, int]]:
         """`count` positions at or above `lo` in as few (start, length) pieces as possible, ascending.
 
         The run that starts at position 0 is the open gap above the other band (every position
-        below `lo` lies in it); the others are holes between owned positions. An extent is placed
-        so that `headroom` free positions stay right after it where they can, for the owner's
-        growth in place; holes that small are what others take last. In order of preference:
-        1. the best-fitting hole holding `count + headroom` (smallest; ties go to the highest), the
-           piece at its low end, where the rest of the hole stays right after it;
-        2. the top of the gap less `headroom` (the gap splits; the headroom becomes a hole after the
-           piece), if that keeps `gap_keep` positions free for the other band (a gap squeezed shut
-           forces a compaction for the next slot);
-        3. the best-fitting hole holding `count`, at its low end;
-        4. the top of the gap, packed against the units above, keeping `gap_keep` free;
-        5. the largest holes, then the gap, until `count` is covered (several pieces).
+        below `lo` lies in it); the others are holes between owned positions. In order of preference:
+        1. the best-fitting hole (smallest holding `count`; ties go to the highest), the piece at its
+           low end, where the rest of the hole stays right after it for the owner's growth;
+        2. the top of the gap, packed against the units above, if it keeps `gap_keep` positions
+           free for the other band (a gap squeezed shut forces a compaction for the next slot);
+        3. the largest holes, then the gap, until `count` is covered (several pieces).
         Caller checked the total. Emptied runs stay until `finish_batch`.
         """
         starts = np.maximum(self.starts, lo)
         lengths = np.maximum(self.ends - starts, 0)
         gap = 0 if self.starts.size and self.starts[0] == 0 else -1
         gap_length = int(lengths[0]) if gap == 0 else 0
-        holes_total = int(lengths.sum()) - gap_length
-        chosen: list[tuple[int, int]] | None = None
-        for room in (count + headroom, count) if headroom else (count,):
-            if (best := self._best_hole(lengths, room, gap)) >= 0:
-                chosen = [(best, count)]
-                break
-            if gap_length >= room and (gap_length - room >= gap_keep or holes_total < count):
-                if room > count:  # split the gap: the headroom stays free right after the piece
-                    top = int(self.ends[0])
-                    self.starts = np.insert(self.starts, 1, top - headroom)
-                    self.ends = np.insert(self.ends, 1, top)
-                    self.ends[0] = top - headroom
-                    starts, lengths = np.insert(starts, 1, top - headroom), np.insert(lengths, 1, headroom)
-                    lengths[0] -= headroom
-                chosen = [(0, count)]
-                break
-        if chosen is None:
+        # Best fit in a few whole-array calls (this runs once per request of a batch); reversed, so
+        # that argmin's first minimum is the highest such hole.
+        misfit = self.num_positions + 1
+        fitting = np.where(lengths >= count, lengths, misfit)
+        if gap == 0:
+            fitting[0] = misfit
+        best = lengths.size - 1 - int(fitting[::-1].argmin()) if lengths.size else -1
+        if best >= 0 and fitting[best] < misfit:
+            chosen = [(best, count)]
+        elif gap_length >= count and (
+            gap_length - count >= gap_keep or int(lengths.sum()) - gap_length < count  # holes too small
+        ):
+            chosen = [(0, count)]
+        else:
             order_key = -lengths
             if gap == 0:
                 order_key[0] = 1  # the gap last
@@ -146,17 +138,6 @@ class FreeRuns:
                 self.starts[run] += take
         self.num_free -= count
         return sorted(pieces)
-
-    def _best_hole(self, lengths: np.ndarray, room: int, gap: int) -> int:
-        """The smallest hole (not the gap) of at least `room` positions, the highest of equals; -1."""
-        if not lengths.size:
-            return -1
-        misfit = self.num_positions + 1
-        fitting = np.where(lengths >= room, lengths, misfit)  # reversed below: argmin's first is highest
-        if gap == 0:
-            fitting[0] = misfit
-        best = lengths.size - 1 - int(fitting[::-1].argmin())
-        return best if fitting[best] < misfit else -1
 
     def take_after(self, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Grow in place: for each position p (each the start of a different run, or not free), take

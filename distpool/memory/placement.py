@@ -3,9 +3,8 @@
 Two policies for full-attention pages (the high band):
 - "extent" (default): each request's pages as one run of ascending positions where a free run holds
   them (best fit over the holes, else the top of the gap between the bands while that leaves
-  `gap_keep` pages for low units, else the largest holes; see `FreeRuns.take_extent`), leaving
-  GROWTH_HEADROOM_PAGES free right after it where a run has room, so an envelope is a few long byte
-  runs; growth goes
+  `gap_keep` pages for low units, else the largest holes; see `FreeRuns.take_extent`), so an
+  envelope is a few long byte runs; growth goes
   right after the request's last page when that position is free, the rest as one best-fit extent
   shared by the batch's growing requests (the first request takes its highest share).
 - "first_fit" (the baseline): the highest free positions, one at a time, whatever the holes.
@@ -29,9 +28,6 @@ PLACEMENTS = ("extent", "first_fit")
 # (a batch of new slots) brought the churn trace's compactions to within 3% of first fit's, where 0
 # cost 19% more (scripts/bench_pool.py, section d).
 GAP_KEEP_LOW_UNITS = 8
-# Free pages an extent leaves right after itself where it can, so that the request's growth during
-# decode lands next to its last page (one byte run) instead of in another hole.
-GROWTH_HEADROOM_PAGES = 16
 
 
 class Placement:
@@ -57,12 +53,7 @@ class Placement:
             return NO_POSITIONS
         if self.mode == "first_fit":
             return _ascending_per_request(runs.take_highest(total, floor), counts)
-        pieces = [
-            piece
-            for n in counts
-            if n
-            for piece in runs.take_extent(n, floor, self.gap_keep, GROWTH_HEADROOM_PAGES)
-        ]
+        pieces = [piece for n in counts if n for piece in runs.take_extent(n, floor, self.gap_keep)]
         runs.finish_batch()
         return _positions_of(pieces)
 
@@ -78,9 +69,7 @@ class Placement:
         rest = counts - in_place
         rest_total = int(rest.sum())
         extent = (
-            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep, GROWTH_HEADROOM_PAGES))
-            if rest_total
-            else NO_POSITIONS
+            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep)) if rest_total else NO_POSITIONS
         )
         runs.finish_batch()
         # Request i takes its in-place pages after[i] ... then its share of the extent; the first

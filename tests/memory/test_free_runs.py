@@ -70,31 +70,3 @@ def test_an_extent_leaves_the_gap_to_the_other_band_while_the_holes_can_take_it(
     assert roomy.take_extent(3, lo=2, gap_keep=3) == [(5, 3)]  # 3 left in the gap: one piece
     tight = FreeRuns.from_owned(owned)
     assert tight.take_extent(5, lo=2, gap_keep=4) == [(3, 5)]  # the holes hold only 4: the gap
-
-
-def test_an_extent_leaves_headroom_after_itself_for_growth_in_place():
-    # gap [0, 20), a tight hole [24, 27) and a roomy one [30, 38); 20-23, 27-29 and 38-43 owned
-    owned = [20, 21, 22, 23, 27, 28, 29, 38, 39, 40, 41, 42, 43]
-    runs = FreeRuns.from_owned(_owned(44, owned))
-    assert runs.take_extent(3, lo=0, headroom=4) == [(30, 3)]  # the hole holding 3 + 4, not [24, 27)
-    assert runs.take_extent(3, lo=0, headroom=4) == [(13, 3)]  # no hole holds 7 more: gap top less 4
-    runs.finish_batch()
-    assert (16, 20) in _runs(runs)  # the gap split: its top 4 stay free right after the piece
-    assert runs.matches(_owned(44, [*owned, 13, 14, 15, 30, 31, 32]))
-    grown = runs.take_after(np.array([16, 33]), np.array([4, 4]))  # both requests grow in place
-    assert grown.tolist() == [4, 4]
-    runs.finish_batch()
-    assert runs.matches(_owned(44, [*owned, *range(13, 20), *range(30, 37)]))
-
-
-def test_without_room_for_headroom_an_extent_still_takes_the_best_fit():
-    runs = FreeRuns.from_owned(_owned(12, [4, 5, 6, 7, 11]))  # gap [0, 4), hole [8, 11)
-    assert runs.take_extent(3, lo=0, headroom=4) == [(8, 3)]
-    assert runs.take_extent(3, lo=0, headroom=4) == [(1, 3)]  # then the gap, packed to the top
-    assert runs.num_free == 1
-
-
-def test_headroom_holes_are_taken_last():
-    runs = FreeRuns.from_owned(_owned(40, [30, 31, 36, 37, 38, 39]))  # gap [0, 30), hole [32, 36)
-    assert runs.take_extent(4, lo=0, headroom=4) == [(22, 4)]  # the 4-hole holds 4 but not 4 + 4
-    assert (32, 36) in _runs(runs) and (26, 30) in _runs(runs)  # both small holes stay free
