@@ -27,8 +27,11 @@ def _colocated_sizes(worker: WorkerConfig):
     when that still holds one request at full context."""
     args = worker.for_role(None)
     if worker.budget_bytes > GIB:
-        sizes = size_pools(worker.spec, args, GIB)
-        if sizes.requests_at_full_context >= 1:  # every request of the run is within context_len
+        try:
+            sizes = size_pools(worker.spec, args, GIB)
+        except ValueError:  # 1 GiB cannot hold one request of this model
+            sizes = None
+        if sizes is not None and sizes.requests_at_full_context >= 1:  # every request is within context_len
             return sizes
     return size_pools(worker.spec, args, worker.budget_bytes)
 

@@ -117,3 +117,17 @@ def test_a_config_outside_the_presets_runs_at_its_true_size_with_metrics_served(
     assert report["verified_envelopes"] >= 6 and report["corrupt_envelopes"] == 0
     assert report["envelope_bytes_p50"] >= slot > 100 << 20
     assert report["link_utilization"] > 0
+
+
+def test_the_parity_pool_of_a_model_whose_request_outgrows_1_gib_is_the_workers_budget():
+    """nemotron-h-56b: one request at full context needs about 1.03 GiB; the check once sized a
+    1 GiB pool for it and failed after the run, losing the summary."""
+    from distpool.model.presets import resolve_model
+    from distpool.serving.parity import _colocated_sizes
+
+    spec = spec_from_hf(resolve_model("nemotron-h-56b"))
+    worker = WorkerConfig(
+        spec=spec, pool_args=PoolArgs(enable_unified_memory=True), budget_bytes=3 << 30, cache="synthetic"
+    )
+    sizes = _colocated_sizes(worker)
+    assert sizes.budget_bytes == 3 << 30 and sizes.requests_at_full_context >= 1
