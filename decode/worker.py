@@ -18,8 +18,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
+from decode.request import DecodeRequest
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase
 from transfer import Transfer, TransferError
@@ -32,24 +32,6 @@ RESERVATION_WAIT_S = 120.0
 YIELD_S, MAX_YIELDS = 0.002, 250
 
 
-@dataclass
-class _Request:
-    prompt: list[int]
-    max_new_tokens: int
-    tokens: list[int] = field(default_factory=list)  # generated so far (the first comes from prefill)
-    runs: int = 0  # byte runs of the destination envelope
-    landed_at: float = 0.0
-    admitted_at: float = 0.0
-    finished_at: float = 0.0
-    transfer: Transfer | None = None
-    error: str | None = None  # set when decode gave it up after receiving it
-    corrupt: bool = False  # its bytes failed verification
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-
 class DecodeWorker(WorkerBase):
     """Plain class; the launcher wraps it with `ray.remote`. Unit tests build it directly."""
 
@@ -57,10 +39,10 @@ class DecodeWorker(WorkerBase):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._waiting: dict[str, _Request] = {}
-        self._arrived: dict[str, _Request] = {}
-        self._running: dict[str, _Request] = {}
-        self._finished: dict[str, _Request] = {}
+        self._waiting: dict[str, DecodeRequest] = {}
+        self._arrived: dict[str, DecodeRequest] = {}
+        self._running: dict[str, DecodeRequest] = {}
+        self._finished: dict[str, DecodeRequest] = {}
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self.num_steps = 0
@@ -121,7 +103,7 @@ class DecodeWorker(WorkerBase):
                 raise DoesNotFit(request_id, f"{self.name} has no room with headroom for running requests")
             self.pool.reserve(request_id, prompt_len, compact=True)
             self.pool.pin(request_id)  # a transfer writes into it from now on
-            req = self._waiting[request_id] = _Request(prompt=prompt, max_new_tokens=max_new_tokens)
+            req = self._waiting[request_id] = DecodeRequest(prompt=prompt, max_new_tokens=max_new_tokens)
             req.runs = self._byte_runs(request_id)
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
@@ -172,7 +154,7 @@ class DecodeWorker(WorkerBase):
             else:
                 self._running[rid] = req
 
-    def _fail_corrupt(self, rid: str, req: _Request, what: str) -> None:
+    def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str) -> None:
         """Under the lock: the request's bytes are wrong; it is never decoded (further)."""
         self.corrupt_envelopes += 1
         req.error, req.corrupt = f"corrupt envelope: {what}", True
@@ -222,7 +204,7 @@ class DecodeWorker(WorkerBase):
         return True
 
     # ---- decode loop --------------------------------------------------------------------------
-    def _finish(self, request_id: str, req: _Request) -> None:
+    def _finish(self, request_id: str, req: DecodeRequest) -> None:
         mismatch = self.model.check(self.pool, request_id)
         if mismatch is not None:
             self._fail_corrupt(request_id, req, f"at release {mismatch}")
@@ -278,9 +260,7 @@ class DecodeWorker(WorkerBase):
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, dict]:
-        """Wait up to `timeout_s` for finished requests; hands each out once: {"tokens", "decode_s"
-        (first token to last), "admit_s" (landed to verified and in the batch), "runs" (byte runs of
-        the destination envelope)}, or {"error", "corrupt"}.
+        """Wait up to `timeout_s` for finished requests; hands each out once (`DecodeRequest.result`).
 
         The driver keeps one such call outstanding per decode worker: results arrive as they finish,
         with no polling interval."""
@@ -289,17 +269,7 @@ class DecodeWorker(WorkerBase):
             while not self._finished and not self._stopping and time.monotonic() < deadline:
                 self._wake.wait(deadline - time.monotonic())
             done, self._finished = self._finished, {}
-        return {
-            rid: {"error": r.error, "corrupt": r.corrupt}
-            if r.error is not None
-            else {
-                "tokens": r.tokens,
-                "decode_s": r.finished_at - r.admitted_at,
-                "admit_s": r.admitted_at - r.landed_at,
-                "runs": r.runs,
-            }
-            for rid, r in done.items()
-        }
+        return {rid: req.result() for rid, req in done.items()}
 
     def stats(self) -> dict:
         with self._lock:

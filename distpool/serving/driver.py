@@ -12,7 +12,6 @@ pool is full.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
 from distpool.serving.metrics import DriverMetrics
+from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
@@ -34,31 +34,6 @@ RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this oft
 
 
 @dataclass
-class Outcome:
-    request_id: str
-    tokens: list[int] | None = None
-    error: str | None = None
-    attempts: int = 0
-    corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
-    # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
-    queue_s: float = 0.0  # submit -> the decode reserve that succeeded was asked for
-    reserve_s: float = 0.0  # that reserve's round trip
-    prefill_s: float = 0.0  # prefill call minus the transfer: batching, prefill, waiting to send
-    transfer_s: float = 0.0  # the envelope's transfer, first byte to last
-    first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
-    decode_s: float = 0.0  # first token -> last token
-    transfer_bytes: int = 0
-    source_runs: int = 0  # byte runs of the envelope at prefill
-    destination_runs: int = 0  # and at decode
-    pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
-
-    @property
-    def ttft_s(self) -> float:
-        """Submit -> the first token is on the decode worker, the envelope verified."""
-        return self.queue_s + self.reserve_s + self.prefill_s + self.transfer_s + self.first_token_s
-
-
-@dataclass
 class ServeOptions:
     faults: dict[str, float] = field(default_factory=dict)  # kind -> probability per attempt (serving.faults)
     max_attempts: int = 4
@@ -66,16 +41,6 @@ class ServeOptions:
     admission_timeout_s: float = 60.0
     seed: int = 0
     progress: bool = True
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: reason` on one line: a remote error's cause without Ray's traceback or colour codes."""
-    cause = getattr(exc, "cause", None) or exc
-    lines = [line.strip() for line in _ANSI.sub("", str(cause)).splitlines() if line.strip()]
-    return f"{type(cause).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 class _Busy(Exception):

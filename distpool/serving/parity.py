@@ -6,7 +6,7 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.sizing import GIB, size_pools
 from distpool.reference.cache import build_cache
 from distpool.serving.deployment import DeploymentSpec
-from distpool.serving.driver import Outcome
+from distpool.serving.outcome import Outcome
 from distpool.serving.workload import Request
 from distpool.worker.config import WorkerConfig
 

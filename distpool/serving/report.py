@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from distpool.serving.driver import Outcome
+from distpool.serving.outcome import Outcome
 
 TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
 

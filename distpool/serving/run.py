@@ -15,8 +15,9 @@ from pathlib import Path
 import ray
 
 from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import Outcome, ServeOptions, Server, one_line
+from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
+from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.parity import check_parity
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from distpool.serving import workload
-from distpool.serving.driver import Outcome
+from distpool.serving.outcome import Outcome
 from distpool.serving.report import percentile, summarize
 from distpool.serving.router import NoWorkerAlive, Router
 
@@ -114,7 +114,7 @@ def test_typed_errors_cross_process_boundaries_as_themselves():
 
 
 def test_errors_in_the_summary_are_one_line_without_ray_colour_codes():
-    from distpool.serving.driver import one_line
+    from distpool.serving.outcome import one_line
 
     class RemoteError(Exception):  # the shape of Ray's RayTaskError: the cause, and a long text
         def __init__(self, cause: Exception) -> None:
