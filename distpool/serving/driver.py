@@ -101,7 +101,8 @@ class Server:
             # Let each long-poll return before the loop ends: a call left behind would take the
             # results of the next `serve` on this deployment and hand them to nobody.
             self.closing = True
-            await asyncio.wait(self.result_streams, timeout=RESULT_WAIT_S + 30)
+            if self.result_streams:
+                await asyncio.wait(self.result_streams, timeout=RESULT_WAIT_S + 30)
         finally:
             for task in (*workers, *self.result_streams, *self.background, *self.recovery.rejoining.values()):
                 task.cancel()
