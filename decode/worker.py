@@ -21,15 +21,15 @@ import time
 
 from decode.request import DecodeRequest
 from distpool.memory.pool import DoesNotFit
-from distpool.worker.base import WorkerBase
+from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import Transfer, TransferError
 
 # How long a reservation waits for its prefill worker to start the transfer (queueing and prefill
 # included); the driver cancels it sooner when the request fails elsewhere.
 RESERVATION_WAIT_S = 120.0
-# A landed envelope's verification waits while another transfer moves bytes, YIELD_S at a time, for
-# at most MAX_YIELDS waits in a row (a steady stream of transfers does not starve it).
-YIELD_S, MAX_YIELDS = 0.002, 250
+# A landed envelope's verification waits while another transfer moves bytes, for at most MAX_YIELDS
+# waits in a row (a steady stream of transfers does not starve it).
+MAX_YIELDS = 250
 
 
 class DecodeWorker(WorkerBase):
@@ -104,10 +104,10 @@ class DecodeWorker(WorkerBase):
             self.pool.reserve(request_id, prompt_len, compact=True)
             self.pool.pin(request_id)  # a transfer writes into it from now on
             req = self._waiting[request_id] = DecodeRequest(prompt=prompt, max_new_tokens=max_new_tokens)
-            req.runs = self._byte_runs(request_id)
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
             envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
+            req.runs = byte_runs(ranges)
             req.transfer = self.channels.expect(
                 prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S, fault=fault
             )
@@ -224,7 +224,7 @@ class DecodeWorker(WorkerBase):
                     # Verification shares the cores with the transfer landing now: let it land first
                     # (on a GPU they would not compete). Decode steps go on.
                     self._yields += 1
-                    self._wake.wait(timeout=YIELD_S)
+                    self._wake.wait(timeout=TRANSFER_YIELD_S)
                     continue
                 self._yields = 0
                 if self._arrived:

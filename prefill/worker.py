@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 
 from distpool.memory.pool import DoesNotFit
-from distpool.worker.base import WorkerBase
+from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
-YIELD_S, YIELD_MAX_S = 0.002, 1.0  # waits for transfers in flight before a batch's prefill
+YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
 
 class PrefillWorker(WorkerBase):
@@ -36,11 +36,9 @@ class PrefillWorker(WorkerBase):
         (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
         `retry` says whether another pair may succeed). Nothing is held here once it returns.
         """
-        # Prefill shares the cores with the previous batch's transfers: let those move first (on a
-        # GPU they would not compete), for a bounded time.
-        deadline = time.monotonic() + YIELD_MAX_S
+        deadline = time.monotonic() + YIELD_MAX_S  # the previous batch's transfers move first
         while self.channels.moving() and time.monotonic() < deadline:
-            time.sleep(YIELD_S)
+            time.sleep(TRANSFER_YIELD_S)
         out: dict[str, dict] = {}
         admitted: list[tuple[str, list[int], str, str | None]] = []
         runs: dict[str, int] = {}
@@ -76,7 +74,7 @@ class PrefillWorker(WorkerBase):
                     continue
                 self.pool.pin(rid)  # compaction may not move it while the transfer reads it
                 outgoing.append((rid, peer, fault, int(token), envelope, ranges))
-                runs[rid] = self._byte_runs(rid)
+                runs[rid] = byte_runs(ranges)
         transfers: list[tuple[str, Transfer]] = []
         for rid, peer, fault, token, envelope, ranges in outgoing:
             try:

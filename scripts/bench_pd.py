@@ -43,9 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def worker_config(args: argparse.Namespace, lengths: list[int]):
-    from distpool.memory.sizing import GIB, PoolArgs, size_pools
+    from distpool.memory.sizing import GIB, PoolArgs
     from distpool.model.hf_config import spec_from_hf
     from distpool.model.presets import resolve_model
+    from distpool.serving.preflight import default_budget_bytes
     from distpool.worker.config import WorkerConfig
 
     spec = spec_from_hf(resolve_model(args.model))
@@ -53,9 +54,8 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
     pool_args = PoolArgs(page_size=args.page_size, context_len=context)
     if args.memory_gib is not None:
         budget = int(args.memory_gib * GIB)
-    else:  # room for two requests at the longest length, so prefill batches and decode overlap
-        one = size_pools(spec, pool_args, 64 * GIB).request_bytes_at_full_context
-        budget = max(256 << 20, 2 * one + (64 << 20))
+    else:  # what `distpool run` would take: 4 requests at the longest length, within this machine
+        budget = default_budget_bytes(spec, pool_args, "synthetic", num_workers=2)
     return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, cache="synthetic")
 
 

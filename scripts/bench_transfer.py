@@ -42,6 +42,7 @@ from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_
 
 from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
+from transfer.link import message_pieces  # noqa: E402
 from transfer.rendezvous import free_port  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
@@ -174,12 +175,6 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def raw_pieces(num_bytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]:
-    if chunk_bytes is None:
-        return [(0, num_bytes)]
-    return [(o, min(chunk_bytes, num_bytes - o)) for o in range(0, num_bytes, chunk_bytes)]
-
-
 def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
     """One piece per layer of each row: a page's layers, or a slot cut in NUM_LAYERS parts."""
     pieces = []
@@ -215,7 +210,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
             conn.send((crc(arena, ranges), cpu))
             continue
         nbytes = int(ranges[:, 1].sum())
-        pieces = raw_pieces(nbytes, raw_chunk) if method == "raw" else naive_pieces(ranges)
+        pieces = message_pieces(nbytes, raw_chunk) if method == "raw" else naive_pieces(ranges)
         conn.send("ready")
         cpu_started = time.process_time()
         deadline = time.monotonic() + 300
@@ -295,7 +290,7 @@ class Bench:
             return seconds
         channel, streams = self.channel, self.args.streams
         if method == "raw":
-            pieces = raw_pieces(nbytes, raw_chunk)
+            pieces = message_pieces(nbytes, raw_chunk)
             works = [
                 channel.send(self.arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)
             ]

@@ -23,7 +23,8 @@ from transfer.receiver import EnvelopeReceiver
 MAX_LINK_BYTES = 4 << 30
 
 
-def _pieces(nbytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]:
+def message_pieces(nbytes: int, chunk_bytes: int | None) -> list[tuple[int, int]]:
+    """(offset, nbytes) of the plain messages that move `nbytes` in `chunk_bytes` pieces (None: one)."""
     if chunk_bytes is None or chunk_bytes >= nbytes:
         return [(0, nbytes)]
     return [(o, min(chunk_bytes, nbytes - o)) for o in range(0, nbytes, chunk_bytes)]
@@ -40,7 +41,7 @@ def measure(end: ChannelEnd, nbytes: int, repeats: int, chunk_bytes: int | None 
     payload = torch.empty(nbytes, dtype=torch.uint8, device=channel.device)
     go = torch.zeros(1, dtype=torch.uint8, device=channel.device)
     receiving = isinstance(end, EnvelopeReceiver)
-    ways = {"one message": _pieces(nbytes, None), "pieces": _pieces(nbytes, chunk_bytes)}
+    ways = {"one message": message_pieces(nbytes, None), "pieces": message_pieces(nbytes, chunk_bytes)}
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     with end.io_lock:
         for _ in range(repeats):

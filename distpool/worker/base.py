@@ -18,9 +18,19 @@ from distpool.reference.cache import build_cache
 from distpool.worker.config import WorkerConfig
 from distpool.worker.metrics import WorkerMetrics
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
+from transfer.plan import plan_runs
 from transfer.rendezvous import free_port
 
 BANDS = ("pages", "slots")  # what the summary reports per worker
+# Model work waits this long at a time while a transfer moves bytes: on a GPU the two would not
+# compete; on a CPU they share the cores, and the transfer should not wait.
+TRANSFER_YIELD_S = 0.002
+
+
+def byte_runs(ranges: torch.Tensor) -> int:
+    """The runs of consecutive bytes an envelope's `ranges` sit in: what the transfer plan copies
+    as one piece on this side."""
+    return len(plan_runs(ranges, ranges))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -112,15 +122,6 @@ class WorkerBase:
             return True
 
     # ---- accounting ---------------------------------------------------------------------------
-    def _byte_runs(self, request_id: str) -> int:
-        """Maximal runs of consecutive bytes the request's envelope sits in (what a transfer copies
-        as one piece)."""
-        ranges = self.pool.envelope_ranges(request_id)
-        if len(ranges) == 0:
-            return 0
-        ends = ranges[:-1, 0] + ranges[:-1, 1]
-        return 1 + int((ranges[1:, 0] != ends).sum())
-
     def _note_peak(self) -> None:
         """Called after every reserve and decode step: reads only the allocator's cheap counts, and
         hands them (and new compactions) to the metrics."""

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import ModelSpec
+from distpool.reference.cache import CACHES
 from transfer import TransferOptions
 
 DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here
 DEVICES = ("auto", "cpu", "cuda")
+RESOLVED_CACHES = tuple(c for c in CACHES if c != "auto")  # what a worker runs: auto is chosen earlier
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class WorkerConfig:
     transfer: TransferOptions = field(default_factory=TransferOptions)
     device: str = "auto"  # auto: a GPU when the worker has one
     seed: int = 0
-    cache: str = "reference"  # what fills the pools: "reference" (real tokens) or "synthetic" (any size)
+    cache: str = "reference"  # what fills the pools (RESOLVED_CACHES): real tokens, or any size
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
@@ -37,8 +39,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
-        if self.cache not in ("reference", "synthetic"):
-            raise ValueError(f"the cache must be reference or synthetic; got {self.cache!r}")
+        if self.cache not in RESOLVED_CACHES:
+            raise ValueError(f"the cache must be one of {', '.join(RESOLVED_CACHES)}; got {self.cache!r}")
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(
                 f"--device must be one of {', '.join(DEVICES)} (cuda:N too); got {self.device!r}"

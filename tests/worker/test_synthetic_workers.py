@@ -7,6 +7,9 @@ import pytest
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import DENSE, HYBRID_MAMBA, HYBRID_SWA
+from distpool.serving.deployment import DeploymentSpec
+from distpool.serving.parity import colocated_tokens
+from distpool.serving.workload import Request
 from distpool.worker.config import WorkerConfig
 from tests.factories import make_spec
 from tests.worker.test_workers import assert_nothing_held, make_pair, serve, wait_finished
@@ -36,16 +39,10 @@ def pair():
 
 
 def colocated(config: WorkerConfig, prompts: dict[str, list[int]], max_new_tokens: int) -> dict:
-    from distpool.memory.arena_pool import build_pool
-    from distpool.memory.sizing import size_pools
-    from distpool.reference.cache import build_cache
-
-    pool = build_pool(size_pools(config.spec, config.for_role(None), config.budget_bytes))
-    cache = build_cache(config.spec, cache="synthetic", seed=config.seed, device="cpu")
-    return {
-        rid: cache.generate(pool, [prompt], max_new_tokens, request_ids=[rid])[0]
-        for rid, prompt in prompts.items()
-    }
+    requests = [
+        Request(request_id=rid, prompt=p, max_new_tokens=max_new_tokens) for rid, p in prompts.items()
+    ]
+    return colocated_tokens(DeploymentSpec(worker=config), requests)
 
 
 @pytest.mark.parametrize(
