@@ -101,7 +101,8 @@ class DecodeWorker(WorkerBase):
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
             if not self.can_admit(prompt_len, max_new_tokens):
                 raise DoesNotFit(request_id, f"{self.name} has no room with headroom for running requests")
-            self.pool.reserve(request_id, prompt_len, compact=True)
+            # Its final length keeps room for the tokens it will generate right after its pages.
+            self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=prompt_len + max_new_tokens)
             self.pool.pin(request_id)  # a transfer writes into it from now on
             req = self._waiting[request_id] = DecodeRequest(prompt=prompt, max_new_tokens=max_new_tokens)
             self._note_peak()

@@ -305,15 +305,8 @@ def allocator_speed(mode: str, rng: np.random.Generator) -> dict:
 def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, seed: int) -> dict:
     """One churn trace (see the module docstring); every figure from the benchmark's own counts."""
     pool = trace_pool(spec, budget, placement)
-    compactions = []
-    compact = pool.compact
-
-    def counted_compact() -> int:
-        compactions.append(1)
-        return compact()
-
-    pool.compact = counted_compact
     stats = run_churn(pool, num_requests, seed)
+    compactions, moved, _ = pool.compactions()
     runs = np.array(stats["runs"])
     occ = np.array(stats["occupancy"])
     return {
@@ -321,7 +314,8 @@ def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, s
         "runs_p99": float(np.percentile(runs, 99)),
         "refused_with_room": stats["refused_with_room"],
         "preempted": stats["preempted"],
-        "compactions": len(compactions),
+        "compactions": compactions,
+        "compaction_bytes_per_request": moved / num_requests,
         "occupancy_mean": float(occ.mean()),
         "occupancy_p10_p90": [float(np.percentile(occ, 10)), float(np.percentile(occ, 90))],
         "requests": num_requests,

@@ -126,7 +126,7 @@ def run_churn(
             i = queue[0]
             need = held_bytes(int(prompt[i]))
             try:
-                pool.reserve(names[i], int(prompt[i]), compact=True)
+                pool.reserve(names[i], int(prompt[i]), compact=True, final_tokens=int(prompt[i] + output[i]))
             except DoesNotFit:
                 stats["refused_with_room"] += int(pool.sizes.arena_bytes - live >= need)
                 return

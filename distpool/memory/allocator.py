@@ -12,7 +12,7 @@ rewrites only the band maps. Batch calls are all or nothing; their cost grows wi
 the free runs they touch, never with the positions of a band. A decode step touches the bands only
 for requests that cross a page boundary: the others cost a few array operations for the whole batch.
 How much fits is the frontier's business (frontier.py), which positions new units take the
-placement's (placement.py).
+placement's (placement.py), growth claims and compaction plans compaction.py's.
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ import torch
 
 from distpool.memory.arena import BandGeometry
 from distpool.memory.band import Band, require
-from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
-from distpool.memory.frontier import CompactionMoves, Frontier
+from distpool.memory.compaction import CompactionPlans
+from distpool.memory.free_runs import NO_POSITIONS
+from distpool.memory.frontier import Frontier
 from distpool.memory.layout import ceil_div
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
-from distpool.memory.pool import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
+from distpool.memory.pool import BandUsage, DuplicateRequest, NeedsCompaction
 from distpool.memory.requests import RequestTable, checked_batch, concat_ids
 
 
-class Allocator:
+class Allocator(CompactionPlans):
     """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages.
 
     `placement`: "extent" (each request's pages in as few ascending runs as possible) or
@@ -61,6 +62,9 @@ class Allocator:
         gap_keep = GAP_KEEP_LOW_UNITS * ceil_div(low.stride_bytes, high.stride_bytes) if low and high else 0
         self.placement = Placement(self.low_band, self.high_band, mode=placement, gap_keep=gap_keep)
         self.holdings = RequestTable()
+        # claims[p]: pages of growth still expected by the request whose last page sits at p - 1
+        # (0 elsewhere); placement keeps them free while anything else fits (placement.py).
+        self.claims = np.zeros(self.high_band.num_positions + 1, dtype=np.int64)
 
     # ---- what a request of n tokens holds ----------------------------------------------------
     def pages_for(self, num_tokens: int) -> int:
@@ -87,12 +91,6 @@ class Allocator:
         kept_from = np.maximum(num_tokens - window, 0) if window else np.zeros_like(num_tokens)
         return kept_from // self.page_size, -(-num_tokens // self.page_size)
 
-    def _runs_after_compaction(self) -> tuple[FreeRuns | None, FreeRuns | None]:
-        """Free runs as they would be after compaction (None, None: as they are)."""
-        if not self.unified:
-            return None, None
-        return self.frontier.runs_after(self.compaction_moves())
-
     # ---- capacity ------------------------------------------------------------------------------
     def available(self, *, after_compaction: bool = False) -> tuple[int, int]:
         """(low units, pages) that could be handed out now (or after `compact()`). Each figure counts
@@ -103,34 +101,43 @@ class Allocator:
         runs = self._runs_after_compaction() if after_compaction else (None, None)
         return self.frontier.fits(self.low_units_for(num_tokens), self.pages_for(num_tokens), *runs)
 
-    def _refuse(self, request_ids: Sequence[str], low_count: int, high_count: int) -> DoesNotFit:
-        low_now, high_now = self.available()
-        low_name = self.low.name if self.low else "slots"
-        reason = (
-            f"{len(request_ids)} request(s) need {low_count} {low_name} and {high_count} pages; available "
-            f"now: {low_now} {low_name}, {high_now} pages"
-        )
-        if self.unified and self.frontier.fits(low_count, high_count, *self._runs_after_compaction()):
-            return NeedsCompaction(request_ids[0], reason + "; compaction would make room: call compact()")
-        pinned = len(self.holdings.pinned_rows())
-        return DoesNotFit(request_ids[0], reason + f" ({len(self.holdings)} live requests, {pinned} pinned)")
-
     # ---- reserve / extend / release ------------------------------------------------------------
-    def reserve_batch(self, requests: Sequence[tuple[str, int]]) -> None:
-        """Reserve each (request_id, num_tokens): its slot and pages. All or nothing."""
+    def reserve_batch(
+        self,
+        requests: Sequence[tuple[str, int]],
+        final_tokens: Sequence[int] | None = None,
+        *,
+        prefer_compaction: bool = False,
+    ) -> None:
+        """Reserve each (request_id, num_tokens): its slot and pages. All or nothing.
+
+        final_tokens[i] (optional): the length request i expects to reach; the pages it will grow
+        by are kept free after its own where the placement can (a hint: nothing is held for them).
+        prefer_compaction: raise NeedsCompaction, taking nothing, when the batch's largest request
+        would scatter over several free runs but a compaction that keeps every request's growth
+        room would gather enough free pages into the gap between the bands."""
         ids, array = checked_batch(requests, "reserve")
         for rid in ids:
             if rid in self.holdings:
                 raise DuplicateRequest(f"reserve: request {rid!r} is already reserved")
         counts = array.tolist()
+        rooms = self._rooms(ids, counts, final_tokens)
         low_counts = [self.low_units_for(n) for n in counts]
         high_counts = [self.pages_for(n) for n in counts]
         if not self.frontier.fits(sum(low_counts), sum(high_counts)):
-            raise self._refuse(ids, sum(low_counts), sum(high_counts))
+            raise self._refuse(ids, sum(low_counts), sum(high_counts), max(high_counts, default=0))
+        if prefer_compaction and self._compaction_keeps_whole(high_counts):
+            raise NeedsCompaction(
+                ids[0],
+                "no free run holds its pages whole; a compaction would gather them",
+                low=sum(low_counts),
+                window=max(high_counts),
+            )
         low_pos = self.placement.low_positions(sum(low_counts))
         floor = self.frontier.high_floor(extra_low_top=int(low_pos[-1]) if low_pos.size else -1)
         low_v = self.low_band.assign(low_pos).tolist()
-        high_v = self.high_band.assign(self.placement.page_positions(high_counts, floor)).tolist()
+        high_pos = self.placement.page_positions(high_counts, floor, rooms, self._live_claims())
+        high_v = self.high_band.assign(high_pos).tolist()
         low_at = high_at = 0
         slots = int(self.has_slot)
         for rid, n, nl, nh in zip(ids, counts, low_counts, high_counts, strict=True):
@@ -138,6 +145,10 @@ class Allocator:
             vswa = low_v[low_at + slots : low_at + nl]
             self.holdings.add(rid, n, vslot, high_v[high_at : high_at + nh], vswa)
             low_at, high_at = low_at + nl, high_at + nh
+        if any(rooms):
+            rows = np.fromiter((self.holdings.rows[rid] for rid in ids), dtype=np.int64, count=len(ids))
+            self.holdings.room[rows] = rooms
+            self._set_claims(rows)
 
     def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
         """Grow each (request_id, num_new_tokens); releases sliding-window pages that left the
@@ -196,8 +207,16 @@ class Allocator:
             rows_paging, counts = rows[paging], new_pages[paging]
             vlast = table.last_vpage[rows_paging]
             last = np.where(vlast >= 0, self.high_band.physical(np.maximum(vlast, 0)), -1)
-            page_v = self.high_band.assign(self.placement.growth_positions(last, counts, floor))
-            table.append_pages(rows_paging, counts, page_v)
+            claiming = bool(table.room[rows_paging].any())  # else no claim to move: skip the work
+            rooms = None
+            if claiming:
+                self.claims[last + 1] = 0  # the old ends (-1: none, position 0 holds no claim)
+                rooms = np.maximum(table.room[rows_paging] - counts, 0)
+                table.room[rows_paging] = rooms
+            positions = self.placement.growth_positions(last, counts, floor, rooms, self._live_claims())
+            table.append_pages(rows_paging, counts, self.high_band.assign(positions))
+            if claiming:
+                self._set_claims(rows_paging)
         if self.has_swa:
             table.slide_windows(rows, drops, new_swa, swa_v)
 
@@ -207,7 +226,9 @@ class Allocator:
             raise DuplicateRequest(f"release: a request id appears twice in one batch: {list(request_ids)}")
         if not request_ids:
             return
-        low_ids, high_ids = self.holdings.held_ids(self.holdings.unpinned_rows(request_ids, "release"))
+        rows = self.holdings.unpinned_rows(request_ids, "release")
+        self._clear_claims(rows)
+        low_ids, high_ids = self.holdings.held_ids(rows)
         self.low_band.free(low_ids)
         self.high_band.free(high_ids)
         self.holdings.remove(request_ids)
@@ -238,25 +259,6 @@ class Allocator:
         vslot = int(self.holdings.vslot[self.holdings.row(request_id)])
         return int(self.low_band.v2p[vslot]) if vslot >= 0 else None
 
-    # ---- compaction ----------------------------------------------------------------------------
-    def _pinned_masks(self) -> tuple[np.ndarray, np.ndarray]:
-        low = np.zeros_like(self.low_band.owned)
-        high = np.zeros_like(self.high_band.owned)
-        table = self.holdings
-        for r in table.pinned_rows():  # a loop over pinned requests, not positions
-            vlow = [table.vslot[r]] if table.vslot[r] >= 0 else []
-            low[self.low_band.physical(np.array(vlow + table.vswa[r], dtype=np.int64))] = True
-            high[self.high_band.physical(np.array(table.vpages[r], dtype=np.int64))] = True
-        return low, high
-
-    def compaction_moves(self) -> CompactionMoves:
-        """Moves that pack both bands around pinned requests (none for a static pool). Pure."""
-        return self.frontier.compaction_moves(*self._pinned_masks())
-
-    def apply_compaction(self, moves: CompactionMoves) -> None:
-        """Rewrite the maps once the moves' bytes have been copied."""
-        self.frontier.apply(moves)
-
     # ---- accounting ----------------------------------------------------------------------------
     def usage(self) -> dict[str, BandUsage]:
         """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned."""
@@ -284,6 +286,7 @@ class Allocator:
             require(ids.size == band.num_owned, "every owned unit belongs to a live request")
             require(bool((band.physical(ids) >= 0).all()), "every held virtual id maps to a physical id")
         table.check(require)
+        self._check_claims()
         for rid, r in table.rows.items():
             first, end = self.swa_range(int(table.num_tokens[r]))
             require(

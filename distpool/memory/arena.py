@@ -29,6 +29,8 @@ from distpool.memory.sizing import PoolSizes
 from distpool.model.dtypes import torch_dtype
 from distpool.model.spec import AttentionSpec
 
+SLIDE_STAGING_BYTES = 64 << 20  # largest piece of a sliding copy that goes through a staging buffer
+
 
 @dataclass(frozen=True)
 class BandGeometry:
@@ -98,6 +100,7 @@ class Arena:
         self.low, self.high = band_geometry(sizes)
         # Zeroed, not empty: a fresh envelope reads as zeros on every device, which tests rely on.
         self.buffer = torch.zeros(sizes.arena_bytes, dtype=torch.uint8, device=device)
+        self._staging_buffer: torch.Tensor | None = None  # allocated by the first sliding copy
         spec = sizes.spec
         self._page_places = page_places(spec.full_attention_layers, spec.full_attention, sizes.page_size)
         self._swa_places = page_places(spec.sliding_window_layers, spec.sliding_attention, sizes.page_size)
@@ -184,9 +187,28 @@ class Arena:
         )
 
     def copy_runs(self, runs_bytes: np.ndarray) -> None:
-        """Execute moves: one `copy_` per row of (r, 3) int64 [src_offset, dst_offset, nbytes].
+        """Execute moves, in row order, of (r, 3) int64 [src_offset, dst_offset, nbytes].
 
-        The caller guarantees no destination overlaps any source, so the order does not matter.
+        The caller orders the rows so that no row overwrites bytes a later row still reads
+        (compaction: see `Frontier.compaction_moves`). A row whose destination overlaps its own
+        source (a slide by less than its length) is copied from its far end in pieces: pieces no
+        longer than the shift copy directly, others go through a staging buffer.
         """
         for src, dst, nbytes in runs_bytes.tolist():
-            self.buffer[dst : dst + nbytes].copy_(self.buffer[src : src + nbytes])
+            shift = abs(dst - src)
+            if shift >= nbytes:
+                self.buffer[dst : dst + nbytes].copy_(self.buffer[src : src + nbytes])
+                continue
+            piece = shift if shift >= SLIDE_STAGING_BYTES else min(nbytes, SLIDE_STAGING_BYTES)
+            starts = range(0, nbytes, piece)
+            for at in reversed(starts) if dst > src else starts:
+                n = min(piece, nbytes - at)
+                source = self.buffer[src + at : src + at + n]
+                if n > shift:
+                    source = self._staging(n).copy_(source)
+                self.buffer[dst + at : dst + at + n].copy_(source)
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        if self._staging_buffer is None or self._staging_buffer.numel() < nbytes:
+            self._staging_buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.buffer.device)
+        return self._staging_buffer[:nbytes]

@@ -63,29 +63,55 @@ class ArenaPool:
             return True
         return compact and self.allocator.can_reserve(num_tokens, after_compaction=True)
 
-    def reserve(self, request_id: str, num_tokens: int, *, compact: bool = False) -> None:
-        """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing)."""
-        self.reserve_batch([(request_id, num_tokens)], compact=compact)
+    def reserve(
+        self, request_id: str, num_tokens: int, *, compact: bool = False, final_tokens: int | None = None
+    ) -> None:
+        """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing).
+        `final_tokens`: the length the request expects to reach (a placement hint, nothing held)."""
+        finals = None if final_tokens is None else [final_tokens]
+        self.reserve_batch([(request_id, num_tokens)], compact=compact, final_tokens=finals)
 
-    def reserve_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
-        """Reserve every (request_id, num_tokens), all or nothing."""
-        self._compacting_if(compact, self.allocator.reserve_batch, requests)
+    def reserve_batch(
+        self,
+        requests: Sequence[tuple[str, int]],
+        *,
+        compact: bool = False,
+        final_tokens: Sequence[int] | None = None,
+    ) -> None:
+        """Reserve every (request_id, num_tokens), all or nothing; `final_tokens` as in `reserve`."""
+
+        def take(batch: Sequence, whole: bool = False) -> None:
+            self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole)
+
+        self._compacting_if(compact, take, requests)
 
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None:
         self.extend_batch([(request_id, num_new_tokens)], compact=compact)
 
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
-        self._compacting_if(compact, self.allocator.extend_batch, requests)
+        self._compacting_if(compact, lambda batch, whole=False: self.allocator.extend_batch(batch), requests)
 
-    def _compacting_if(self, compact: bool, take: Callable[[Sequence], None], requests: Sequence) -> None:
+    def _compacting_if(self, compact: bool, take: Callable[..., None], requests: Sequence) -> None:
+        """`take(requests, whole=...)`, compacting when refused with `NeedsCompaction` and allowed.
+
+        Cheapest first: the requests in the way move, keeping every request's growth room; then the
+        same without the room; then (what the refusal promised fits) a full compaction. Until the
+        last, `whole` asks the allocator to refuse a request that would scatter over several runs."""
         try:
-            take(requests)
-        except NeedsCompaction:
+            return take(requests, whole=compact)
+        except NeedsCompaction as needs:
             if not compact:
                 raise
-            self.compact()  # the allocator said compaction makes room: this cannot refuse again
-            take(requests)
+            need = needs
+        for keep_room, last in ((True, False), (False, False), (False, True)):
+            self.compact(keep_room=keep_room, need=None if last else need)
+            try:
+                return take(requests, whole=not last)
+            except NeedsCompaction as needs:
+                if last:
+                    raise
+                need = needs
 
     def release(self, request_id: str) -> None:
         self.allocator.release_batch([request_id])
@@ -168,10 +194,12 @@ class ArenaPool:
         )
 
     # ---- compaction and accounting --------------------------------------------------------------
-    def compact(self) -> int:
-        """Pack the bands around pinned envelopes (unified only); returns bytes moved."""
+    def compact(self, *, keep_room: bool = True, need: NeedsCompaction | None = None) -> int:
+        """Pack the bands around pinned envelopes (unified only); returns bytes moved. keep_room:
+        requests keep the free part of their growth room (see `reserve`'s final_tokens) after them;
+        need: a refusal's needs, for which moving only the requests in the way may do."""
         start = time.perf_counter()
-        moves = self.allocator.compaction_moves()
+        moves = self.allocator.compaction_moves(keep_room=keep_room, need=need)
         self.arena.copy_runs(moves.runs_bytes)
         self.allocator.apply_compaction(moves)
         count, moved, seconds = self._compactions

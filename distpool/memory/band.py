@@ -80,23 +80,44 @@ class Band:
         return self.v2p[virtual]
 
     # ---- compaction ----------------------------------------------------------------------------
-    def compaction_moves(self, pinned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def compaction_moves(
+        self, pinned: np.ndarray, room: np.ndarray | None = None, *, slide: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(src, dst) positions that pack the band toward its growing end; `pinned` positions stay.
 
-        Target layout: the pinned units where they are, and the other units on the positions nearest
-        the growing end that are not pinned. Units already on a target position stay; every other
-        unit moves to a target position that is free now, so no destination is any unit's source.
+        Low end (grows up; slots and window pages, where a request holds one unit or order does not
+        matter), and the high end with `slide=False` (the first-fit baseline): the movable units on
+        the positions nearest the growing end that are not pinned. Units already on a target
+        position stay; every other unit moves to a target position that is free now, so no
+        destination is any unit's source (but a request's pages may land out of order).
+
+        High end (full pages): a slide. The movable units and the free positions of `room` (growth
+        room right after a request's last page, as placeholders) keep their order on the highest
+        positions that are not pinned, so a request's pages stay ascending and adjacent with its
+        room after them, and the free positions gather below. Every unit moves up or stays:
+        copied highest first, a unit's destination is free or belongs to a unit that has already
+        moved further up.
         """
         movable = self.owned & ~pinned
-        num_movable = int(movable.sum())
         candidates = np.flatnonzero(~pinned)  # ascending
-        targets = candidates[:num_movable] if self.grows_up else candidates[candidates.size - num_movable :]
-        target_mask = np.zeros_like(self.owned)
-        target_mask[targets] = True
-        src = np.flatnonzero(movable & ~target_mask)
-        dst = np.flatnonzero(target_mask & ~self.owned)
-        assert src.size == dst.size
-        return src, dst  # both ascending: pairing them keeps the units' relative order
+        if self.grows_up or not slide:
+            num_movable = int(movable.sum())
+            targets = (
+                candidates[:num_movable] if self.grows_up else candidates[candidates.size - num_movable :]
+            )
+            target_mask = np.zeros_like(self.owned)
+            target_mask[targets] = True
+            src = np.flatnonzero(movable & ~target_mask)
+            dst = np.flatnonzero(target_mask & ~self.owned)
+            assert src.size == dst.size
+            return src, dst  # both ascending
+        items_mask = movable if room is None else movable | (room & ~self.owned)
+        items = np.flatnonzero(items_mask)
+        targets = candidates[candidates.size - items.size :]
+        units = self.owned[items]
+        src, dst = items[units], targets[units]
+        moving = src != dst
+        return src[moving], dst[moving]  # ascending, dst >= src
 
     def owned_after(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         owned = self.owned.copy()

@@ -2,9 +2,10 @@
 
 Every query and change costs O(runs touched) or one numpy pass over the runs, never a pass over the
 band's positions, so a reserve on a 65k-position band costs what a reserve on a 64-position band does.
-Takes always come off one end of a run (first fit from either end, an extent at either end of a
-run, growth from a run's start), so a take never splits a run; a run emptied by a take stays as an
-empty row until `_drop_empty` (once per batch), which keeps every take O(1) after its lookup.
+Most takes come off one end of a run (first fit from either end, growth from a run's start); an
+extent that leaves another request's growth room free before it, or its own after it, splits a run
+in two (one insert into the run arrays). A run emptied by a take stays as an empty row until
+`_drop_empty` (once per batch), which keeps every take O(1) after its lookup.
 
     positions  0    4         9   12        16
     owned      ....####......###.....####....        runs: [0, 4) [8, 9)... one row each
@@ -88,48 +89,64 @@ class FreeRuns:
         self._drop_empty()
         return np.concatenate(pieces)
 
-    def take_extent(self, count: int, lo: int, gap_keep: int = 0) -> list[tuple[int, int]]:
+    def take_extent(
+        self, count: int, lo: int, gap_keep: int = 0, *, room: int = 0, claims: np.ndarray | None = None
+    ) -> list[tuple[int, int]]:
         """`count` positions at or above `lo` in as few (start, length) pieces as possible, ascending.
 
         The run that starts at position 0 is the open gap above the other band (every position
-        below `lo` lies in it); the others are holes between owned positions. In order of preference:
-        1. the best-fitting hole (smallest holding `count`; ties go to the highest), the piece at its
-           low end, where the rest of the hole stays right after it for the owner's growth;
-        2. the top of the gap, packed against the units above, if it keeps `gap_keep` positions
+        below `lo` lies in it); the others are holes between owned positions. `claims[p]` (a
+        position-indexed array, optional) is the growth the request whose last page sits at p - 1
+        still expects: the first claims[p] positions of a hole starting at p are that request's
+        room, left free while anything else fits. `room` is the growth this extent's own request
+        expects, kept free right after it where it can be. In order of preference:
+        1. with `room`: the best-fitting hole (smallest, ties to the highest) holding `count + room`
+           past its claim, the piece right after the claim; else the gap, if it keeps `gap_keep`
+           free besides, the piece `room` below its top;
+        2. the best-fitting hole holding `count` past its claim;
+        3. the top of the gap, packed against the units above, if it keeps `gap_keep` positions
            free for the other band (a gap squeezed shut forces a compaction for the next slot);
-        3. the largest holes, then the gap, until `count` is covered (several pieces).
+        4. the hole holding `count` that takes least of its claim (then the smallest), at its top
+           end, so the claimant keeps the start of its room; then the gap;
+        5. the largest holes, then the gap, until `count` is covered (several pieces).
         Caller checked the total. Emptied runs stay until `finish_batch`.
         """
         starts = np.maximum(self.starts, lo)
         lengths = np.maximum(self.ends - starts, 0)
         gap = 0 if self.starts.size and self.starts[0] == 0 else -1
         gap_length = int(lengths[0]) if gap == 0 else 0
-        # Best fit in a few whole-array calls (this runs once per request of a batch); reversed, so
-        # that argmin's first minimum is the highest such hole.
-        misfit = self.num_positions + 1
-        fitting = np.where(lengths >= count, lengths, misfit)
+        gap_top = int(self.ends[0]) if gap == 0 else 0
+        open_starts, open_lengths = starts, lengths
+        if claims is not None and lengths.size:
+            claimed = np.where(starts == self.starts, np.minimum(claims[self.starts], lengths), 0)
+            open_starts, open_lengths = starts + claimed, lengths - claimed
+        if room:
+            run = self._best_fit(open_lengths, count + room, gap)
+            if run >= 0:
+                return self._take_one(run, int(open_starts[run]), count)
+            if gap_length - count - room >= gap_keep:
+                return self._take_one(0, gap_top - room - count, count)
+        run = self._best_fit(open_lengths, count, gap)
+        if run >= 0:
+            return self._take_one(run, int(open_starts[run]), count)
+        if gap_length - count >= gap_keep:
+            return self._take_one(0, gap_top - count, count)
+        run = self._least_claimed(lengths, open_lengths, count, gap) if claims is not None else -1
+        if run >= 0:  # at the hole's top, so its claimant keeps the start of its room
+            return self._take_one(run, int(self.ends[run]) - count, count)
+        if gap_length >= count:
+            return self._take_one(0, gap_top - count, count)
+        order_key = -lengths
         if gap == 0:
-            fitting[0] = misfit
-        best = lengths.size - 1 - int(fitting[::-1].argmin()) if lengths.size else -1
-        if best >= 0 and fitting[best] < misfit:
-            chosen = [(best, count)]
-        elif gap_length >= count and (
-            gap_length - count >= gap_keep or int(lengths.sum()) - gap_length < count  # holes too small
-        ):
-            chosen = [(0, count)]
-        else:
-            order_key = -lengths
-            if gap == 0:
-                order_key[0] = 1  # the gap last
-            by_size = np.argsort(order_key, kind="stable")
-            covered = np.cumsum(lengths[by_size])
-            num_runs = int(np.searchsorted(covered, count)) + 1
-            used = by_size[:num_runs]
-            takes = lengths[used].copy()
-            takes[-1] -= int(covered[num_runs - 1]) - count
-            chosen = sorted(zip(used.tolist(), takes.tolist(), strict=True))
+            order_key[0] = 1  # the gap last
+        by_size = np.argsort(order_key, kind="stable")
+        covered = np.cumsum(lengths[by_size])
+        num_runs = int(np.searchsorted(covered, count)) + 1
+        used = by_size[:num_runs]
+        takes = lengths[used].copy()
+        takes[-1] -= int(covered[num_runs - 1]) - count
         pieces = []
-        for run, take in chosen:
+        for run, take in sorted(zip(used.tolist(), takes.tolist(), strict=True)):
             if run == gap:
                 self.ends[run] -= take
                 pieces.append((int(self.ends[run]), take))
@@ -138,6 +155,48 @@ class FreeRuns:
                 self.starts[run] += take
         self.num_free -= count
         return sorted(pieces)
+
+    def largest(self, lo: int = 0) -> int:
+        """The longest free run's length at or above `lo` (0: nothing free)."""
+        lengths = self.ends - np.maximum(self.starts, lo)
+        return max(int(lengths.max()), 0) if lengths.size else 0
+
+    def _best_fit(self, lengths: np.ndarray, count: int, gap: int) -> int:
+        """The smallest hole (not the gap) of `lengths` holding `count`, the highest of equals; -1: none."""
+        if not lengths.size:
+            return -1
+        misfit = self.num_positions + 1
+        fitting = np.where(lengths >= count, lengths, misfit)
+        if gap == 0:
+            fitting[0] = misfit
+        best = lengths.size - 1 - int(fitting[::-1].argmin())  # reversed: argmin's first is the highest
+        return best if fitting[best] < misfit else -1
+
+    def _least_claimed(self, lengths: np.ndarray, open_lengths: np.ndarray, count: int, gap: int) -> int:
+        """The hole (not the gap) holding `count` that takes least from its claim, the smallest of
+        those, the highest of equals; -1: none."""
+        if not lengths.size:
+            return -1
+        overlap = np.maximum(count - open_lengths, 0).astype(np.float64)
+        key = np.where(lengths >= count, overlap * (self.num_positions + 1) + lengths, np.inf)
+        if gap == 0:
+            key[0] = np.inf
+        best = lengths.size - 1 - int(key[::-1].argmin())
+        return best if np.isfinite(key[best]) else -1
+
+    def _take_one(self, run: int, at: int, count: int) -> list[tuple[int, int]]:
+        """Take [at, at + count) from run `run`; a take from its middle splits it in two."""
+        start, end = int(self.starts[run]), int(self.ends[run])
+        if at == start:
+            self.starts[run] += count
+        elif at + count == end:
+            self.ends[run] -= count
+        else:
+            self.starts = np.insert(self.starts, run + 1, at + count)
+            self.ends = np.insert(self.ends, run + 1, end)
+            self.ends[run] = at
+        self.num_free -= count
+        return [(at, count)]
 
     def take_after(self, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Grow in place: for each position p (each the start of a different run, or not free), take

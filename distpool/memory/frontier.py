@@ -5,8 +5,9 @@ highest live low unit, so the bands never overlap in bytes. In a unified arena b
 whole usable region and the frontier moves with what is live; in a static arena the bands are
 disjoint by construction and the rule never binds.
 
-Compaction (moves first, then the copies): the low band packs down and the high band packs up around pinned
-units, moving the frontier back to where the live units end. The moves are pure: unit moves per band
+Compaction (moves first, then the copies): the low band packs down and the high band slides up around
+pinned units (keeping each request's pages together, and its growth room after them unless told
+otherwise), moving the frontier back to where the live units end. The moves are pure: unit moves per band
 and byte runs `[src_offset, dst_offset, nbytes]`, one per stretch that is contiguous on both sides.
 Every query can run on hypothetical free runs (e.g. "after compaction") as well as the real ones, and
 costs O(1) or O(runs): the watermarks (lowest live page, highest live low unit) come from the ends of
@@ -108,19 +109,31 @@ class Frontier:
         low = low_runs.num_free - (low_runs.num_positions - self.low_limit(high_runs)) if self.low else 0
         return low, high_runs.num_free - self.high_floor(low_runs)
 
-    def compaction_moves(self, low_pinned: np.ndarray, high_pinned: np.ndarray) -> CompactionMoves:
-        """Moves that pack the low band down and the high band up; pinned positions stay. Pure."""
+    def compaction_moves(
+        self,
+        low_pinned: np.ndarray,
+        high_pinned: np.ndarray,
+        high_moves: tuple[np.ndarray, np.ndarray] | None = None,
+        *,
+        high_slide: bool = True,
+    ) -> CompactionMoves:
+        """Moves that pack the low band down and the high band up; pinned positions stay. Pure.
+        high_moves: the pages' moves planned by the caller; by default the band's own full slide.
+        The byte runs come in execution order (see `Arena.copy_runs`): the low band's (into free
+        positions), then the pages': a slide's (`high_slide`, every page moving up) from the
+        highest source down, other plans' in the order given."""
         if not self.unified:  # a fixed frontier: every hole is reusable where it is
             none = (NO_POSITIONS, NO_POSITIONS)
             return CompactionMoves(low_moves=none, high_moves=none, runs_bytes=NO_RUNS)
         low_moves = self.low_band.compaction_moves(low_pinned)
-        high_moves = self.high_band.compaction_moves(high_pinned)
+        high_moves = high_moves or self.high_band.compaction_moves(high_pinned)
         runs = [NO_RUNS]
         for geometry, (src, dst) in ((self.low, low_moves), (self.high, high_moves)):
             if geometry is not None and src.size:  # src ascending: units keep their order, runs stay long
                 src_bytes = geometry.base_bytes + src * geometry.stride_bytes
                 dst_bytes = geometry.base_bytes + dst * geometry.stride_bytes
-                runs.append(merge_runs(src_bytes, dst_bytes, np.full_like(src_bytes, geometry.stride_bytes)))
+                merged = merge_runs(src_bytes, dst_bytes, np.full_like(src_bytes, geometry.stride_bytes))
+                runs.append(merged[::-1] if geometry is self.high and high_slide else merged)
         return CompactionMoves(low_moves=low_moves, high_moves=high_moves, runs_bytes=np.concatenate(runs))
 
     def runs_after(self, moves: CompactionMoves) -> tuple[FreeRuns, FreeRuns]:

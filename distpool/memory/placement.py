@@ -4,9 +4,11 @@ Two policies for full-attention pages (the high band):
 - "extent" (default): each request's pages as one run of ascending positions where a free run holds
   them (best fit over the holes, else the top of the gap between the bands while that leaves
   `gap_keep` pages for low units, else the largest holes; see `FreeRuns.take_extent`), so an
-  envelope is a few long byte runs; growth goes
-  right after the request's last page when that position is free, the rest as one best-fit extent
-  shared by the batch's growing requests (the first request takes its highest share).
+  envelope is a few long byte runs. A request that says how far it will grow (its final length)
+  gets that room left free right after its extent where it fits, and other extents stay out of
+  that room while anything else holds them (the allocator's `claims`). Growth goes right after the
+  request's last page when that position is free, the rest as one best-fit extent shared by the
+  batch's growing requests (the first request takes its highest share).
 - "first_fit" (the baseline): the highest free positions, one at a time, whatever the holes.
 Low-band units (slots, sliding-window pages) always take the lowest free positions: a slot is one
 unit, and keeping the low band packed keeps the frontier low.
@@ -44,22 +46,39 @@ class Placement:
         """The `count` lowest free low-band positions, ascending."""
         return self.low_band.runs.take_lowest(count)
 
-    def page_positions(self, counts: list[int], floor: int) -> np.ndarray:
+    def page_positions(
+        self, counts: list[int], floor: int, rooms: list[int] | None = None, claims: np.ndarray | None = None
+    ) -> np.ndarray:
         """Positions at or above `floor` for requests needing `counts` pages: request by request,
-        each request's in token order."""
+        each request's in token order. `rooms[i]`: the pages request i expects to grow by, kept
+        free after it where they can be; `claims`: the rooms of requests already placed."""
         runs = self.high_band.runs
         total = sum(counts)
         if total == 0:
             return NO_POSITIONS
         if self.mode == "first_fit":
             return _ascending_per_request(runs.take_highest(total, floor), counts)
-        pieces = [piece for n in counts if n for piece in runs.take_extent(n, floor, self.gap_keep)]
+        rooms = rooms or [0] * len(counts)
+        pieces = [
+            piece
+            for n, room in zip(counts, rooms, strict=True)
+            if n
+            for piece in runs.take_extent(n, floor, self.gap_keep, room=room, claims=claims)
+        ]
         runs.finish_batch()
         return _positions_of(pieces)
 
-    def growth_positions(self, last: np.ndarray, counts: np.ndarray, floor: int) -> np.ndarray:
+    def growth_positions(
+        self,
+        last: np.ndarray,
+        counts: np.ndarray,
+        floor: int,
+        rooms: np.ndarray | None = None,
+        claims: np.ndarray | None = None,
+    ) -> np.ndarray:
         """New pages for requests whose last page sits at `last` (-1: none yet) and that need
-        `counts` more (each >= 1): request by request, each request's in token order."""
+        `counts` more (each >= 1): request by request, each request's in token order. A request
+        that grows elsewhere alone keeps `rooms[i]` (its further expected growth) free after it."""
         runs = self.high_band.runs
         total = int(counts.sum())
         if self.mode == "first_fit":
@@ -68,8 +87,12 @@ class Placement:
         in_place = runs.take_after(after, counts)
         rest = counts - in_place
         rest_total = int(rest.sum())
+        moving = np.flatnonzero(rest)
+        room = int(rooms[moving[0]]) if rooms is not None and moving.size == 1 else 0
         extent = (
-            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep)) if rest_total else NO_POSITIONS
+            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep, room=room, claims=claims))
+            if rest_total
+            else NO_POSITIONS
         )
         runs.finish_batch()
         # Request i takes its in-place pages after[i] ... then its share of the extent; the first

@@ -39,7 +39,12 @@ class DoesNotFit(Exception):
 
 
 class NeedsCompaction(DoesNotFit):
-    """Does not fit now, but would after a compaction; nothing was taken."""
+    """Does not fit now, but would after a compaction; nothing was taken. `low`: the low-band units
+    (slots, window pages) the call needed; `window`: the run of free pages it wanted whole (0: any)."""
+
+    def __init__(self, request_id: str, reason: str, *, low: int = 0, window: int = 0) -> None:
+        super().__init__(request_id, reason)
+        self.low, self.window = low, window
 
 
 class UnknownRequest(KeyError):
@@ -77,11 +82,16 @@ class Pool(Protocol):
 
     def pages_for(self, num_tokens: int) -> int: ...  # full-attention pages a request of n tokens holds
     def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool: ...
-    def reserve(self, request_id: str, num_tokens: int, *, compact: bool = False) -> None: ...
+    # final_tokens: the length the request expects to reach, so its growth room stays free after it
+    def reserve(
+        self, request_id: str, num_tokens: int, *, compact: bool = False, final_tokens: int | None = None
+    ) -> None: ...
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None: ...
     def release(self, request_id: str) -> None: ...
     # all-or-nothing batch forms: one placement per batch, not per request
-    def reserve_batch(self, requests: list[tuple[str, int]], *, compact: bool = False) -> None: ...
+    def reserve_batch(
+        self, requests: list[tuple[str, int]], *, compact: bool = False, final_tokens: list[int] | None = None
+    ) -> None: ...
     def extend_batch(self, requests: list[tuple[str, int]], *, compact: bool = False) -> None: ...
     def release_batch(self, request_ids: list[str]) -> None: ...
 

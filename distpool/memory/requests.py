@@ -5,6 +5,8 @@ Who owns which token range (the allocator's contract) is stored here as plain da
   counts of every running request with a few array operations instead of a Python loop;
 - `vslot[row]` is the low-band virtual id of the request's slot (-1: none), and `last_vpage[row]`
   the virtual id of its last full page (-1: none), so growth finds where each request ends at once;
+- `room[row]`: pages of growth the request still expects (from the final length it announced at
+  reserve), which placement keeps free after its last page where it can;
 - `vpages[row]` / `vswa[row]` are Python lists of virtual ids in token order (full pages; the
   sliding window's pages), so growth appends in O(1).
 Rows of released requests are reused; the columns double when the table fills. Batch lookups and
@@ -57,6 +59,7 @@ class RequestTable:
         self.pins = np.zeros(capacity, dtype=np.int64)
         self.vslot = np.full(capacity, -1, dtype=np.int64)
         self.last_vpage = np.full(capacity, -1, dtype=np.int64)
+        self.room = np.zeros(capacity, dtype=np.int64)  # pages of growth the request still expects
         self.vpages: list[list[int]] = [[] for _ in range(capacity)]
         self.vswa: list[list[int]] = [[] for _ in range(capacity)]
         self._unused_rows = list(range(capacity - 1, -1, -1))
@@ -78,6 +81,7 @@ class RequestTable:
         self.rows[request_id] = row
         self.num_tokens[row], self.pins[row], self.vslot[row] = num_tokens, 0, vslot
         self.last_vpage[row] = vpages[-1] if vpages else -1
+        self.room[row] = 0
         self.vpages[row], self.vswa[row] = vpages, vswa
 
     def remove(self, request_ids: Sequence[str]) -> None:
@@ -174,6 +178,7 @@ class RequestTable:
         self.pins = np.concatenate([self.pins, np.zeros(old, dtype=np.int64)])
         self.vslot = np.concatenate([self.vslot, np.full(old, -1, dtype=np.int64)])
         self.last_vpage = np.concatenate([self.last_vpage, np.full(old, -1, dtype=np.int64)])
+        self.room = np.concatenate([self.room, np.zeros(old, dtype=np.int64)])
         self.vpages += [[] for _ in range(old)]
         self.vswa += [[] for _ in range(old)]
         self._unused_rows = list(range(2 * old - 1, old - 1, -1))

@@ -7,9 +7,11 @@ ends with `check_invariants()`.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import (
     BandUsage,
     DoesNotFit,
@@ -20,7 +22,7 @@ from distpool.memory.pool import (
 )
 from distpool.memory.runs import merge_runs
 from distpool.model.spec import DENSE, HYBRID_SWA
-from tests.factories import accounting, free_units, make_pool, make_spec
+from tests.factories import accounting, free_units, make_pool, make_sizes, make_spec
 
 
 def _fill(pool, request_id: str, seed: int) -> torch.Tensor:
@@ -155,8 +157,26 @@ def test_pins_keep_an_envelope_in_place():
     pool.check_invariants()
 
 
-def test_compaction_copies_each_contiguous_run_once_and_preserves_every_envelope():
+def test_compaction_slides_pages_up_in_order_and_preserves_every_envelope():
     pool = make_pool()
+    pool.reserve_batch([("a", 8), ("b", 8), ("c", 8)])  # pages a:13,14 b:11,12 c:9,10; slots 0,1,2
+    contents = {r: _fill(pool, r, seed=i) for i, r in enumerate("bc")}
+    pool.release("a")
+    moves = pool.allocator.compaction_moves()
+    # c's slot 2 -> 0 (one run); pages 9..12 slide up by two into 11..14: one run of four pages
+    # whose destination overlaps its source (copied through the staging buffer).
+    assert moves.runs_bytes.tolist() == [[2 * 768, 0, 768], [9 * 512, 11 * 512, 2048]]
+    assert pool.compact() == 768 + 2048
+    assert pool.page_ids("c").tolist() == [11, 12] and pool.slot_id("c") == 0
+    assert pool.page_ids("b").tolist() == [13, 14] and pool.slot_id("b") == 1
+    for r, content in contents.items():
+        assert torch.equal(_read(pool, r), content)
+    assert pool.compact() == 0  # already packed
+    pool.check_invariants()
+
+
+def test_first_fit_compaction_fills_holes_unit_by_unit():
+    pool = build_pool(make_sizes(), "cpu", placement="first_fit")
     pool.reserve_batch([("a", 8), ("b", 8), ("c", 8)])  # pages a:13,14 b:11,12 c:9,10; slots 0,1,2
     contents = {r: _fill(pool, r, seed=i) for i, r in enumerate("bc")}
     pool.release("a")
@@ -164,11 +184,9 @@ def test_compaction_copies_each_contiguous_run_once_and_preserves_every_envelope
     # c's slot 2 -> 0 (one run), c's pages 9,10 -> 13,14 (one run of two pages); b stays.
     assert moves.runs_bytes.tolist() == [[2 * 768, 0, 768], [9 * 512, 13 * 512, 1024]]
     assert pool.compact() == 768 + 1024
-    assert pool.page_ids("c").tolist() == [13, 14] and pool.slot_id("c") == 0
-    assert pool.page_ids("b").tolist() == [11, 12] and pool.slot_id("b") == 1
+    assert pool.page_ids("c").tolist() == [13, 14] and pool.page_ids("b").tolist() == [11, 12]
     for r, content in contents.items():
         assert torch.equal(_read(pool, r), content)
-    assert pool.compact() == 0  # already packed
     pool.check_invariants()
 
 
@@ -262,3 +280,14 @@ def test_check_invariants_names_what_broke():
     table.num_tokens[table.rows["a"]] = 9  # the request claims more than it holds
     with pytest.raises(AssertionError, match="one page per page_size tokens"):
         pool.check_invariants()
+
+
+def test_a_targeted_plans_copies_keep_its_order_and_a_slides_run_highest_first():
+    frontier = make_pool().allocator.frontier
+    none = np.zeros(frontier.high_band.num_positions, dtype=bool)
+    low_none = np.zeros(frontier.low_band.num_positions, dtype=bool)
+    plan = (np.array([5, 6, 3]), np.array([9, 10, 5]))  # 3 -> 5 only after 5 has left
+    given = frontier.compaction_moves(low_none, none, plan, high_slide=False).runs_bytes.tolist()
+    assert given == [[5 * 512, 9 * 512, 1024], [3 * 512, 5 * 512, 512]]
+    slide = frontier.compaction_moves(low_none, none, plan, high_slide=True).runs_bytes.tolist()
+    assert slide == given[::-1]

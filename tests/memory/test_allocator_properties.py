@@ -6,7 +6,10 @@ compaction nor any other request's activity may disturb a live envelope. Capacit
 checked against what happens: `can_reserve` predicts a reserve, `NeedsCompaction` promises that a
 reserve or extend succeeds after `compact()`, and a unified pool with nothing pinned never refuses
 (plain `DoesNotFit`) while its free bytes cover the request: compaction reclaims every hole, so the
-allocator must say `NeedsCompaction` instead. Both placements (extent, first fit) run.
+allocator must say `NeedsCompaction` instead. Reserves and extends with `compact=True` (and final
+lengths as growth hints) exercise the targeted compactions (only the requests in the way move) and
+the slides that keep growth room; the byte check covers their copy order. Both placements (extent,
+first fit) run.
 """
 
 from __future__ import annotations
@@ -120,6 +123,48 @@ class PoolMachine(RuleBasedStateMachine):
             self.numbers[rid] = self.next_number
             self.next_number += 1
             self._write_new(rid, set())
+
+    @rule(
+        tokens=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=3),
+        growth=st.integers(min_value=0, max_value=24),
+    )
+    def reserve_compacting(self, tokens: list[int], growth: int) -> None:
+        """Reserve as a server does: compacting when that makes room (only the requests in the way
+        move, or everything), with each request's final length as a placement hint."""
+        ids = [f"r{self.next_number + i}" for i in range(len(tokens))]
+        before = accounting(self.pool)
+        finals = [n + growth for n in tokens]
+        try:
+            self.pool.reserve_batch(list(zip(ids, tokens, strict=True)), compact=True, final_tokens=finals)
+        except NeedsCompaction:
+            raise AssertionError("a compacting reserve may only refuse for want of room") from None
+        except DoesNotFit:
+            assert accounting(self.pool) == before, "a refused reserve took something"
+            allocator = self.pool.allocator
+            low = sum(allocator.low_units_for(n) for n in tokens)
+            self._assert_no_room(low, sum(allocator.pages_for(n) for n in tokens))
+            return
+        for rid in ids:
+            self.numbers[rid] = self.next_number
+            self.next_number += 1
+            self._write_new(rid, set())
+
+    @precondition(lambda self: self.numbers)
+    @rule(data=st.data(), more=st.integers(min_value=1, max_value=12))
+    def extend_compacting(self, data, more: int) -> None:
+        rid = data.draw(st.sampled_from(self._live()))
+        if self.pins.get(rid, 0):
+            return
+        old = {key for key, _, _ in self._units(rid)}
+        before = accounting(self.pool)
+        try:
+            self.pool.extend(rid, more, compact=True)
+        except NeedsCompaction:
+            raise AssertionError("a compacting extend may only refuse for want of room") from None
+        except DoesNotFit:
+            assert accounting(self.pool) == before, "a refused extend took something"
+            return
+        self._write_new(rid, old)
 
     @rule(tokens=st.integers(min_value=17, max_value=48))
     def reserve_long(self, tokens: int) -> None:

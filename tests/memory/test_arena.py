@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from distpool.memory import arena as arena_module
 from distpool.memory.arena import Arena, BandGeometry, band_geometry
 from distpool.memory.layout import page_places, slot_places
 from distpool.model.spec import DENSE, HYBRID_SWA
@@ -131,6 +133,18 @@ def test_copy_runs_moves_bytes_once_per_run():
     expected = arena.buffer[:1024].clone()
     arena.copy_runs(torch.tensor([[0, 4096, 1024]]))
     assert torch.equal(arena.buffer[4096:5120], expected)
+
+
+@pytest.mark.parametrize("staging", [4, 64])  # pieces of at most the shift, or through staging
+@pytest.mark.parametrize("shift", [3, -3, 5, -5])
+def test_a_copy_whose_destination_overlaps_its_source_keeps_the_bytes(monkeypatch, staging, shift):
+    monkeypatch.setattr(arena_module, "SLIDE_STAGING_BYTES", staging)
+    arena = Arena(make_sizes(budget_bytes=7680))
+    arena.buffer[:] = torch.arange(arena.buffer.numel()) % 251
+    src = 100
+    expected = arena.buffer[src : src + 40].clone()
+    arena.copy_runs(np.array([[src, src + shift, 40]]))
+    assert torch.equal(arena.buffer[src + shift : src + shift + 40], expected)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

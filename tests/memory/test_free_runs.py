@@ -64,9 +64,47 @@ def test_growth_in_place_takes_from_the_start_of_the_run_after_each_request():
 
 def test_an_extent_leaves_the_gap_to_the_other_band_while_the_holes_can_take_it():
     owned = _owned(16, [8, 11, 14, 15])  # the gap [0, 8) (usable from 2), holes [9, 11) and [12, 14)
+    assert FreeRuns.from_owned(owned).take_extent(2, lo=2, gap_keep=4) == [(12, 2)]  # a hole, not the gap
     squeezed = FreeRuns.from_owned(owned)
-    assert squeezed.take_extent(3, lo=2, gap_keep=4) == [(9, 2), (12, 1)]  # the gap would keep only 3
+    # The gap would keep only 3 and no hole holds 3: the gap still takes it whole (scattering over
+    # the holes is the last resort; the next slot compacts the few pages in its way).
+    assert squeezed.take_extent(3, lo=2, gap_keep=4) == [(5, 3)]
     roomy = FreeRuns.from_owned(owned)
     assert roomy.take_extent(3, lo=2, gap_keep=3) == [(5, 3)]  # 3 left in the gap: one piece
     tight = FreeRuns.from_owned(owned)
     assert tight.take_extent(5, lo=2, gap_keep=4) == [(3, 5)]  # the holes hold only 4: the gap
+
+
+def _claims(size: int, at: dict[int, int]) -> np.ndarray:
+    claims = np.zeros(size + 1, dtype=np.int64)
+    for position, pages in at.items():
+        claims[position] = pages
+    return claims
+
+
+def test_an_extent_stays_out_of_other_requests_growth_room_while_it_can():
+    # holes [4, 10) (its first 3 claimed by the request ending at 3) and [12, 14); no gap (0 owned)
+    runs = FreeRuns.from_owned(_owned(16, [0, 1, 2, 3, 10, 11, 14, 15]))
+    claims = _claims(16, {4: 3})
+    assert runs.take_extent(2, lo=0, claims=claims) == [(12, 2)]  # [4, 10) has only 3 unclaimed
+    assert runs.take_extent(3, lo=0, claims=claims) == [(7, 3)]  # right after the claim: a split
+    runs.finish_batch()
+    assert _runs(runs) == [(4, 7)]  # the claimed room is still free
+
+
+def test_an_extent_keeps_its_own_room_free_after_it():
+    runs = FreeRuns.from_owned(_owned(16, [0, 1, 2, 3, 10, 11, 14, 15]))  # holes [4, 10) and [12, 14)
+    assert runs.take_extent(2, lo=0, room=3, claims=_claims(16, {})) == [(4, 2)]  # 2 + 3 fit only there
+    gap = FreeRuns.from_owned(_owned(16, [12, 13, 14, 15]))  # the gap [0, 12), usable from 2
+    assert gap.take_extent(3, lo=2, room=2, claims=_claims(16, {})) == [(7, 3)]  # 2 left below the top
+    assert _runs(gap) == [(0, 7), (10, 12)]
+
+
+def test_when_only_claimed_room_is_left_an_extent_takes_the_least_of_it_from_the_top():
+    # holes [4, 8) (all claimed) and [10, 14) (1 of 4 claimed); no gap
+    runs = FreeRuns.from_owned(_owned(16, [0, 1, 2, 3, 8, 9, 14, 15]))
+    claims = _claims(16, {4: 4, 10: 1})
+    assert runs.take_extent(4, lo=0, claims=claims) == [(10, 4)]  # overlaps 1 claimed page, not 4
+    runs = FreeRuns.from_owned(_owned(16, [0, 1, 2, 3, 8, 9, 14, 15]))
+    assert runs.take_extent(2, lo=0, claims=_claims(16, {4: 4, 10: 4})) == [(12, 2)]  # the top of the
+    # smallest hole: the claimant keeps the start of its room

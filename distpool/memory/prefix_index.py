@@ -1,0 +1,316 @@
+"""Prefix index: which full KV pages and state checkpoints are cached, keyed by their token content.
+
+Pure bookkeeping over opaque int handles from the allocator (virtual page ids, virtual slot ids): it
+never allocates, frees or touches bytes. A trie of full pages (here page_size = 4):
+
+    root ── [a b c d] ── [e f g h] ── [i j k l]*        * = holds a checkpoint: a copy of the recurrent
+                 └────── [e f x y]*                       state after exactly its page's last token
+
+A node stands for the first depth * page_size tokens, keyed by a chained digest h_k = blake2b(h_{k-1}
+|| page tokens as int64 LE); it keeps its tokens, so a collision can only lose a hit, never give a
+wrong match. `users` counts the requests holding a page through the cache; one holding page k holds
+pages 0..k-1 too, so idle nodes (users == 0) form whole subtrees: all evictable, leaves first.
+acquire, release and insert stamp their whole path with one new tick (match is read-only), so no node
+is used after its parent: least-recently-used leaf first is least-recently-used first (ties: deeper
+first). Eviction pops heaps of idle leaves and idle checkpoints with lazy deletion: an entry is stale
+once its node is gone, held, has children, lost its checkpoint or was stamped again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DIGEST_BYTES = 16
+TOKEN_BYTES = 8  # tokens are packed as int64 little-endian
+ROOT_DIGEST = hashlib.blake2b(b"distpool.prefix_index", digest_size=DIGEST_BYTES).digest()
+Tokens = Sequence[int] | np.ndarray  # token ids, 1-D
+Checkpoints = dict[int, int] | None  # depth k (1-based) -> checkpoint handle
+
+
+def page_digest(parent_digest: bytes, page: bytes) -> bytes:
+    """Digest of a page (its tokens packed as int64 LE) after its parent's. (fixed-size digest, fixed
+    token count) encodes a whole prefix injectively, so two prefixes share a digest only through a
+    blake2b-128 collision: about n**2 / 2**129 for n cached pages. Matches compare tokens anyway."""
+    return hashlib.blake2b(parent_digest + page, digest_size=DIGEST_BYTES).digest()
+
+
+def require_or_raise(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"prefix index invariant broken: {what}")
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The usable cached prefix of a prompt: `pages` (handles, token order) cover `num_tokens` tokens,
+    never the whole prompt. `checkpoint`: the handle at the last page (needs_checkpoint), else None."""
+
+    pages: tuple[int, ...]
+    page_size: int
+    checkpoint: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.pages) * self.page_size
+
+
+@dataclass(frozen=True)
+class Handles:
+    """Handles that changed owner: adopted by `insert` (count a cache reference for each), or given
+    back by `evict` / `drop_all` (drop that reference). Pages in path order, checkpoints by depth."""
+
+    pages: tuple[int, ...] = ()
+    checkpoints: tuple[int, ...] = ()
+
+
+@dataclass(eq=False, slots=True)
+class _Node:
+    digest: bytes
+    tokens: bytes  # the page's tokens, packed as int64 LE
+    page: int
+    parent: _Node | None  # None only for the root; an evicted node is gone from parent.children
+    depth: int
+    children: dict[bytes, _Node] = field(default_factory=dict)  # child digest -> child
+    users: int = 0
+    tick: int = 0
+    checkpoint: int | None = None
+
+    def idle(self, *, leaf: bool) -> bool:
+        """An eviction candidate: cached, no users, and a leaf (leaf=True) or holding a checkpoint."""
+        wanted = not self.children if leaf else self.checkpoint is not None
+        cached = self.parent is not None and self.parent.children.get(self.digest) is self
+        return wanted and self.users == 0 and cached
+
+
+class PrefixIndex:
+    """Cached full pages by token content, with state checkpoints, reference counts and LRU eviction.
+    `needs_checkpoint=True` (hybrid Mamba): a prefix is usable only up to its deepest matched page with
+    a checkpoint. False (attention-only, hybrid SWA): any matched depth is usable; no checkpoints."""
+
+    def __init__(self, page_size: int, *, needs_checkpoint: bool) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1 token, got {page_size}")
+        self.page_size = page_size
+        self.needs_checkpoint = needs_checkpoint
+        self._reset()
+
+    def _reset(self) -> None:
+        self._root = _Node(digest=ROOT_DIGEST, tokens=b"", page=-1, parent=None, depth=0)
+        self._by_page: dict[int, _Node] = {}
+        self._by_checkpoint: dict[int, _Node] = {}
+        self._num_idle_pages = 0
+        self._num_idle_checkpoints = 0
+        self._clock = 0
+        self._seq = itertools.count()  # heap tie-break: push order
+        self._heaps: dict[bool, list] = {True: [], False: []}  # leaf? -> heap of (tick, seq, node)
+
+    @property
+    def num_pages(self) -> int:
+        """Cached pages (also `len(index)`)."""
+        return len(self._by_page)
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self._by_checkpoint)
+
+    def __len__(self) -> int:
+        return len(self._by_page)
+
+    def evictable(self) -> tuple[int, int]:
+        """(pages, checkpoints) that `evict` could give back now: those with no users."""
+        return self._num_idle_pages, self._num_idle_checkpoints
+
+    def match(self, tokens: Tokens) -> PrefixMatch:
+        """Longest usable cached prefix of `tokens`, at most len(tokens) - 1 tokens. Read-only:
+        changes neither users nor ticks (`acquire` does both)."""
+        num_tokens, pages = self._pages(tokens)
+        path = self._walk(pages[: max(num_tokens - 1, 0) // self.page_size])
+        while self.needs_checkpoint and path and path[-1].checkpoint is None:
+            path.pop()
+        checkpoint = path[-1].checkpoint if path and self.needs_checkpoint else None
+        return PrefixMatch(pages=tuple(n.page for n in path), page_size=self.page_size, checkpoint=checkpoint)
+
+    def acquire(self, match: PrefixMatch) -> None:
+        """A request starts using a match: users += 1 on each of its pages, which stamps them."""
+        path = self._path_of(match.pages)
+        if match.checkpoint != (path[-1].checkpoint if path and self.needs_checkpoint else None):
+            raise ValueError(f"stale match {match}: its checkpoint was evicted since; match again")
+        self._stamp(path, users=1)
+
+    def release(self, pages: Sequence[int]) -> None:
+        """A request stops using the pages it acquired (a match's `pages`): users -= 1, stamped."""
+        path = self._path_of(pages)
+        if any(node.users == 0 for node in path):
+            raise ValueError(f"pages {list(pages)} are released more often than they were acquired")
+        self._stamp(path, users=-1)
+
+    def insert(self, tokens: Tokens, pages: Sequence[int], *, checkpoints: Checkpoints = None) -> Handles:
+        """Cache the full pages of `tokens` (page k's handle is pages[k]; a partial last page is never
+        cached, so `pages` may be longer) and stamp their path. Where a page's content is cached
+        already the cached node stays and the caller keeps its own handle. `checkpoints` maps a depth
+        k in 1..full pages (state after k * page_size tokens) to a checkpoint handle, adopted only if
+        that node holds none. Returns the adopted handles; inserting takes no users (not `acquire`)."""
+        checkpoints = checkpoints or {}
+        full_pages = self._pages(tokens)[1]
+        if len(pages) < len(full_pages):
+            raise ValueError(f"{len(full_pages)} full pages of tokens but only {len(pages)} page handles")
+        if checkpoints and not self.needs_checkpoint:
+            raise ValueError("index built with needs_checkpoint=False (attention / SWA): pass no checkpoints")
+        if any(not 1 <= depth <= len(full_pages) for depth in checkpoints):
+            raise ValueError(f"checkpoint depths {sorted(checkpoints)} must lie in 1..{len(full_pages)}")
+        path = self._walk(full_pages)
+        parent, known = path[-1] if path else self._root, len(path)
+        reach = len(full_pages)  # depth of the deepest page once inserted; a digest collision blocks the rest
+        if reach > known and page_digest(parent.digest, full_pages[known]) in parent.children:
+            reach = known
+        new_pages = list(pages[known:reach])
+        new_checkpoints = {
+            depth: handle
+            for depth, handle in sorted(checkpoints.items())
+            if depth <= reach and True
+        }
+        for new, cached in ((new_pages, self._by_page), ([*new_checkpoints.values()], self._by_checkpoint)):
+            if len(set(new)) < len(new) or any(handle in cached for handle in new):
+                raise ValueError(f"handles {new} repeat or are cached already: each handle names one entry")
+        for page, handle in zip(full_pages[known:reach], new_pages, strict=True):
+            digest = page_digest(parent.digest, page)
+            node = _Node(digest=digest, tokens=page, page=handle, parent=parent, depth=parent.depth + 1)
+            parent.children[digest] = parent = node
+            self._by_page[handle] = node
+            self._num_idle_pages += 1
+            path.append(node)
+        for depth, handle in new_checkpoints.items():
+            path[depth - 1].checkpoint = handle
+            self._by_checkpoint[handle] = path[depth - 1]
+            self._num_idle_checkpoints += path[depth - 1].users == 0
+        self._stamp(path, users=0)
+        return Handles(pages=tuple(new_pages), checkpoints=tuple(new_checkpoints.values()))
+
+    def evict(self, pages_wanted: int, checkpoints_wanted: int = 0) -> Handles:
+        """Give back idle entries, least recently used first, until at least the wanted numbers are
+        freed or nothing idle is left. Order: first whole leaf pages (each with its checkpoint) until
+        `pages_wanted`; then, if still short of `checkpoints_wanted`, checkpoints alone, their pages
+        staying cached. Each kind comes back in eviction order."""
+        if pages_wanted < 0 or checkpoints_wanted < 0:
+            raise ValueError(f"wanted counts must be >= 0, got {pages_wanted}, {checkpoints_wanted}")
+        pages: list[int] = []
+        checkpoints: list[int] = []
+        while len(pages) < pages_wanted and (node := self._pop(leaf=True)):
+            self._num_idle_pages -= 1
+            del node.parent.children[node.digest], self._by_page[node.page]
+            pages.append(node.page)
+            if node.checkpoint is not None:
+                checkpoints.append(self._drop_checkpoint(node))
+            if node.parent.idle(leaf=True):  # false for the root
+                self._push(node.parent, leaf=True)
+        while len(checkpoints) < checkpoints_wanted and (node := self._pop(leaf=False)):
+            checkpoints.append(self._drop_checkpoint(node))
+        return Handles(pages=tuple(pages), checkpoints=tuple(checkpoints))
+
+    def drop_all(self) -> Handles:
+        """Give back every entry (end of a run); raises RuntimeError if a request still holds one."""
+        if held := len(self._by_page) - self._num_idle_pages:
+            raise RuntimeError(f"{held} cached pages are still held by requests: release them first")
+        dropped = Handles(pages=tuple(self._by_page), checkpoints=tuple(self._by_checkpoint))
+        self._reset()
+        return dropped
+
+    def check(self, require: Callable[[bool, str], None] = require_or_raise) -> None:
+        """Report every structural and accounting invariant through `require(ok, what)`. O(n)."""
+        pages: dict[int, _Node] = {}
+        checkpoints: dict[int, _Node] = {}
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            inner = node is not self._root
+            for digest, child in node.children.items():
+                at = f"page {child.page} at depth {child.depth}"
+                require(child.parent is node and child.depth == node.depth + 1, f"{at}: parent, depth")
+                require(len(child.tokens) == TOKEN_BYTES * self.page_size, f"{at}: one full page")
+                require(digest == child.digest == page_digest(node.digest, child.tokens), f"{at}: digest")
+                require(child.users >= 0 and (not inner or child.users <= node.users), f"{at}: users")
+                require(not inner or child.tick <= node.tick, f"{at}: never used after its parent")
+                require(pages.setdefault(child.page, child) is child, f"{at}: page handle cached once")
+                if child.checkpoint is not None:
+                    require(checkpoints.setdefault(child.checkpoint, child) is child, f"{at}: 2nd checkpoint")
+                stack.append(child)
+        require(pages == self._by_page and checkpoints == self._by_checkpoint, "handle maps = the trie")
+        require(self.needs_checkpoint or not checkpoints, "no checkpoints unless needs_checkpoint")
+        idle = [n for n in pages.values() if n.users == 0]
+        num_idle_checkpoints = sum(n.checkpoint is not None for n in idle)
+        require(self.evictable() == (len(idle), num_idle_checkpoints), "idle counts")
+        for leaf, heap in self._heaps.items():
+            current = {id(entry[2]) for entry in heap if self._current(entry, leaf=leaf)}
+            missing = [n.page for n in idle if n.idle(leaf=leaf) and id(n) not in current]
+            require(not missing, f"eviction candidates {missing} have a current heap entry")
+
+    def _pages(self, tokens: Tokens) -> tuple[int, list[bytes]]:
+        """(number of tokens, the full pages packed as int64 LE)."""
+        array = np.asarray(tokens)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise ValueError(f"tokens must be 1-D ints, got {array.dtype} of shape {array.shape}")
+        data, step = array.astype("<i8", copy=False).tobytes(), TOKEN_BYTES * self.page_size
+        return array.size, [data[start : start + step] for start in range(0, len(data) - step + 1, step)]
+
+    def _walk(self, pages: list[bytes]) -> list[_Node]:
+        """The cached nodes of packed `pages`, as far as they match."""
+        path: list[_Node] = []
+        node = self._root
+        for page in pages:
+            child = node.children.get(page_digest(node.digest, page))
+            if child is None or child.tokens != page:
+                break
+            path.append(node := child)
+        return path
+
+    def _path_of(self, pages: Sequence[int]) -> list[_Node]:
+        path = [self._by_page.get(page) for page in pages]
+        for parent, node, page in zip([self._root, *path], path, pages, strict=False):
+            if node is None or node.parent is not parent:
+                raise ValueError(f"pages {list(pages)} are not a cached prefix (page {page}); match again")
+        return path
+
+    def _stamp(self, path: list[_Node], *, users: int) -> None:
+        """Add `users` to each node of a root path, stamp it with a new tick, queue new candidates."""
+        self._clock += 1
+        for node in path:
+            idle_change = (node.users + users == 0) - (node.users == 0)
+            self._num_idle_pages += idle_change
+            self._num_idle_checkpoints += idle_change * (node.checkpoint is not None)
+            node.users += users
+            node.tick = self._clock
+        for node in reversed(path):  # deepest first: on equal ticks, deeper entries go first
+            for leaf in (True, False):
+                if node.idle(leaf=leaf):
+                    self._push(node, leaf=leaf)
+
+    def _drop_checkpoint(self, node: _Node) -> int:
+        """Take an idle node's checkpoint away (the caller gets the handle back)."""
+        handle, node.checkpoint = node.checkpoint, None
+        del self._by_checkpoint[handle]
+        self._num_idle_checkpoints -= 1
+        return handle
+
+    def _push(self, node: _Node, *, leaf: bool) -> None:
+        heap = self._heaps[leaf]
+        heapq.heappush(heap, (node.tick, next(self._seq), node))
+        if len(heap) > 2 * len(self._by_page) + 64:  # drop stale entries: amortized O(1) per push
+            heap[:] = [entry for entry in heap if self._current(entry, leaf=leaf)]
+            heapq.heapify(heap)
+
+    def _pop(self, *, leaf: bool) -> _Node | None:
+        heap = self._heaps[leaf]
+        while heap:
+            if self._current(entry := heapq.heappop(heap), leaf=leaf):
+                return entry[2]
+        return None
+
+    @staticmethod
+    def _current(entry: tuple[int, int, _Node], *, leaf: bool) -> bool:
+        """Whether a heap entry still names an eviction candidate (it is not stale)."""
+        return entry[0] == entry[2].tick and entry[2].idle(leaf=leaf)
