@@ -19,7 +19,8 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.reference.cache import CACHES, choose_cache
 from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving import workload
+from distpool.serving import conversation, workload
+from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
 from distpool.serving.workload import WORKLOADS, Request
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
@@ -86,20 +87,25 @@ def cmd_presets(ns: argparse.Namespace) -> int:
     return 0
 
 
-def requests_for(ns: argparse.Namespace, worker: WorkerConfig) -> list[Request]:
+def requests_for(ns: argparse.Namespace, worker: WorkerConfig) -> list[Request] | MultiTurn:
     """The prompts file, else the generated workload (its prompts clipped to fit --context-len)."""
     context_len = worker.pool_args.context_len
     vocab_size = worker.spec.vocab_size
+    if ns.turns is not None and (ns.prompts or ns.workload != "multi-turn"):
+        raise ValueError("--turns applies to --workload multi-turn only: drop it, or add that workload")
+    common = dict(
+        vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens, seed=ns.seed, context_len=context_len
+    )
+    if not ns.prompts and ns.workload == "multi-turn":
+        turns = DEFAULT_TURNS if ns.turns is None else ns.turns
+        return conversation.generate_conversations(ns.requests, turns=turns, **common)
     if not ns.prompts:
         return workload.generate(
             ns.requests,
-            vocab_size=vocab_size,
-            max_new_tokens=ns.max_new_tokens,
-            seed=ns.seed,
             workload=ns.workload,
-            context_len=context_len,
             min_prompt=ns.min_prompt_len,
             max_prompt=ns.max_prompt_len,
+            **common,
         )
     requests = workload.load_jsonl(ns.prompts, vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens)
     if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
@@ -192,13 +198,16 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
-    run.add_argument("--requests", type=int, default=32, help="generated requests (ignored with --prompts)")
+    run.add_argument("--requests", type=int, default=32, help="generated requests (multi-turn: turns)")
     run.add_argument(
         "--workload",
         choices=list(WORKLOADS),
         default="mixed",
         # argparse formats help with %: the descriptions' "95%" must be escaped
         help="prompt lengths: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
+    )
+    run.add_argument(
+        "--turns", type=int, default=None, help=f"multi-turn: turns per conversation ({DEFAULT_TURNS})"
     )
     run.add_argument("--prompts", default=None, help="JSONL file of prompts instead of a generated workload")
     run.add_argument("--min-prompt-len", type=int, default=4, help="shortest prompt of --workload mixed")

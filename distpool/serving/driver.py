@@ -5,14 +5,15 @@ then expects the envelope from the chosen prefill worker) -> batched prefill + w
 on that prefill worker (the transfer header carries the first token) -> the result, which arrives
 through one long-poll per decode worker (`next_finished`). A failed transfer, a dead actor or no
 room frees both sides and retries the request on another pair (at most `max_attempts` tries);
-anything else is a bug and fails the request at once. Requests wait in a bounded queue when every
-pool is full.
+anything else is a bug and fails the request at once. Requests wait in a queue; `queue_bound` of
+them are in the pipeline at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ray.exceptions import RayActorError
@@ -31,6 +32,7 @@ from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 ADMISSION_POLL_S = 0.005
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
+FollowUp = Callable[[Request, Outcome], Request | None]  # the request an outcome unlocks, if any
 
 
 @dataclass
@@ -70,32 +72,38 @@ class Server:
         self.closing = False  # set once every request is done: the result streams stop
         self.retried = 0
         self.done = 0
+        self.total = 0  # requests given to `serve`, and the follow-ups they unlocked
         self.metrics = DriverMetrics()  # Prometheus, through Ray
 
-    async def serve(self, requests: list[Request]) -> list[Outcome]:
-        queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=self.options.queue_bound)
+    async def serve(self, requests: list[Request], follow_up: FollowUp | None = None) -> list[Outcome]:
+        """Serve `requests`, at most `queue_bound` at once, in order; outcomes sorted by request id.
+
+        `follow_up(request, outcome)`, called as each request ends, may return a request that outcome
+        unlocks (a conversation's next turn): it is queued behind those already waiting."""
+        queue: asyncio.Queue[Request | None] = asyncio.Queue()  # the workers bound what runs at once
         outcomes: list[Outcome] = []
-        self.closing = False
+        unfinished = len(requests)  # queued or being served, follow-ups included
+        self.total, self.closing = len(requests), False
         self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
-        self.background = [asyncio.create_task(self._progress_loop(len(requests)))]
+        self.background = [asyncio.create_task(self._progress_loop())]
 
         async def worker() -> None:
-            while (req := await queue.get()) is not None:
-                out = await self._serve_one(req)
-                outcomes.append(out)
-                self.done += 1
-                if out.tokens is not None:
-                    self.metrics.observe_ttft(out.ttft_s)
-                self.metrics.count(
-                    "completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed"
-                )
+            nonlocal unfinished
+            while unfinished and (req := await queue.get()) is not None:
+                outcomes.append(out := await self._serve_one(req))
+                self._record(out)
+                if follow_up is not None and (after := follow_up(req, out)) is not None:
+                    unfinished, self.total = unfinished + 1, self.total + 1
+                    queue.put_nowait(after)
+                unfinished -= 1
+                if unfinished == 0:  # the last one: wake every worker still waiting for more
+                    for _ in workers:
+                        queue.put_nowait(None)
 
+        for req in requests:
+            queue.put_nowait(req)
         workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
         try:
-            for req in requests:
-                await queue.put(req)  # blocks when the pipeline is full: backpressure
-            for _ in workers:
-                await queue.put(None)
             await asyncio.gather(*workers)
             await self.recovery.settle()  # a worker restarting now is reported as it ends up
             # Let each long-poll return before the loop ends: a call left behind would take the
@@ -107,6 +115,12 @@ class Server:
             for task in (*workers, *self.result_streams, *self.background, *self.recovery.rejoining.values()):
                 task.cancel()
         return sorted(outcomes, key=lambda o: o.request_id)
+
+    def _record(self, out: Outcome) -> None:
+        self.done += 1
+        if out.tokens is not None:
+            self.metrics.observe_ttft(out.ttft_s)
+        self.metrics.count("completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed")
 
     async def _serve_one(self, req: Request) -> Outcome:
         out = Outcome(request_id=req.request_id)
@@ -275,7 +289,7 @@ class Server:
                 if waiting is not None and waiting[0] == name and not waiting[1].done():
                     waiting[1].set_result(result)  # else: news of an attempt already given up
 
-    async def _progress_loop(self, total: int) -> None:
+    async def _progress_loop(self) -> None:
         while self.options.progress:
             await asyncio.sleep(1.0)
-            print(f"  progress: {self.done}/{total} requests done, {self.retried} retried", flush=True)
+            print(f"  progress: {self.done}/{self.total} requests done, {self.retried} retried", flush=True)

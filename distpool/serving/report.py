@@ -48,7 +48,9 @@ def summarize(
     workers_restarted: int = 0,
     cache: str = "reference",
     link: dict | None = None,
+    multi_turn: dict | None = None,
 ) -> dict:
+    """The run's figures; `multi_turn` (`TurnFeed.summary`) adds its conversations and turns."""
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
@@ -92,11 +94,24 @@ def summarize(
         "leaked_slots": sum(s["slots_used"] for s in worker_stats),
         "workers": worker_stats,
         "errors": sorted({o.error for o in outcomes if o.tokens is None and o.error})[:10],
+        **({"multi_turn": multi_turn} if multi_turn is not None else {}),
     }
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _conversation_rows(multi_turn: dict | None) -> list[tuple[str, str]]:
+    if multi_turn is None:
+        return []
+    m = multi_turn
+    return [
+        ("conversations completed / all", f"{m['conversations_completed']} / {m['conversations']}"),
+        ("turns completed / planned", f"{m['turns_completed']} / {m['turns_planned']}"),
+        ("turns skipped after a failure", str(m["turns_skipped"])),
+        ("turns cut by the context", f"{m['turns_cut_by_context']} of {m['turns_asked']} asked"),
+    ]
 
 
 def format_summary(report: dict) -> str:
@@ -116,6 +131,7 @@ def format_summary(report: dict) -> str:
         ("completed", report["completed"]),
         ("failed", report["failed"]),
         ("retried", report["retried"]),
+        *_conversation_rows(report.get("multi_turn")),
         ("workers lost / restarted", f"{report['workers_lost']} / {report['workers_restarted']}"),
         ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
         ("envelopes verified / corrupt", verified),

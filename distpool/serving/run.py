@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ray
 
+from distpool.serving.conversation import MultiTurn, TurnFeed
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
@@ -66,9 +67,20 @@ def measure_links(deployment: Deployment, outcomes: list[Outcome]) -> dict:
     return link_summary(done, seconds, nbytes)
 
 
+def serve_workload(
+    server: Server, requests: list[Request] | MultiTurn
+) -> tuple[list[Outcome], TurnFeed | None]:
+    """Serve a list of requests, or a multi-turn workload turn by turn (its feed holds the prompts
+    each turn was served with)."""
+    if not isinstance(requests, MultiTurn):
+        return asyncio.run(server.serve(requests)), None
+    feed = TurnFeed(requests)
+    return asyncio.run(server.serve(feed.first_turns(), feed.next_turn)), feed
+
+
 def run(
     spec: DeploymentSpec,
-    requests: list[Request],
+    requests: list[Request] | MultiTurn,
     *,
     address: str | None,
     num_cpus: int | None = None,
@@ -78,15 +90,13 @@ def run(
     json_path: str | None = None,
     metrics_port: int | None = None,
 ) -> int:
-    """Serve `requests`; returns the exit status (`exit_status`). The summary is always printed and
-    written, also when workers died."""
+    """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
+    summary is always printed and written, also when workers died."""
     where = address or "an embedded local Ray cluster"
     cache = spec.worker.cache
     what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
-    print(
-        f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {len(requests)} requests; {what}",
-        flush=True,
-    )
+    served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
+    print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {served}; {what}", flush=True)
     if metrics_port is not None and not ray.is_initialized() and not address:
         print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     owns_ray = not ray.is_initialized()
@@ -107,12 +117,14 @@ def run(
         deployment = Deployment.start(spec)
         started = time.monotonic()
         server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
-        outcomes = asyncio.run(server.serve(requests))
+        outcomes, feed = serve_workload(server, requests)
         wall_s = time.monotonic() - started
         link = measure_links(deployment, outcomes)
         stats = worker_stats(deployment)
         try:
-            parity = check_parity(spec, requests, outcomes, parity_sample)
+            # multi-turn: the prompts each turn was actually served with, later turns first
+            realized = feed.latest_turns_first() if feed is not None else requests
+            parity = check_parity(spec, realized, outcomes, parity_sample)
         except Exception as exc:  # the run's own figures stand without it: say so, keep the summary
             print(f"distpool: warning: parity check not run: {one_line(exc)}", flush=True)
             parity = (0, 0)
@@ -126,6 +138,7 @@ def run(
             workers_restarted=len(server.recovery.restarted),
             cache=cache,
             link=link,
+            multi_turn=feed.summary() if feed is not None else None,
         )
     finally:
         if deployment is not None:
@@ -142,9 +155,11 @@ def run(
 
 def exit_status(report: dict) -> int:
     """0: every request completed, parity held, every envelope verified (synthetic cache), nothing
-    leaked and no worker was lost; 1: a request failed, a token differed, an envelope was corrupt or
-    memory leaked; 3: everything completed, but a worker died on the way."""
-    healthy = report["failed"] == 0 and report["parity_mismatches"] == 0
+    leaked and no worker was lost; 1: a request failed (or a multi-turn turn was skipped after one),
+    a token differed, an envelope was corrupt or memory leaked; 3: everything completed, but a
+    worker died on the way."""
+    skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
+    healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0
     if report["cache"] == "synthetic":
         healthy = healthy and report["verified_envelopes"] >= report["completed"]

@@ -17,6 +17,8 @@ WORKLOADS = {
     "long-tailed": "95% lognormal around 1.5k tokens (256-2048), 5% from 2048 up to the context length",
     "long": "prompts of 8k-32k tokens, uniform (needs --context-len of 8192 + max new tokens or more)",
     "mixed": "prompts uniform in [--min-prompt-len, --max-prompt-len] (default 4-96)",
+    "shared-prefix": "one system prompt of 1024-4096 tokens shared by every request, then 64-1024 of its own",
+    "multi-turn": "conversations of --turns (8) turns: each prompt is the last one + its reply + 64-1024 new",
 }
 DEFAULT_VOCAB_SIZE = 32000  # token ids for a model config that states no vocab_size
 SHORT_PROMPT = (128, 1024)
@@ -25,6 +27,9 @@ LONG_PROMPT = (8192, 32768)
 # in 1k-2k); TAIL_SHARE of the requests are drawn uniform from the body's top up to the context length.
 BODY_MEDIAN, BODY_SIGMA, BODY_PROMPT = 1536, 0.2, (256, 2048)
 TAIL_SHARE = 0.05
+# shared-prefix: one system prompt for all, clipped to leave USER_PART[0] tokens for the user part
+# (half the room when the context is shorter); each request's own part is uniform in USER_PART.
+SYSTEM_PROMPT, USER_PART = (1024, 4096), (64, 1024)
 
 
 @dataclass(frozen=True)
@@ -50,21 +55,20 @@ def generate(
     Every prompt is clipped to `context_len - max_new_tokens` tokens, so each request fits the context;
     `long` refuses a context too short for its shortest prompt instead. `min_prompt` and `max_prompt`
     bound `mixed` only. The same arguments give the same requests. `vocab_size` 0: DEFAULT_VOCAB_SIZE.
+    `multi-turn` is not a list of requests (each turn needs the last one's reply): see
+    `serving.conversation.generate_conversations`.
     """
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if workload == "multi-turn":
+        raise ValueError("multi-turn is served turn by turn: use conversation.generate_conversations")
     if num_requests < 1 or not 1 <= min_prompt <= max_prompt or max_new_tokens < 1 or vocab_size < 0:
         raise ValueError(
             f"bad workload: requests={num_requests}, prompt lengths [{min_prompt}, {max_prompt}], "
             f"max_new_tokens={max_new_tokens}, vocab_size={vocab_size}; requests, lengths and "
             "max_new_tokens must be >= 1, min <= max, and vocab_size >= 0"
         )
-    limit = context_len - max_new_tokens  # the longest prompt that leaves room for the new tokens
-    if limit < 1:
-        raise ValueError(
-            f"--context-len {context_len} leaves no room for a prompt before {max_new_tokens} new tokens; "
-            "raise --context-len or lower --max-new-tokens"
-        )
+    limit = prompt_room(context_len, max_new_tokens)
     if workload == "long" and limit < LONG_PROMPT[0]:
         raise ValueError(
             f"the long workload needs prompts of {LONG_PROMPT[0]} tokens or more: raise --context-len to "
@@ -72,23 +76,42 @@ def generate(
         )
     rng = random.Random(seed)
     tokens = range(vocab_size or DEFAULT_VOCAB_SIZE)
+    shared = _system_prompt(rng, tokens, limit) if workload == "shared-prefix" else []
     requests = []
     for i in range(num_requests):
-        length = min(_prompt_len(rng, workload, limit, (min_prompt, max_prompt)), limit)
+        length = min(_prompt_len(rng, workload, limit, (min_prompt, max_prompt)), limit - len(shared))
         requests.append(
             Request(
                 request_id=f"req-{i:05d}",
-                prompt=rng.choices(tokens, k=length),  # not randrange per token: 32k tokens in ms
+                prompt=shared + rng.choices(tokens, k=length),  # not randrange per token: 32k tokens in ms
                 max_new_tokens=max_new_tokens,
             )
         )
     return requests
 
 
+def prompt_room(context_len: int, max_new_tokens: int) -> int:
+    """The longest prompt that leaves room for `max_new_tokens` in the context; refuses none."""
+    if context_len - max_new_tokens < 1:
+        raise ValueError(
+            f"--context-len {context_len} leaves no room for a prompt before {max_new_tokens} new tokens; "
+            "raise --context-len or lower --max-new-tokens"
+        )
+    return context_len - max_new_tokens
+
+
+def _system_prompt(rng: random.Random, tokens: range, limit: int) -> list[int]:
+    """shared-prefix's system prompt: SYSTEM_PROMPT tokens, leaving room for a user part in `limit`."""
+    room = max(limit - USER_PART[0], (limit + 1) // 2)
+    return rng.choices(tokens, k=min(rng.randint(*SYSTEM_PROMPT), room))
+
+
 def _prompt_len(rng: random.Random, workload: str, limit: int, mixed: tuple[int, int]) -> int:
-    """One prompt length before clipping to `limit`."""
+    """One prompt length (shared-prefix: its user part) before clipping to `limit`."""
     if workload == "short":
         return rng.randint(*SHORT_PROMPT)
+    if workload == "shared-prefix":
+        return rng.randint(*USER_PART)  # after the system prompt
     if workload == "long":
         return rng.randint(LONG_PROMPT[0], min(LONG_PROMPT[1], limit))
     if workload == "long-tailed":

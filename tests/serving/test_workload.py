@@ -9,6 +9,7 @@ from distpool.serving import workload
 from distpool.serving.workload import DEFAULT_VOCAB_SIZE, WORKLOADS
 
 NEW_TOKENS = 16
+STATIC = [name for name in WORKLOADS if name != "multi-turn"]  # multi-turn: test_conversation.py
 
 
 def make_requests(n: int = 64, *, seed: int = 0, **options):
@@ -20,7 +21,7 @@ def lengths(requests) -> list[int]:
     return [len(r.prompt) for r in requests]
 
 
-@pytest.mark.parametrize("name", list(WORKLOADS))
+@pytest.mark.parametrize("name", STATIC)
 def test_every_workload_is_reproducible_by_seed(name):
     first = make_requests(workload=name, context_len=40_000, seed=5)
     assert first == make_requests(workload=name, context_len=40_000, seed=5)
@@ -66,7 +67,7 @@ def test_mixed_keeps_the_old_defaults_and_call():
     assert 4 <= min(defaults) and max(defaults) <= 96
 
 
-@pytest.mark.parametrize("name", ["short", "long-tailed", "mixed"])
+@pytest.mark.parametrize("name", ["short", "long-tailed", "mixed", "shared-prefix"])
 def test_prompts_clip_to_the_context_instead_of_failing(name):
     got = lengths(make_requests(100, workload=name, context_len=200, min_prompt=150, max_prompt=400))
     assert max(got) == 200 - NEW_TOKENS
@@ -88,7 +89,12 @@ def test_32k_token_prompts_are_cheap_to_generate():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"workload": "huge"}, "unknown workload 'huge'; choose one of short, long-tailed, long, mixed"),
+        (
+            {"workload": "huge"},
+            "unknown workload 'huge'; choose one of short, long-tailed, long, mixed, shared-prefix, "
+            "multi-turn",
+        ),
+        ({"workload": "multi-turn"}, "use conversation.generate_conversations"),
         ({"workload": "long", "context_len": 8192}, "raise --context-len to at least 8208"),
         ({"context_len": NEW_TOKENS}, "--context-len 16 leaves no room"),
         ({"min_prompt": 10, "max_prompt": 9}, "min <= max"),
@@ -105,3 +111,33 @@ def test_bad_input_is_refused_with_the_fix(options, message):
 def test_no_requests_or_no_new_tokens_is_refused(n, new_tokens):
     with pytest.raises(ValueError, match="must be >= 1"):
         workload.generate(n, vocab_size=10, max_new_tokens=new_tokens, seed=0)
+
+
+def shared_prefix_len(requests) -> int:
+    """Tokens every prompt starts with."""
+    first, n = requests[0].prompt, 0
+    while n < len(first) and all(len(r.prompt) > n and r.prompt[n] == first[n] for r in requests):
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shared_prefix_prompts_share_one_system_prompt_then_differ(seed):
+    requests = make_requests(100, workload="shared-prefix", context_len=8192, seed=seed)
+    system = shared_prefix_len(requests)
+    assert workload.SYSTEM_PROMPT[0] <= system <= workload.SYSTEM_PROMPT[1]
+    user = [len(r.prompt) - system for r in requests]
+    assert 64 <= min(user) and max(user) <= 1024 and max(user) - min(user) > 500
+    # distinct users after it: a shared part that runs on by chance would be one token at most
+    assert len({tuple(r.prompt[system : system + 8]) for r in requests}) == len(requests)
+    assert all(0 <= t < 1000 for r in requests for t in r.prompt)
+
+
+def test_shared_prefix_system_prompts_differ_by_seed_and_clip_to_leave_room_for_the_user():
+    a, b = (make_requests(4, workload="shared-prefix", context_len=8192, seed=s) for s in (0, 1))
+    assert a[0].prompt[:512] != b[0].prompt[:512]
+    short = make_requests(20, workload="shared-prefix", context_len=1000)
+    # 984 tokens of room: a system prompt of 1024+ clips to 920, leaving 64 for each user part
+    assert shared_prefix_len(short) >= 920 and {len(r.prompt) for r in short} == {1000 - NEW_TOKENS}
+    tiny = make_requests(6, workload="shared-prefix", context_len=100)  # under 64 left: halved
+    assert {len(r.prompt) for r in tiny} == {100 - NEW_TOKENS} and shared_prefix_len(tiny) == 42
