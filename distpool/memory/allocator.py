@@ -29,11 +29,12 @@ from distpool.memory.free_runs import NO_POSITIONS
 from distpool.memory.frontier import Frontier
 from distpool.memory.layout import ceil_div
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
-from distpool.memory.pool import BandUsage, DuplicateRequest, NeedsCompaction
+from distpool.memory.pool import DuplicateRequest, NeedsCompaction
 from distpool.memory.requests import RequestTable, checked_batch, concat_ids
+from distpool.memory.sharing import SharedPages
 
 
-class Allocator(CompactionPlans):
+class Allocator(CompactionPlans, SharedPages):
     """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages.
 
     `placement`: "extent" (each request's pages in as few ascending runs as possible) or
@@ -65,6 +66,7 @@ class Allocator(CompactionPlans):
         # claims[p]: pages of growth still expected by the request whose last page sits at p - 1
         # (0 elsewhere); placement keeps them free while anything else fits (placement.py).
         self.claims = np.zeros(self.high_band.num_positions + 1, dtype=np.int64)
+        self._init_sharing()
 
     # ---- what a request of n tokens holds ----------------------------------------------------
     def pages_for(self, num_tokens: int) -> int:
@@ -108,6 +110,7 @@ class Allocator(CompactionPlans):
         final_tokens: Sequence[int] | None = None,
         *,
         prefer_compaction: bool = False,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         """Reserve each (request_id, num_tokens): its slot and pages. All or nothing.
 
@@ -115,15 +118,17 @@ class Allocator(CompactionPlans):
         by are kept free after its own where the placement can (a hint: nothing is held for them).
         prefer_compaction: raise NeedsCompaction, taking nothing, when the batch's largest request
         would scatter over several free runs but a compaction that keeps every request's growth
-        room would gather enough free pages into the gap between the bands."""
+        room would gather enough free pages into the gap between the bands.
+        prefixes[i] (optional): request i's first pages, held by the prefix cache (sharing.py)."""
         ids, array = checked_batch(requests, "reserve")
         for rid in ids:
             if rid in self.holdings:
                 raise DuplicateRequest(f"reserve: request {rid!r} is already reserved")
         counts = array.tolist()
         rooms = self._rooms(ids, counts, final_tokens)
+        shared = self._prefix_pages(prefixes, counts)
         low_counts = [self.low_units_for(n) for n in counts]
-        high_counts = [self.pages_for(n) for n in counts]
+        high_counts = [self.pages_for(n) - len(prefix) for n, prefix in zip(counts, shared, strict=True)]
         if not self.frontier.fits(sum(low_counts), sum(high_counts)):
             raise self._refuse(ids, sum(low_counts), sum(high_counts), max(high_counts, default=0))
         if prefer_compaction and self._compaction_keeps_whole(high_counts):
@@ -140,11 +145,13 @@ class Allocator(CompactionPlans):
         high_v = self.high_band.assign(high_pos).tolist()
         low_at = high_at = 0
         slots = int(self.has_slot)
-        for rid, n, nl, nh in zip(ids, counts, low_counts, high_counts, strict=True):
+        for rid, n, nl, nh, prefix in zip(ids, counts, low_counts, high_counts, shared, strict=True):
             vslot = low_v[low_at] if slots else -1
             vswa = low_v[low_at + slots : low_at + nl]
-            self.holdings.add(rid, n, vslot, high_v[high_at : high_at + nh], vswa)
+            self.holdings.add(rid, n, vslot, prefix + high_v[high_at : high_at + nh], vswa)
             low_at, high_at = low_at + nl, high_at + nh
+        if prefixes is not None:
+            self._share(concat_ids(shared))
         if any(rooms):
             rows = np.fromiter((self.holdings.rows[rid] for rid in ids), dtype=np.int64, count=len(ids))
             self.holdings.room[rows] = rooms
@@ -230,7 +237,7 @@ class Allocator(CompactionPlans):
         self._clear_claims(rows)
         low_ids, high_ids = self.holdings.held_ids(rows)
         self.low_band.free(low_ids)
-        self.high_band.free(high_ids)
+        self._let_go(high_ids)
         self.holdings.remove(request_ids)
 
     def pin(self, request_id: str) -> None:
@@ -260,19 +267,6 @@ class Allocator(CompactionPlans):
         return int(self.low_band.v2p[vslot]) if vslot >= 0 else None
 
     # ---- accounting ----------------------------------------------------------------------------
-    def usage(self) -> dict[str, BandUsage]:
-        """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned."""
-        held = self.holdings.held(self.holdings.live_rows().tolist())
-        pinned = self.holdings.held(self.holdings.pinned_rows())
-        out: dict[str, BandUsage] = {}
-        for i, geometry, band in ((1, self.high, self.high_band), (0, self.low, self.low_band)):
-            if geometry is not None:
-                free = band.num_positions - band.num_owned
-                out[geometry.name] = BandUsage(
-                    capacity=band.num_positions, free=free, held=held[i], pinned=pinned[i]
-                )
-        return out
-
     def check_invariants(self) -> None:
         """Raise AssertionError naming the broken invariant (see `BandUsage` for the counts)."""
         self.low_band.check("low band")
@@ -282,9 +276,8 @@ class Allocator(CompactionPlans):
             require(0 <= u.pinned <= u.held, f"{name}: pinned units are held units")
         table = self.holdings
         for band, ids in zip((self.low_band, self.high_band), table.held_ids(table.live_rows()), strict=True):
-            require(np.unique(ids).size == ids.size, "no virtual id is held by two requests")
-            require(ids.size == band.num_owned, "every owned unit belongs to a live request")
             require(bool((band.physical(ids) >= 0).all()), "every held virtual id maps to a physical id")
+        self._check_sharing()
         table.check(require)
         self._check_claims()
         for rid, r in table.rows.items():

@@ -22,7 +22,9 @@ from distpool.memory.allocator import Allocator
 from distpool.memory.arena import Arena
 from distpool.memory.envelope import Envelope
 from distpool.memory.fingerprint import layout_fingerprint
-from distpool.memory.pool import BandUsage, NeedsCompaction
+from distpool.memory.pool import BandUsage, DoesNotFit, NeedsCompaction
+from distpool.memory.prefix_cache import PrefixCache
+from distpool.memory.prefix_index import PrefixMatch
 from distpool.memory.sizing import PoolSizes
 
 
@@ -30,7 +32,12 @@ class ArenaPool:
     """A pool over one arena: unified or static according to `sizes.unified`."""
 
     def __init__(
-        self, sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
+        self,
+        sizes: PoolSizes,
+        device: torch.device | str = "cpu",
+        *,
+        placement: str = "extent",
+        prefix_cache: bool = False,
     ) -> None:
         self.sizes = sizes
         self.arena = Arena(sizes, device)
@@ -46,6 +53,12 @@ class ArenaPool:
             placement=placement,  # where pages go: "extent", or the "first_fit" baseline
         )
         self._compactions = (0, 0, 0.0)  # count, bytes moved, seconds
+        # Full pages by token content, and (hybrid Mamba) state checkpoints: prefix_cache.py.
+        self.prefix_cache = (
+            PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=self.allocator.has_slot)
+            if prefix_cache and self.arena.high is not None
+            else None
+        )
 
     @property
     def kind(self) -> str:
@@ -64,12 +77,22 @@ class ArenaPool:
         return compact and self.allocator.can_reserve(num_tokens, after_compaction=True)
 
     def reserve(
-        self, request_id: str, num_tokens: int, *, compact: bool = False, final_tokens: int | None = None
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        compact: bool = False,
+        final_tokens: int | None = None,
+        prefix: PrefixMatch | None = None,
     ) -> None:
         """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing).
-        `final_tokens`: the length the request expects to reach (a placement hint, nothing held)."""
+        `final_tokens`: the length the request expects to reach (a placement hint, nothing held).
+        `prefix`: a `match_prefix` answer: the request's first pages are those cached pages."""
         finals = None if final_tokens is None else [final_tokens]
-        self.reserve_batch([(request_id, num_tokens)], compact=compact, final_tokens=finals)
+        prefixes = None if prefix is None else [prefix]
+        self.reserve_batch(
+            [(request_id, num_tokens)], compact=compact, final_tokens=finals, prefixes=prefixes
+        )
 
     def reserve_batch(
         self,
@@ -77,20 +100,46 @@ class ArenaPool:
         *,
         compact: bool = False,
         final_tokens: Sequence[int] | None = None,
+        prefixes: Sequence[PrefixMatch] | None = None,
     ) -> None:
-        """Reserve every (request_id, num_tokens), all or nothing; `final_tokens` as in `reserve`."""
+        """Reserve every (request_id, num_tokens), all or nothing; `final_tokens` and `prefixes` as
+        in `reserve`. Idle cached prefixes are evicted before anything is refused."""
+        shared = None if prefixes is None else [m.pages for m in prefixes]
+        if shared and any(shared) and self.prefix_cache is None:
+            raise ValueError("reserve: a prefix needs a pool with a prefix cache")
 
         def take(batch: Sequence, whole: bool = False) -> None:
-            self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole)
+            self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole, prefixes=shared)
 
-        self._compacting_if(compact, take, requests)
+        self._evicting_if(lambda: self._compacting_if(compact, take, requests), requests, len(requests))
+        for (rid, _), match in zip(requests, prefixes or (), strict=False):
+            self.prefix_cache.acquire(rid, match)  # type: ignore[union-attr]  # checked above
 
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None:
         self.extend_batch([(request_id, num_new_tokens)], compact=compact)
 
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
-        self._compacting_if(compact, lambda batch, whole=False: self.allocator.extend_batch(batch), requests)
+        grow = lambda batch, whole=False: self.allocator.extend_batch(batch)  # noqa: E731
+        self._evicting_if(lambda: self._compacting_if(compact, grow, requests), requests, 0)
+
+    def _evicting_if(
+        self, attempt: Callable[[], None], requests: Sequence[tuple[str, int]], low_units: int
+    ) -> None:
+        """`attempt()`, evicting idle cached prefixes (as many pages as the requests' tokens fill,
+        and `low_units` checkpoints, at a time) while it is refused for want of room and something
+        is evictable."""
+        while True:
+            try:
+                return attempt()
+            except NeedsCompaction:
+                raise
+            except DoesNotFit:
+                if self.prefix_cache is None:
+                    raise
+                pages = max(sum(self.pages_for(n) for _, n in requests), 1)
+                if not self.prefix_cache.evict(pages, low_units):
+                    raise
 
     def _compacting_if(self, compact: bool, take: Callable[..., None], requests: Sequence) -> None:
         """`take(requests, whole=...)`, compacting when refused with `NeedsCompaction` and allowed.
@@ -114,10 +163,13 @@ class ArenaPool:
                 need = needs
 
     def release(self, request_id: str) -> None:
-        self.allocator.release_batch([request_id])
+        self.release_batch([request_id])
 
     def release_batch(self, request_ids: Sequence[str]) -> None:
         self.allocator.release_batch(request_ids)
+        if self.prefix_cache is not None:
+            for rid in request_ids:
+                self.prefix_cache.release(rid)
 
     def pin(self, request_id: str) -> None:
         """Hold the envelope in place (a transfer reads or writes it); pins nest."""
@@ -228,6 +280,8 @@ class ArenaPool:
     def check_invariants(self) -> None:
         """Raise AssertionError naming the broken accounting invariant (see Allocator.check_invariants)."""
         self.allocator.check_invariants()
+        if self.prefix_cache is not None:
+            self.prefix_cache.check()
 
 
 def build_pool(

@@ -126,15 +126,14 @@ class CompactionPlans:
         if self.high is None:
             return None
         bottom = self._bottom(need.low, low_pinned)
-        table, rows = self.holdings, self.holdings.live_rows()
-        pages = [self.high_band.physical(np.array(table.vpages[r], dtype=np.int64)) for r in rows.tolist()]
+        pages, rooms = self._page_groups(self.holdings.live_rows())  # type: ignore[attr-defined]
         return evacuation_moves(
             self.high_band,
             high_pinned,
             self.claims,
             room,
             pages,
-            table.room[rows].tolist(),
+            rooms,
             bottom=bottom,
             window=need.window,
         )

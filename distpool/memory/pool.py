@@ -19,11 +19,15 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from distpool.memory.envelope import Envelope
+
+if TYPE_CHECKING:
+    from distpool.memory.prefix_cache import PrefixCache
+    from distpool.memory.prefix_index import PrefixMatch
 
 
 class DoesNotFit(Exception):
@@ -62,12 +66,14 @@ class RequestPinned(ValueError):
 @dataclass(frozen=True)
 class BandUsage:
     """One band's units: `free + held == capacity`; `pinned` of the held units belong to requests a
-    transfer holds (they may not move or be released until it concludes)."""
+    transfer holds (they may not move or be released until it concludes); `cached` of them only the
+    prefix cache holds (evictable)."""
 
     capacity: int
     free: int
     held: int
     pinned: int
+    cached: int = 0
 
     @property
     def used(self) -> int:
@@ -79,12 +85,20 @@ class Pool(Protocol):
     buffer: torch.Tensor  # uint8, 1-D, on the pool's device: every byte the pool owns
     page_size: int
     fingerprint: str
+    prefix_cache: PrefixCache | None  # cached prefixes by token content (None: caching is off)
 
     def pages_for(self, num_tokens: int) -> int: ...  # full-attention pages a request of n tokens holds
     def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool: ...
     # final_tokens: the length the request expects to reach, so its growth room stays free after it
+    # prefix: a `prefix_cache.match(prompt)`: the request's first pages are those cached pages
     def reserve(
-        self, request_id: str, num_tokens: int, *, compact: bool = False, final_tokens: int | None = None
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        compact: bool = False,
+        final_tokens: int | None = None,
+        prefix: PrefixMatch | None = None,
     ) -> None: ...
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None: ...
     def release(self, request_id: str) -> None: ...

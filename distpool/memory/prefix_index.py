@@ -7,13 +7,11 @@ never allocates, frees or touches bytes. A trie of full pages (here page_size = 
                  └────── [e f x y]*                       state after exactly its page's last token
 
 A node stands for the first depth * page_size tokens, keyed by a chained digest h_k = blake2b(h_{k-1}
-|| page tokens as int64 LE); it keeps its tokens, so a collision can only lose a hit, never give a
-wrong match. `users` counts the requests holding a page through the cache; one holding page k holds
-pages 0..k-1 too, so idle nodes (users == 0) form whole subtrees: all evictable, leaves first.
-acquire, release and insert stamp their whole path with one new tick (match is read-only), so no node
-is used after its parent: least-recently-used leaf first is least-recently-used first (ties: deeper
-first). Eviction pops heaps of idle leaves and idle checkpoints with lazy deletion: an entry is stale
-once its node is gone, held, has children, lost its checkpoint or was stamped again.
+|| page tokens as int64 LE), and keeps its tokens: a collision can only lose a hit, never mis-match.
+A request holding page k through the cache holds pages 0..k-1 too (`users`), so idle nodes (no users)
+form whole subtrees, all evictable leaves first. acquire, release and insert stamp their path with one
+new tick (match is read-only): no node is used after its parent, so least-recently-used leaf first is
+least-recently-used first (ties: deeper first). Heaps of idle leaves / checkpoints skip stale entries.
 """
 
 from __future__ import annotations
@@ -51,12 +49,8 @@ class PrefixMatch:
     never the whole prompt. `checkpoint`: the handle at the last page (needs_checkpoint), else None."""
 
     pages: tuple[int, ...]
-    page_size: int
+    num_tokens: int  # len(pages) * page_size
     checkpoint: int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.pages) * self.page_size
 
 
 @dataclass(frozen=True)
@@ -77,14 +71,15 @@ class _Node:
     depth: int
     children: dict[bytes, _Node] = field(default_factory=dict)  # child digest -> child
     users: int = 0
+    child_users: int = 0  # sum of the children's users: users - child_users requests end here
     tick: int = 0
     checkpoint: int | None = None
 
-    def idle(self, *, leaf: bool) -> bool:
-        """An eviction candidate: cached, no users, and a leaf (leaf=True) or holding a checkpoint."""
+    def idle(self, *, leaf: bool, tick: int | None = None) -> bool:
+        """Cached, no users, a leaf (or holding a checkpoint), and last used at `tick` if given."""
         wanted = not self.children if leaf else self.checkpoint is not None
         cached = self.parent is not None and self.parent.children.get(self.digest) is self
-        return wanted and self.users == 0 and cached
+        return wanted and self.users == 0 and cached and tick in (None, self.tick)
 
 
 class PrefixIndex:
@@ -103,15 +98,13 @@ class PrefixIndex:
         self._root = _Node(digest=ROOT_DIGEST, tokens=b"", page=-1, parent=None, depth=0)
         self._by_page: dict[int, _Node] = {}
         self._by_checkpoint: dict[int, _Node] = {}
-        self._num_idle_pages = 0
-        self._num_idle_checkpoints = 0
+        self._num_idle_pages = self._num_idle_checkpoints = 0
         self._clock = 0
         self._seq = itertools.count()  # heap tie-break: push order
         self._heaps: dict[bool, list] = {True: [], False: []}  # leaf? -> heap of (tick, seq, node)
 
     @property
     def num_pages(self) -> int:
-        """Cached pages (also `len(index)`)."""
         return len(self._by_page)
 
     @property
@@ -133,7 +126,8 @@ class PrefixIndex:
         while self.needs_checkpoint and path and path[-1].checkpoint is None:
             path.pop()
         checkpoint = path[-1].checkpoint if path and self.needs_checkpoint else None
-        return PrefixMatch(pages=tuple(n.page for n in path), page_size=self.page_size, checkpoint=checkpoint)
+        pages = tuple(node.page for node in path)
+        return PrefixMatch(pages=pages, num_tokens=len(pages) * self.page_size, checkpoint=checkpoint)
 
     def acquire(self, match: PrefixMatch) -> None:
         """A request starts using a match: users += 1 on each of its pages, which stamps them."""
@@ -145,16 +139,15 @@ class PrefixIndex:
     def release(self, pages: Sequence[int]) -> None:
         """A request stops using the pages it acquired (a match's `pages`): users -= 1, stamped."""
         path = self._path_of(pages)
-        if any(node.users == 0 for node in path):
-            raise ValueError(f"pages {list(pages)} are released more often than they were acquired")
+        if path and path[-1].users == path[-1].child_users:  # then no request's pages end there
+            raise ValueError(f"pages {list(pages)} were not acquired (or are released once too often)")
         self._stamp(path, users=-1)
 
     def insert(self, tokens: Tokens, pages: Sequence[int], *, checkpoints: Checkpoints = None) -> Handles:
-        """Cache the full pages of `tokens` (page k's handle is pages[k]; a partial last page is never
-        cached, so `pages` may be longer) and stamp their path. Where a page's content is cached
-        already the cached node stays and the caller keeps its own handle. `checkpoints` maps a depth
-        k in 1..full pages (state after k * page_size tokens) to a checkpoint handle, adopted only if
-        that node holds none. Returns the adopted handles; inserting takes no users (not `acquire`)."""
+        """Cache the full pages of `tokens` (page k's handle: pages[k]; a partial last page never is)
+        and stamp their path; where a page's content is cached already, the caller keeps its handle.
+        `checkpoints`: depth k in 1..full pages (state after k * page_size tokens) -> handle, adopted
+        where that node holds none. Returns the adopted handles. Takes no users (that is `acquire`)."""
         checkpoints = checkpoints or {}
         full_pages = self._pages(tokens)[1]
         if len(pages) < len(full_pages):
@@ -172,7 +165,7 @@ class PrefixIndex:
         new_checkpoints = {
             depth: handle
             for depth, handle in sorted(checkpoints.items())
-            if depth <= reach and True
+            if depth <= reach and (depth > known or path[depth - 1].checkpoint is None)
         }
         for new, cached in ((new_pages, self._by_page), ([*new_checkpoints.values()], self._by_checkpoint)):
             if len(set(new)) < len(new) or any(handle in cached for handle in new):
@@ -192,14 +185,12 @@ class PrefixIndex:
         return Handles(pages=tuple(new_pages), checkpoints=tuple(new_checkpoints.values()))
 
     def evict(self, pages_wanted: int, checkpoints_wanted: int = 0) -> Handles:
-        """Give back idle entries, least recently used first, until at least the wanted numbers are
-        freed or nothing idle is left. Order: first whole leaf pages (each with its checkpoint) until
-        `pages_wanted`; then, if still short of `checkpoints_wanted`, checkpoints alone, their pages
-        staying cached. Each kind comes back in eviction order."""
+        """Give back idle entries, least recently used first, until the wanted numbers are freed or none
+        is idle: first leaf pages (each with its checkpoint) until `pages_wanted`, then checkpoints
+        alone (their pages stay) until `checkpoints_wanted`. Each kind comes back in eviction order."""
         if pages_wanted < 0 or checkpoints_wanted < 0:
             raise ValueError(f"wanted counts must be >= 0, got {pages_wanted}, {checkpoints_wanted}")
-        pages: list[int] = []
-        checkpoints: list[int] = []
+        pages, checkpoints = [], []
         while len(pages) < pages_wanted and (node := self._pop(leaf=True)):
             self._num_idle_pages -= 1
             del node.parent.children[node.digest], self._by_page[node.page]
@@ -222,19 +213,17 @@ class PrefixIndex:
 
     def check(self, require: Callable[[bool, str], None] = require_or_raise) -> None:
         """Report every structural and accounting invariant through `require(ok, what)`. O(n)."""
-        pages: dict[int, _Node] = {}
-        checkpoints: dict[int, _Node] = {}
-        stack = [self._root]
+        pages, checkpoints, stack = {}, {}, [self._root]
         while stack:
             node = stack.pop()
-            inner = node is not self._root
+            require(node.child_users == sum(c.users for c in node.children.values()), f"{node.page}: users")
             for digest, child in node.children.items():
                 at = f"page {child.page} at depth {child.depth}"
                 require(child.parent is node and child.depth == node.depth + 1, f"{at}: parent, depth")
                 require(len(child.tokens) == TOKEN_BYTES * self.page_size, f"{at}: one full page")
                 require(digest == child.digest == page_digest(node.digest, child.tokens), f"{at}: digest")
-                require(child.users >= 0 and (not inner or child.users <= node.users), f"{at}: users")
-                require(not inner or child.tick <= node.tick, f"{at}: never used after its parent")
+                require(child.users >= child.child_users >= 0, f"{at}: users cover the children's")
+                require(node is self._root or child.tick <= node.tick, f"{at}: never used after its parent")
                 require(pages.setdefault(child.page, child) is child, f"{at}: page handle cached once")
                 if child.checkpoint is not None:
                     require(checkpoints.setdefault(child.checkpoint, child) is child, f"{at}: 2nd checkpoint")
@@ -242,10 +231,9 @@ class PrefixIndex:
         require(pages == self._by_page and checkpoints == self._by_checkpoint, "handle maps = the trie")
         require(self.needs_checkpoint or not checkpoints, "no checkpoints unless needs_checkpoint")
         idle = [n for n in pages.values() if n.users == 0]
-        num_idle_checkpoints = sum(n.checkpoint is not None for n in idle)
-        require(self.evictable() == (len(idle), num_idle_checkpoints), "idle counts")
+        require(self.evictable() == (len(idle), sum(n.checkpoint is not None for n in idle)), "idle counts")
         for leaf, heap in self._heaps.items():
-            current = {id(entry[2]) for entry in heap if self._current(entry, leaf=leaf)}
+            current = {id(entry[2]) for entry in heap if entry[2].idle(leaf=leaf, tick=entry[0])}
             missing = [n.page for n in idle if n.idle(leaf=leaf) and id(n) not in current]
             require(not missing, f"eviction candidates {missing} have a current heap entry")
 
@@ -258,7 +246,6 @@ class PrefixIndex:
         return array.size, [data[start : start + step] for start in range(0, len(data) - step + 1, step)]
 
     def _walk(self, pages: list[bytes]) -> list[_Node]:
-        """The cached nodes of packed `pages`, as far as they match."""
         path: list[_Node] = []
         node = self._root
         for page in pages:
@@ -283,6 +270,7 @@ class PrefixIndex:
             self._num_idle_pages += idle_change
             self._num_idle_checkpoints += idle_change * (node.checkpoint is not None)
             node.users += users
+            node.parent.child_users += users
             node.tick = self._clock
         for node in reversed(path):  # deepest first: on equal ticks, deeper entries go first
             for leaf in (True, False):
@@ -290,7 +278,6 @@ class PrefixIndex:
                     self._push(node, leaf=leaf)
 
     def _drop_checkpoint(self, node: _Node) -> int:
-        """Take an idle node's checkpoint away (the caller gets the handle back)."""
         handle, node.checkpoint = node.checkpoint, None
         del self._by_checkpoint[handle]
         self._num_idle_checkpoints -= 1
@@ -300,17 +287,13 @@ class PrefixIndex:
         heap = self._heaps[leaf]
         heapq.heappush(heap, (node.tick, next(self._seq), node))
         if len(heap) > 2 * len(self._by_page) + 64:  # drop stale entries: amortized O(1) per push
-            heap[:] = [entry for entry in heap if self._current(entry, leaf=leaf)]
+            heap[:] = [entry for entry in heap if entry[2].idle(leaf=leaf, tick=entry[0])]
             heapq.heapify(heap)
 
     def _pop(self, *, leaf: bool) -> _Node | None:
         heap = self._heaps[leaf]
         while heap:
-            if self._current(entry := heapq.heappop(heap), leaf=leaf):
-                return entry[2]
+            tick, _, node = heapq.heappop(heap)
+            if node.idle(leaf=leaf, tick=tick):
+                return node
         return None
-
-    @staticmethod
-    def _current(entry: tuple[int, int, _Node], *, leaf: bool) -> bool:
-        """Whether a heap entry still names an eviction candidate (it is not stale)."""
-        return entry[0] == entry[2].tick and entry[2].idle(leaf=leaf)

@@ -1,0 +1,112 @@
+"""A pool's prefix cache: what is cached (`PrefixIndex`, by token content) and the memory it holds
+(the allocator's holds on shared pages and its checkpoint units; sharing.py).
+
+- `match(tokens)`: the longest usable cached prefix of a prompt (never all of it).
+- `acquire(request_id, match)` / `release(request_id)`: a request reserved with a match uses its
+  pages (the index will not evict them) until it is released.
+- `take_checkpoint()`, then `cache_request(request_id, tokens, checkpoints)`: cache a request's full
+  pages and the state checkpoints written at page boundaries; the cache holds what the index
+  adopted, the request keeps its pages, and checkpoints not adopted are dropped.
+- `evict(pages, checkpoints)`: give back least-recently-used entries no request uses; a page is
+  freed once no request holds it either. `drop_all()` at the end of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from distpool.memory.band import require
+from distpool.memory.pool import DoesNotFit
+from distpool.memory.prefix_index import Handles, PrefixIndex, PrefixMatch
+from distpool.memory.sharing import SharedPages
+
+
+class PrefixCache:
+    """The prefix cache of one pool, over its allocator (`SharedPages`)."""
+
+    def __init__(self, allocator: SharedPages, page_size: int, *, needs_checkpoint: bool) -> None:
+        self.allocator = allocator
+        self.index = PrefixIndex(page_size, needs_checkpoint=needs_checkpoint)
+        self.needs_checkpoint = needs_checkpoint
+        self.users: dict[str, tuple[int, ...]] = {}  # request id -> the cached pages it acquired
+        self.evicted = (0, 0)  # pages, checkpoints given back by eviction so far
+
+    def match(self, tokens: Sequence[int]) -> PrefixMatch:
+        return self.index.match(tokens)
+
+    def acquire(self, request_id: str, match: PrefixMatch) -> None:
+        if match.pages:
+            self.index.acquire(match)
+            self.users[request_id] = match.pages
+
+    def release(self, request_id: str) -> None:
+        pages = self.users.pop(request_id, None)
+        if pages:
+            self.index.release(pages)
+
+    def insert(
+        self, tokens: Sequence[int], vpages: Sequence[int], checkpoints: dict[int, int] | None
+    ) -> Handles:
+        """Cache the full pages of `tokens` (vpages: the request's virtual page ids) and the
+        checkpoint units in `checkpoints` (depth -> virtual slot id). The caller drops the
+        checkpoint units the index did not adopt (`Handles.checkpoints` lists those it did)."""
+        adopted = self.index.insert(tokens, vpages, checkpoints=checkpoints)
+        self.allocator.hold_pages(adopted.pages)
+        return adopted
+
+    def cache_request(
+        self, request_id: str, tokens: Sequence[int], checkpoints: dict[int, int] | None = None
+    ) -> Handles:
+        """Cache the full pages of live request `request_id`, whose first tokens are `tokens`, and
+        the checkpoint units in `checkpoints` (from `take_checkpoint`); those the index does not
+        adopt (their content is cached already) are dropped."""
+        table = self.allocator.holdings
+        vpages = table.vpages[table.row(request_id)]
+        adopted = self.insert(tokens, vpages, checkpoints)
+        unused = sorted(set((checkpoints or {}).values()) - set(adopted.checkpoints))
+        if unused:
+            self.allocator.drop_checkpoints(unused)
+        return adopted
+
+    def take_checkpoint(self) -> tuple[int, int]:
+        """A new checkpoint unit for the cache: (its handle, its physical slot id to write the state
+        into). An idle checkpoint is evicted to make room if need be; raises DoesNotFit."""
+        try:
+            vid = int(self.allocator.take_checkpoints(1)[0])
+        except DoesNotFit:
+            if not self.evict(0, 1):
+                raise
+            vid = int(self.allocator.take_checkpoints(1)[0])
+        return vid, self.allocator.checkpoint_slot_id(vid)
+
+    def checkpoint_slot(self, handle: int) -> int:
+        """Physical slot id of a cached checkpoint (valid until the next compaction)."""
+        return self.allocator.checkpoint_slot_id(handle)
+
+    def evict(self, pages: int, checkpoints: int = 0) -> int:
+        """Evict at least `pages` pages and `checkpoints` checkpoints if that many are idle;
+        returns how many entries were given back."""
+        handles = self.index.evict(pages, checkpoints)
+        self._give_back(handles)
+        self.evicted = (self.evicted[0] + len(handles.pages), self.evicted[1] + len(handles.checkpoints))
+        return len(handles.pages) + len(handles.checkpoints)
+
+    def drop_all(self) -> None:
+        """Give back everything (no request may still use a cached page)."""
+        self._give_back(self.index.drop_all())
+
+    def _give_back(self, handles: Handles) -> None:
+        self.allocator.drop_pages(handles.pages)
+        if handles.checkpoints:
+            self.allocator.drop_checkpoints(handles.checkpoints)
+
+    def check(self) -> None:
+        self.index.check(require)
+        cached = np.flatnonzero(self.allocator.cached)
+        require(cached.size == self.index.num_pages, "the cache holds exactly the pages it indexes")
+        require(
+            int(np.count_nonzero(self.allocator.checkpoint)) == self.index.num_checkpoints,
+            "the cache owns exactly the checkpoints it indexes",
+        )

@@ -1,0 +1,189 @@
+"""Pages with several holders (prefix caching), and the cache's own units: a part of `Allocator`.
+
+A full page may be held by several requests and by the prefix cache at once: a full page is never
+written again, so sharing needs no copy. `extra_holders[v]` counts the holders of high-band virtual
+id v beyond the first; a page is freed when its last holder lets go. Pages become shared only
+through `reserve_batch(..., prefixes=...)` (a request starts with pages the cache holds) and
+`hold_pages` (the cache adopts a request's pages). Until then `num_shared` is 0 and releasing costs
+what it always did.
+
+The cache also owns low-band units of its own: state checkpoints, one slot-sized copy of the
+recurrent state each (`take_checkpoints` / `drop_checkpoints`), placed like slots.
+
+    request a: [p0 p1 p2 p3]        extra_holders: p0, p1 -> 2 (a, b and the cache)
+    request b: [p0 p1 p7]                          p2 -> 1 (a and the cache)
+    cache:     [p0 p1 p2] + a checkpoint after p1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from distpool.memory.arena import BandGeometry
+from distpool.memory.band import Band, require
+from distpool.memory.frontier import Frontier
+from distpool.memory.placement import Placement
+from distpool.memory.pool import BandUsage, DoesNotFit
+from distpool.memory.requests import RequestTable
+
+
+class SharedPages:
+    """Mixed into `Allocator`, whose bands and request table it reads."""
+
+    low: BandGeometry | None
+    high: BandGeometry | None
+    low_band: Band
+    high_band: Band
+    frontier: Frontier
+    placement: Placement
+    holdings: RequestTable
+
+    def _init_sharing(self) -> None:
+        self.extra_holders = np.zeros(self.high_band.num_positions, dtype=np.int64)
+        self.num_shared = 0  # virtual ids with extra holders
+        self.cached = np.zeros(self.high_band.num_positions, dtype=bool)  # pages the cache holds
+        self.checkpoint = np.zeros(self.low_band.num_positions, dtype=bool)  # low units the cache owns
+
+    # ---- holds on pages ----------------------------------------------------------------------
+    def hold_pages(self, vpages: Sequence[int]) -> None:
+        """The cache takes a hold on live pages (each at most once)."""
+        vids = np.asarray(vpages, dtype=np.int64)
+        if not vids.size:
+            return
+        if not bool((self.high_band.v2p[vids] >= 0).all()) or self.cached[vids].any():
+            raise ValueError("hold_pages: the cache holds only live pages, each once")
+        self.cached[vids] = True
+        self._share(vids)
+
+    def drop_pages(self, vpages: Sequence[int]) -> None:
+        """The cache lets go of pages it holds; a page nobody else holds is freed."""
+        vids = np.asarray(vpages, dtype=np.int64)
+        if not bool(self.cached[vids].all()):
+            raise ValueError("drop_pages: the cache does not hold every one of these pages")
+        self.cached[vids] = False
+        self._let_go(vids)
+
+    def _share(self, vids: np.ndarray) -> None:
+        """One more holder for each of `vids` (duplicates: one per occurrence)."""
+        np.add.at(self.extra_holders, vids, 1)
+        self.num_shared = int(np.count_nonzero(self.extra_holders))
+
+    def _let_go(self, vids: np.ndarray) -> None:
+        """One holder less for each of `vids` (duplicates: one per occurrence); frees the pages
+        whose last holder left."""
+        if not vids.size:
+            return
+        if not self.num_shared:  # nothing is shared: every page has one holder
+            self.high_band.free(vids)
+            return
+        unique, counts = np.unique(vids, return_counts=True)
+        left = self.extra_holders[unique] + 1 - counts  # holders afterwards
+        assert (left >= 0).all(), "a page let go of more often than it was held"
+        self.extra_holders[unique] = np.maximum(left - 1, 0)
+        self.num_shared = int(np.count_nonzero(self.extra_holders))
+        self.high_band.free(unique[left == 0])
+
+    def _prefix_pages(self, prefixes: Sequence[Sequence[int]] | None, counts: list[int]) -> list[list[int]]:
+        """Each reserved request's shared prefix (virtual page ids, token order), checked: pages the
+        cache holds, covering fewer tokens than the request (it computes at least its last one)."""
+        if prefixes is None:
+            return [[] for _ in counts]
+        if len(prefixes) != len(counts):
+            raise ValueError(f"reserve: {len(prefixes)} prefixes for {len(counts)} requests")
+        out = [[int(v) for v in prefix] for prefix in prefixes]
+        page_size = self.page_size  # type: ignore[attr-defined]  # the allocator's
+        for prefix, n in zip(out, counts, strict=True):
+            vids = np.asarray(prefix, dtype=np.int64)
+            if len(prefix) * page_size >= max(n, 1) or (vids.size and not bool(self.cached[vids].all())):
+                raise ValueError(
+                    f"reserve: a prefix of {len(prefix)} pages for {n} tokens: a prefix holds pages the "
+                    "prefix cache holds and covers fewer tokens than the request"
+                )
+        return out
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def take_checkpoints(self, count: int) -> np.ndarray:
+        """`count` low-band units for the cache (placed like slots); raises DoesNotFit."""
+        if not self.frontier.fits(count, 0):
+            raise DoesNotFit("checkpoint", f"no room for {count} checkpoint(s) in the low band")
+        vids = self.low_band.assign(self.placement.low_positions(count))
+        self.checkpoint[vids] = True
+        return vids
+
+    def drop_checkpoints(self, vids: Sequence[int]) -> None:
+        vids = np.asarray(vids, dtype=np.int64)
+        if not bool(self.checkpoint[vids].all()):
+            raise ValueError("drop_checkpoints: not every one of these units is a checkpoint")
+        self.checkpoint[vids] = False
+        self.low_band.free(vids)
+
+    def checkpoint_slot_id(self, vid: int) -> int:
+        """Physical slot id of checkpoint `vid` (valid until the next compaction)."""
+        if not self.checkpoint[vid]:
+            raise ValueError(f"{vid} is not a checkpoint")
+        return int(self.low_band.v2p[vid])
+
+    # ---- planning and accounting -------------------------------------------------------------
+    def _page_groups(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
+        """Physical pages per holder for compaction plans, each page in one group only: each
+        request's pages not listed yet (token order), then the pages only the cache holds, one
+        group per physically contiguous stretch. Returns (groups, growth room per group)."""
+        table = self.holdings
+        groups, rooms, seen = [], [], np.zeros(self.high_band.num_positions, dtype=bool)
+        for r in rows.tolist():
+            vids = np.array(table.vpages[r], dtype=np.int64)
+            if self.num_shared:
+                vids = vids[~seen[vids]]
+                seen[vids] = True
+            groups.append(self.high_band.physical(vids))
+            rooms.append(int(table.room[r]))
+        alone = np.flatnonzero(self.cached & ~seen & (self.high_band.v2p >= 0)) if self.cached.any() else []
+        if len(alone):
+            physical = np.sort(self.high_band.physical(alone))
+            for stretch in np.split(physical, np.flatnonzero(np.diff(physical) != 1) + 1):
+                groups.append(stretch)
+                rooms.append(0)
+        return groups, rooms
+
+    def usage(self) -> dict[str, BandUsage]:
+        """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned and
+        cached (held by the prefix cache alone). A shared page counts once."""
+        pinned = self.holdings.held_ids(np.array(self.holdings.pinned_rows(), dtype=np.int64))
+        cached = self._cached_only()
+        out: dict[str, BandUsage] = {}
+        for i, geometry, band in ((1, self.high, self.high_band), (0, self.low, self.low_band)):
+            if geometry is not None:
+                out[geometry.name] = BandUsage(
+                    capacity=band.num_positions,
+                    free=band.num_positions - band.num_owned,
+                    held=band.num_owned,
+                    pinned=int(np.unique(pinned[i]).size),
+                    cached=cached[i],
+                )
+        return out
+
+    def _cached_only(self) -> tuple[int, int]:
+        """(low units, pages) that only the cache holds: reclaimable by eviction."""
+        pages = int(np.count_nonzero(self.cached & (self.extra_holders == 0)))
+        return int(np.count_nonzero(self.checkpoint)), pages
+
+    def _check_sharing(self) -> None:
+        table = self.holdings
+        low_ids, high_ids = table.held_ids(table.live_rows())
+        holders = np.bincount(high_ids, minlength=self.high_band.num_positions)
+        holders += self.cached
+        owned = self.high_band.v2p >= 0
+        require(
+            bool((holders[owned] == self.extra_holders[owned] + 1).all()), "each page's holders are counted"
+        )
+        require(
+            not bool(holders[~owned].any()) and not self.extra_holders[~owned].any(), "no free page is held"
+        )
+        require(self.num_shared == int(np.count_nonzero(self.extra_holders)), "the shared-page count matches")
+        checkpoints = np.flatnonzero(self.checkpoint)
+        require(np.unique(low_ids).size == low_ids.size, "no low unit is held by two requests")
+        require(not np.isin(low_ids, checkpoints).any(), "no checkpoint is a request's unit")
+        require(low_ids.size + checkpoints.size == self.low_band.num_owned, "every low unit has its holder")
+        require(bool((self.low_band.v2p[checkpoints] >= 0).all()), "every checkpoint is live")
