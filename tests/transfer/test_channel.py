@@ -107,10 +107,13 @@ def test_a_peer_that_never_shows_up_fails_connect_within_the_timeout(rank):
 
 
 def test_rebuild_makes_a_new_generation_and_leaves_other_channels_alone():
-    port_a, port_b = free_port(), free_port()
+    port_a = free_port()
     a0, a1 = make_channel(0, port_a, name="a"), make_channel(1, port_a, name="a")
-    b0, b1 = make_channel(0, port_b, name="b"), make_channel(1, port_b, name="b")
     assert connect_both(a0, a1) == (None, None)
+    # b's port is picked only now: a's connections take ephemeral ports, and one of them could be
+    # a port picked before (its store then fails to bind: "address already in use").
+    port_b = free_port()
+    b0, b1 = make_channel(0, port_b, name="b"), make_channel(1, port_b, name="b")
     assert connect_both(b0, b1) == (None, None)
     a0.mark_broken("test: pretend the link failed")
     assert not a0.healthy and b0.healthy
