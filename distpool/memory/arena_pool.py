@@ -120,6 +120,10 @@ class ArenaPool:
 
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
+        try:  # a decode step: nearly always fits as things are
+            return self.allocator.extend_batch(requests)
+        except DoesNotFit:
+            pass  # nothing was taken: the path that compacts and evicts tries again
         grow = lambda batch, whole=False: self.allocator.extend_batch(batch)  # noqa: E731
         self._evicting_if(lambda: self._compacting_if(compact, grow, requests), requests, 0)
 

@@ -95,6 +95,9 @@ class Placement:
             else NO_POSITIONS
         )
         runs.finish_batch()
+        if total == counts.size:  # one page each (a decode step): the same rule, without the bookkeeping
+            after[moving] = extent[::-1]
+            return after
         # Request i takes its in-place pages after[i] ... then its share of the extent; the first
         # request takes the extent's highest share, as pages are handed out highest first. Output
         # slot j belongs to request owner[j], the offset[j]-th of its new pages (vectorized).

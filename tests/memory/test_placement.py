@@ -58,6 +58,16 @@ def test_blocked_growth_shares_one_extent_and_the_first_request_gets_its_top():
     pool.check_invariants()
 
 
+def test_a_decode_step_of_one_page_each_grows_in_place_where_it_can_and_shares_one_extent():
+    pool = make_placed_pool()
+    pool.reserve_batch([("a", 4), ("b", 4), ("c", 4), ("d", 4)])  # a 14, b 13, c 12, d 11
+    pool.release("b")  # 13 is free: a cannot grow in place (15 is past the band), c can
+    pool.extend_batch([(r, 1) for r in "acd"])  # one page each
+    # c takes 13 in place; a and d share one extent at the gap's top (9, 10), a its top.
+    assert [pool.page_ids(r).tolist() for r in "acd"] == [[14, 10], [12, 13], [11, 9]]
+    pool.check_invariants()
+
+
 def test_a_decode_step_without_a_page_boundary_touches_no_band(monkeypatch):
     pool = make_placed_pool()
     pool.reserve_batch([(f"r{i}", 4 * i + 1) for i in range(3)])
