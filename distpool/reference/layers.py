@@ -153,15 +153,22 @@ class Mamba2Layer:
     def ssm_state_shape(self) -> tuple[int, int, int]:
         return (self.num_heads, self.head_dim, self.state_size)
 
-    def forward_sequence(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (T, hidden) from zero state -> out (T, hidden), final conv state, final ssm state."""
+    def forward_sequence(
+        self, x: torch.Tensor, conv_state: torch.Tensor | None = None, ssm_state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (T, hidden) of one request from its state before them (conv (conv_dim, kernel - 1), ssm
+        (heads, head_dim, state); None: zero state) -> out (T, hidden), final conv state, final ssm
+        state. Running a sequence in chunks, each from the state the last one returned, gives the same
+        numbers as running it whole."""
         z, xbc, dt = self._project(x)
-        pad = torch.zeros(self.conv_kernel - 1, self.conv_dim, dtype=xbc.dtype, device=xbc.device)
-        padded = torch.cat([pad, xbc])  # (T + kernel - 1, conv_dim)
+        if conv_state is None:
+            conv_state = torch.zeros(self.conv_dim, self.conv_kernel - 1, dtype=xbc.dtype, device=xbc.device)
+        if ssm_state is None:
+            ssm_state = torch.zeros(*self.ssm_state_shape, dtype=x.dtype, device=x.device)
+        padded = torch.cat([conv_state.T, xbc])  # (T + kernel - 1, conv_dim)
         activated = self._convolve(padded.unfold(0, self.conv_kernel, 1))  # windows (T, conv_dim, kernel)
-        zero_state = torch.zeros(1, *self.ssm_state_shape, dtype=x.dtype, device=x.device)
-        y, ssm_state = self._scan(zero_state, activated, dt, sequential=True)
-        conv_state = padded[x.shape[0] :].T  # last kernel - 1 inputs, zero padded for short prompts
+        y, ssm_state = self._scan(ssm_state[None], activated, dt, sequential=True)
+        conv_state = padded[x.shape[0] :].T  # last kernel - 1 inputs (older state ones for short chunks)
         return self._output(y, z), conv_state, ssm_state[0]
 
     def forward_step(

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from distpool.model.spec import HYBRID_MAMBA, ModelSpec
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model.spec import ModelSpec
 from distpool.reference.layers import (
     COMPUTE_DTYPE,
     AttentionLayer,
@@ -25,55 +24,15 @@ from distpool.reference.layers import (
     build_layers,
     rms_norm,
 )
+from distpool.reference.past import Pair, Past
 from distpool.reference.pool_model import Mismatch, PoolModel
+from distpool.reference.prefill_job import PrefillJob, plan_prefill
+from distpool.reference.support import unsupported_reason
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
 _LOGIT_STD = 4.0  # wide logits keep greedy argmax far from ties between equivalent computations
-MAX_PARAMS = 64_000_000
-
-
-def approx_params(spec: ModelSpec) -> int:
-    """Embeddings, head, and ~12 h^2 per layer: enough to tell a toy from a real checkpoint."""
-    return 2 * spec.vocab_size * spec.hidden_size + 12 * spec.num_layers * spec.hidden_size**2
-
-
-def unsupported_reason(spec: ModelSpec) -> str | None:
-    """Why the reference model cannot run `spec` (with the fix), or None when it can. From the spec alone."""
-    name = ", ".join(spec.architectures) or spec.model_type or spec.source
-    if (
-        spec.kind != HYBRID_MAMBA
-        or spec.mamba is None
-        or spec.mamba.family != "mamba2"
-        or (spec.sliding_window_layers or set(spec.full_attention_layers) & set(spec.mamba_layers))
-    ):
-        return (
-            f"the reference model runs hybrid Mamba2 models only (attention and Mamba2 in separate layers); "
-            f"{spec.source} ({name}) is {spec.kind}"
-            + (f" with {spec.mamba.family} state" if spec.mamba is not None else "")
-            + f". Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config"
-        )
-    attention = spec.full_attention
-    assert attention is not None
-    dims = {
-        "hidden_size": spec.hidden_size,
-        "vocab_size": spec.vocab_size,
-        "num_attention_heads": spec.num_attention_heads,
-        "intermediate_size": spec.intermediate_size,
-    }
-    if missing := [k for k, v in dims.items() if v <= 0]:
-        return f"{spec.source} does not state {', '.join(missing)}, which the reference model needs"
-    if spec.num_attention_heads % attention.num_kv_heads or attention.v_head_dim != attention.head_dim:
-        return f"{spec.source}: attention heads must group over KV heads, with V as wide as K"
-    if approx_params(spec) > MAX_PARAMS:
-        return (
-            f"{spec.source} describes a model of about {approx_params(spec) / 1e6:.0f} M parameters; the "
-            "reference model builds random weights for small configs only "
-            f"(at most {MAX_PARAMS / 1e6:.0f} M). "
-            f"Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / layers"
-        )
-    return None
 
 
 class ReferenceModel(PoolModel):
@@ -114,32 +73,64 @@ class ReferenceModel(PoolModel):
             raise ValueError(f"{what} has token ids outside [0, {self.vocab_size}): {list(tokens)}")
 
     def _forward_sequence(
-        self, tokens: Sequence[int]
-    ) -> tuple[
-        torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]], dict[int, tuple[torch.Tensor, ...]]
-    ]:
-        """The whole sequence from empty cache -> last-token logits (vocab,), K/V per attention
-        layer ((T, kv_heads, head_dim) each), final (conv, ssm) state per Mamba layer."""
+        self, tokens: Sequence[int], past: Past | None = None
+    ) -> tuple[torch.Tensor, dict[int, Pair], dict[int, Pair]]:
+        """Tokens after `past` (None: from empty cache) -> last-token logits (vocab,), the tokens' own
+        K/V per attention layer ((T, kv_heads, head_dim) each), final (conv, ssm) per Mamba layer."""
         if len(tokens) == 0:
             raise ValueError("a prompt needs at least one token")
         self._check_tokens(tokens, "prompt")
+        past = past if past is not None else Past()
         x = self.embedding[torch.tensor(list(tokens), device=self.device)]  # (T, hidden)
-        kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        states: dict[int, tuple[torch.Tensor, ...]] = {}
-        causal = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=self.device).tril()
+        kv: dict[int, Pair] = {}
+        states: dict[int, Pair] = {}
+        # (T, past + T): token t sees every past token and the new ones up to itself
+        causal = torch.ones(len(tokens), past.num_tokens + len(tokens), dtype=torch.bool, device=self.device)
+        causal = causal.tril(diagonal=past.num_tokens)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, 1.0, self.eps)
             if isinstance(layer, AttentionLayer):
                 q, k, v = layer.qkv(h)
                 kv[i] = (k, v)
+                if i in past.kv:
+                    k, v = torch.cat([past.kv[i][0], k]), torch.cat([past.kv[i][1], v])
                 out = layer.attend(q[None], k[None], v[None], causal[None])[0]
             elif isinstance(layer, Mamba2Layer):
-                out, conv_state, ssm_state = layer.forward_sequence(h)
+                out, conv_state, ssm_state = layer.forward_sequence(h, *past.states.get(i, (None, None)))
                 states[i] = (conv_state, ssm_state)
             else:
                 out = layer(h)
             x = x + out
         return self._logits(x[-1]), kv, states
+
+    def _past(self, pool: Pool, job: PrefillJob) -> Past | None:
+        """What the job's suffix starts from, read from the pool: None without a cached prefix."""
+        if not job.cached:
+            return None
+        assert job.checkpoint_slot is not None  # plan_prefill insists on one for a Mamba model
+        return Past.read(
+            pool,
+            job.request_id,
+            job.cached,
+            job.checkpoint_slot,
+            attention_layers=self.spec.full_attention_layers,
+            mamba_layers=self.spec.mamba_layers,
+            device=self.device,
+        )
+
+    def _compute(
+        self, job: PrefillJob, past: Past | None
+    ) -> tuple[torch.Tensor, dict[int, Pair], dict[int, Pair], dict[int, Pair] | None]:
+        """The job's suffix from `past`, in two chunks split at its snapshot if it has one ->
+        (last-token logits, the suffix's K/V, the final state, the state at the snapshot or None)."""
+        stop = len(job.prompt) if job.snapshot is None else job.snapshot[0]
+        logits, kv, states = self._forward_sequence(job.prompt[job.cached : stop], past)
+        snapshot = None if job.snapshot is None else states
+        if stop < len(job.prompt):
+            past = (past or Past()).then(stop - job.cached, kv, states)
+            logits, rest, states = self._forward_sequence(job.prompt[stop:], past)
+            kv = {i: (torch.cat([k, rest[i][0]]), torch.cat([v, rest[i][1]])) for i, (k, v) in kv.items()}
+        return logits, kv, states, snapshot
 
     def generate_nocache(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
         """The oracle: full recompute from zero state for every new token, no cache at all."""
@@ -150,36 +141,59 @@ class ReferenceModel(PoolModel):
         return tokens[len(prompt) :]
 
     # ---- cached passes through a pool ---------------------------------------------------------
-    def prefill(self, pool: Pool, request_ids: Sequence[str], prompts: Sequence[Sequence[int]]) -> list[int]:
-        """Run each prompt, write its K/V into its pages and its final state into its slot.
-
-        Each request must already be reserved with exactly `len(prompt)` tokens. Returns the first
-        generated token per request (greedy).
+    def prefill(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        prompts: Sequence[Sequence[int]],
+        *,
+        cached: Sequence[int] | None = None,
+        checkpoints: Sequence[int | None] | None = None,
+        snapshots: Sequence[tuple[int, int] | None] | None = None,
+    ) -> list[int]:
+        """Run each prompt after its cached prefix (its pages' K/V and its checkpoint's state, read
+        from the pool), write the suffix's K/V rows into its pages, its final state into its slot and
+        any snapshot's state into the snapshot slot (see `PoolModel.prefill`); the first generated
+        token per request (greedy). Each request must be reserved with exactly `len(prompt)` tokens.
         """
-        if len(request_ids) != len(prompts):
-            raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+        num_slots = pool.state_view(self.spec.mamba_layers[0])[0].shape[0]
+        jobs = plan_prefill(
+            pool,
+            request_ids,
+            prompts,
+            cached=cached,
+            checkpoints=checkpoints,
+            snapshots=snapshots,
+            num_slots=num_slots,
+        )
+        for job in jobs:
+            self._check_tokens(job.prompt, "prompt")
         firsts: list[int] = []
         rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (page ids, rows within page) per request
-        slots: list[int] = []
-        kv_parts: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        state_parts: dict[int, list[tuple[torch.Tensor, ...]]] = {}
-        for request_id, prompt in zip(request_ids, prompts, strict=True):
-            if pool.num_tokens(request_id) != len(prompt):
-                raise ValueError(
-                    f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-                    f"prompt has {len(prompt)}. Fix: reserve it with len(prompt) tokens before prefill"
-                )
-            logits, kv, states = self._forward_sequence(prompt)
+        slots: list[int] = []  # each request's own slot, then each snapshot's
+        kv_parts: dict[int, list[Pair]] = {}
+        state_parts: dict[int, list[Pair]] = {}  # per layer, in the order of `slots`
+        taken: list[tuple[int, dict[int, Pair]]] = []  # (snapshot slot, state)
+        for job in jobs:
+            logits, kv, states, snapshot = self._compute(job, self._past(pool, job))
             firsts.append(int(logits.argmax()))
-            positions = torch.arange(len(prompt))
+            positions = torch.arange(job.cached, len(job.prompt))  # never a cached (shared) page's rows
             rows.append(
-                (pool.page_ids(request_id).cpu()[positions // pool.page_size], positions % pool.page_size)
+                (pool.page_ids(job.request_id).cpu()[positions // pool.page_size], positions % pool.page_size)
             )
-            slots.append(pool.slot_id(request_id))
+            slots.append(pool.slot_id(job.request_id))
             for layer, pair in kv.items():
                 kv_parts.setdefault(layer, []).append(pair)
             for layer, state in states.items():
                 state_parts.setdefault(layer, []).append(state)
+            if job.snapshot is not None:
+                assert snapshot is not None
+                taken.append((job.snapshot[1], snapshot))
+        for slot, snapshot in taken:
+            slots.append(slot)
+            for layer, state in snapshot.items():
+                state_parts[layer].append(state)
+        self.last_prefill_computed = tuple(job.num_computed for job in jobs)
         if not firsts:
             return firsts
         # One indexed write per layer and tensor for the whole batch.

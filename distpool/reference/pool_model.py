@@ -34,10 +34,34 @@ class PoolModel(ABC):
 
     name: str  # "reference" | "synthetic"
     verifies: bool  # whether admit / check look at the bytes at all
+    # Tokens each request of the last `prefill` call computed (len(prompt) - cached), in batch order.
+    last_prefill_computed: tuple[int, ...] = ()
 
     @abstractmethod
-    def prefill(self, pool: Pool, request_ids: Sequence[str], prompts: Sequence[Sequence[int]]) -> list[int]:
-        """Fill each request's envelope (reserved with exactly len(prompt) tokens); the first tokens."""
+    def prefill(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        prompts: Sequence[Sequence[int]],
+        *,
+        cached: Sequence[int] | None = None,
+        checkpoints: Sequence[int | None] | None = None,
+        snapshots: Sequence[tuple[int, int] | None] | None = None,
+    ) -> list[int]:
+        """Fill each request's envelope (reserved with exactly len(prompt) tokens); the first tokens.
+
+        Prefix caching (prefill_job.py pictures who owns which token range), one entry per request:
+        - `cached[i]` (default 0): the first cached[i] tokens are in the request's pages already (the
+          shared pages of the match it was reserved with; a multiple of page_size, < len(prompt)).
+          Only tokens cached[i]..len(prompt)-1 are computed and only their K/V rows are written.
+        - `checkpoints[i]`: physical slot id of the state after cached[i] tokens
+          (`pool.prefix_cache.checkpoint_slot(match.checkpoint)`), needed when cached[i] > 0 and the
+          model has Mamba layers. It is read, never written; the final state goes to the own slot.
+        - `snapshots[i]`: (page depth k, physical slot id from `take_checkpoint`): also write the
+          state after k * page_size tokens there, cached[i] < k * page_size <= len(prompt).
+        Models without Mamba layers ignore checkpoints and snapshots. Misuse raises ValueError
+        before anything is written. `last_prefill_computed` tells what was computed.
+        """
 
     @abstractmethod
     def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:

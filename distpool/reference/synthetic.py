@@ -24,6 +24,7 @@ import torch
 
 from distpool.model.spec import ModelSpec
 from distpool.reference.pool_model import Mismatch, PoolModel
+from distpool.reference.prefill_job import plan_prefill
 from distpool.reference.synthetic_envelope import EnvelopePattern
 from distpool.reference.synthetic_pattern import next_hash, prefix_hashes, token_after
 
@@ -31,6 +32,21 @@ if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
 DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint that does not hold the state after the cached prefix it stands for: prefill
+    refused to start from it (nothing was written)."""
+
+    def __init__(self, request_id: str, slot: int, num_tokens: int, mismatch: Mismatch) -> None:
+        super().__init__(
+            f"request {request_id!r}: checkpoint slot {slot} does not hold the state after its {num_tokens} "
+            f"cached tokens ({mismatch}). Fix: evict that checkpoint and prefill without the cached prefix"
+        )
+        self.request_id, self.slot, self.num_tokens, self.mismatch = request_id, slot, num_tokens, mismatch
+
+    def __reduce__(self):  # crosses Ray's process boundary as itself
+        return type(self), (self.request_id, self.slot, self.num_tokens, self.mismatch)
 
 
 @dataclass
@@ -62,34 +78,67 @@ class SyntheticCache(PoolModel):
         self._records: dict[str, _Record] = {}
 
     # ---- the calling surface -------------------------------------------------------------------
-    def prefill(self, pool: Pool, request_ids: Sequence[str], prompts: Sequence[Sequence[int]]) -> list[int]:
-        """Write every KV row and the whole state of each request; register it for decode steps.
+    def prefill(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        prompts: Sequence[Sequence[int]],
+        *,
+        cached: Sequence[int] | None = None,
+        checkpoints: Sequence[int | None] | None = None,
+        snapshots: Sequence[tuple[int, int] | None] | None = None,
+    ) -> list[int]:
+        """Write the KV rows after each request's cached prefix, its whole state and any snapshot's
+        state (see `PoolModel.prefill`); register it for decode steps; the first tokens.
 
-        Each request must already be reserved with exactly `len(prompt)` tokens. Returns first tokens.
+        Each request must already be reserved with exactly `len(prompt)` tokens. A checkpoint is
+        verified byte for byte before anything is written (`CorruptCheckpoint` otherwise). Sliding-
+        window rows are rewritten whole: the window's pages are the request's own, never shared.
         """
-        if len(request_ids) != len(prompts):
-            raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
-        self._check_batch(request_ids)
-        if not request_ids:
-            return []
-        for request_id, prompt in zip(request_ids, prompts, strict=True):
-            self._check_prompt(pool, request_id, prompt)
-        hashes = [prefix_hashes(prompt) for prompt in prompts]  # H_0..H_n per request
+        mamba_layers = self.spec.mamba_layers
+        num_slots = pool.state_view(mamba_layers[0])[0].shape[0] if mamba_layers else None
+        jobs = plan_prefill(
+            pool,
+            request_ids,
+            prompts,
+            cached=cached,
+            checkpoints=checkpoints,
+            snapshots=snapshots,
+            num_slots=num_slots,
+        )
+        for job in jobs:
+            self._check_prompt(pool, job.request_id, job.prompt)
+        hashes = [prefix_hashes(job.prompt) for job in jobs]  # H_0..H_n per request
+        for job, prefix in zip(jobs, hashes, strict=True):
+            slot = job.checkpoint_slot
+            if slot is not None:  # it must hold the state after `cached` tokens, as a prefill writes it
+                mismatch = self.pattern.verify_state(pool, slot, prefix, job.cached, job.cached)
+                if mismatch is not None:
+                    raise CorruptCheckpoint(job.request_id, slot, job.cached, mismatch)
         records = [
-            self._new_record(prompt, int(prefix[-1])) for prompt, prefix in zip(prompts, hashes, strict=True)
+            self._new_record(job.prompt, int(prefix[-1])) for job, prefix in zip(jobs, hashes, strict=True)
         ]
         for kind in self.pattern.kv_kinds():
             pages, rows, row_hashes = [], [], []
-            for request_id, prompt, prefix in zip(request_ids, prompts, hashes, strict=True):
-                positions = self.pattern.held_positions(pool, request_id, kind, len(prompt))
-                page, row = self.pattern.places(pool, request_id, kind, positions)
+            for job, prefix in zip(jobs, hashes, strict=True):
+                positions = self.pattern.held_positions(pool, job.request_id, kind, len(job.prompt))
+                if kind == "kv":
+                    positions = positions[positions >= job.cached]  # cached rows: shared pages, read only
+                page, row = self.pattern.places(pool, job.request_id, kind, positions)
                 pages.append(page)
                 rows.append(row)
                 row_hashes.append(prefix[positions + 1])
-            self.pattern.write_kv(pool, kind, torch.cat(pages), torch.cat(rows), np.concatenate(row_hashes))
-        for request_id, record in zip(request_ids, records, strict=True):
-            self.pattern.write_state(pool, request_id, record.last_hash, stripe=None)
-            self._records[request_id] = record
+            if pages:
+                self.pattern.write_kv(
+                    pool, kind, torch.cat(pages), torch.cat(rows), np.concatenate(row_hashes)
+                )
+        for job, record, prefix in zip(jobs, records, hashes, strict=True):
+            self.pattern.write_state(pool, pool.slot_id(job.request_id), record.last_hash, stripe=None)
+            if job.snapshot is not None:  # a state is a pure function of its prefix: no replay needed
+                num_tokens, slot = job.snapshot
+                self.pattern.write_state(pool, slot, int(prefix[num_tokens]), stripe=None)
+            self._records[job.request_id] = record
+        self.last_prefill_computed = tuple(job.num_computed for job in jobs)
         return [record.next_token for record in records]
 
     def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
@@ -133,7 +182,7 @@ class SyntheticCache(PoolModel):
             record.tokens.append(int(token))
             record.last_hash = new_hash
             record.next_token = token_after(self.seed, new_hash, self.vocab_size)
-            self.pattern.write_state(pool, request_id, new_hash, stripe=len(record.tokens))
+            self.pattern.write_state(pool, pool.slot_id(request_id), new_hash, stripe=len(record.tokens))
         return [record.next_token for record in records]
 
     def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:

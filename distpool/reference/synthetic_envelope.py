@@ -157,10 +157,9 @@ class EnvelopePattern:
         mixed = row_hashes(key, np.array([prefix_hash], dtype=np.uint64))
         return spread(mixed, dtype, start, stop - start, self.device)[0]
 
-    def write_state(self, pool: Pool, request_id: str, prefix_hash: int, *, stripe: int | None) -> None:
-        """Write `prefix_hash`'s pattern over the whole slot (`stripe` None), or over stripe
-        (`stripe` mod the tensor's stripe count) of each state tensor. No-op without state."""
-        slot = pool.slot_id(request_id)
+    def write_state(self, pool: Pool, slot: int | None, prefix_hash: int, *, stripe: int | None) -> None:
+        """Write `prefix_hash`'s pattern over the whole of physical slot `slot` (`stripe` None), or over
+        stripe (`stripe` mod the tensor's stripe count) of each state tensor. No-op without state."""
         for _, _, words, key, base in self._states(pool):
             bounds = stripe_bounds(base.numel())
             start, stop = (0, base.numel()) if stripe is None else bounds[stripe % len(bounds)]
@@ -168,10 +167,12 @@ class EnvelopePattern:
                 pattern = self._pattern(key, prefix_hash, words.dtype, start, stop)
                 torch.bitwise_xor(base[start:stop], pattern, out=words[slot, start:stop])
 
-    def _verify_state(
-        self, pool: Pool, request_id: str, hashes: np.ndarray, prompt_len: int, num_tokens: int
+    def verify_state(
+        self, pool: Pool, slot: int | None, hashes: np.ndarray, prompt_len: int, num_tokens: int
     ) -> Mismatch | None:
-        slot = pool.slot_id(request_id)
+        """The first wrong byte of physical slot `slot`, written by a prefill of `prompt_len` tokens
+        then decode steps up to `num_tokens` (`hashes`: H_0..H_num_tokens at least); a checkpoint
+        after k tokens is a prefill of k: prompt_len = num_tokens = k."""
         for layer, name, words, key, base in self._states(pool):
             bounds = stripe_bounds(base.numel())
             expected = torch.empty_like(base)
@@ -189,7 +190,7 @@ class EnvelopePattern:
         """The first wrong byte of the envelope of a request whose first `len(tokens)` positions hold
         `tokens`, prefilled with `prompt_len` of them: state first, then KV by kind and layer."""
         hashes = prefix_hashes(tokens)
-        mismatch = self._verify_state(pool, request_id, hashes, prompt_len, len(tokens))
+        mismatch = self.verify_state(pool, pool.slot_id(request_id), hashes, prompt_len, len(tokens))
         for kind in self.kv_kinds():
             if mismatch is None:
                 mismatch = self._verify_kv(pool, request_id, kind, hashes, len(tokens))
