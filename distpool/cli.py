@@ -58,6 +58,12 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssm-dtype", default=None, help="override the SSM state dtype (e.g. fp32)")
     parser.add_argument("--mamba-state-ratio", type=float, default=defaults.mamba_state_ratio)
     parser.add_argument("--swa-full-tokens-ratio", type=float, default=defaults.swa_full_tokens_ratio)
+    parser.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.prefix_cache,
+        help="reuse cached prompt prefixes at prefill (pages by content, state checkpoints)",
+    )
 
 
 def pool_args_from(ns: argparse.Namespace, disaggregation_mode: str | None) -> PoolArgs:
@@ -71,6 +77,7 @@ def pool_args_from(ns: argparse.Namespace, disaggregation_mode: str | None) -> P
         ssm_dtype=ns.ssm_dtype,
         mamba_state_ratio=ns.mamba_state_ratio,
         swa_full_tokens_ratio=ns.swa_full_tokens_ratio,
+        prefix_cache=ns.prefix_cache,
     )
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 
 from distpool.memory.pool import DoesNotFit
+from distpool.memory.prefix_index import PrefixMatch
 from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
+NO_SNAPSHOT = (0, -1, -1)  # (depth, slot, checkpoint handle) of a prefill that takes no checkpoint
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
 
@@ -42,28 +44,49 @@ class PrefillWorker(WorkerBase):
         out: dict[str, dict] = {}
         admitted: list[tuple[str, list[int], str, str | None]] = []
         runs: dict[str, int] = {}
+        cache = self.pool.prefix_cache
+        matches: dict[str, PrefixMatch] = {}
         with self._lock:
             for rid, prompt, peer, fault in batch:
                 if rid in self._held:
                     out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
                     continue
+                match = cache.match(prompt) if cache is not None else None
                 try:
-                    self.pool.reserve(rid, len(prompt), compact=True)
+                    self.pool.reserve(rid, len(prompt), compact=True, prefix=match)
                 except DoesNotFit as exc:
                     out[rid] = {"outcome": BUSY, "reason": exc.reason}
                     continue
                 self._held[rid] = peer
                 admitted.append((rid, prompt, peer, fault))
+                if match is not None:
+                    matches[rid] = match
             self._note_peak()
             if not admitted:
                 return out
             rids = [rid for rid, *_ in admitted]
+            prompts = [prompt for _, prompt, _, _ in admitted]
+            snapshots = self._snapshots(rids, prompts, matches)
             try:
-                first_tokens = self.model.prefill(self.pool, rids, [prompt for _, prompt, _, _ in admitted])
+                first_tokens = self.model.prefill(
+                    self.pool,
+                    rids,
+                    prompts,
+                    cached=[matches[rid].num_tokens if rid in matches else 0 for rid in rids],
+                    checkpoints=[self._checkpoint_slot(matches.get(rid)) for rid in rids],
+                    snapshots=[
+                        (depth, slot) if (depth, slot, _) != NO_SNAPSHOT else None
+                        for depth, slot, _ in snapshots
+                    ],
+                )
             except BaseException:
+                if cache is not None:
+                    cache.discard_checkpoints([handle for _, _, handle in snapshots if handle >= 0])
                 for rid in rids:
                     self._free(self._held, rid)
                 raise
+            computed = dict(zip(rids, self.model.last_prefill_computed, strict=True))
+            self._cache_prompts(rids, prompts, snapshots)
             outgoing = []
             for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
                 try:
@@ -95,6 +118,7 @@ class PrefillWorker(WorkerBase):
                     "bytes": transfer.num_bytes,
                     "seconds": transfer.active_s,
                     "runs": runs[rid],
+                    "computed_tokens": computed[rid],  # the prompt's tokens after its cached prefix
                 }
             except TransferError as exc:
                 self.metrics.add_failure(exc.reason)
@@ -102,6 +126,41 @@ class PrefillWorker(WorkerBase):
             finally:
                 self._free(self._held, rid, pinned=True)
         return out
+
+    def _snapshots(
+        self, rids: list[str], prompts: list[list[int]], matches: dict[str, PrefixMatch]
+    ) -> list[tuple[int, int, int]]:
+        """Per request, where its prefill writes a state checkpoint for the prefix cache: (depth,
+        physical slot, checkpoint handle) at its last full page boundary past its cached prefix,
+        or NO_SNAPSHOT (no cache, no recurrent state, no new boundary, or no room for one)."""
+        cache = self.pool.prefix_cache
+        out = []
+        for rid, prompt in zip(rids, prompts, strict=True):
+            depth = len(prompt) // self.pool.page_size
+            cached = len(matches[rid].pages) if rid in matches else 0
+            if cache is None or not cache.needs_checkpoint or depth <= cached:
+                out.append(NO_SNAPSHOT)
+                continue
+            try:
+                handle, slot = cache.take_checkpoint()
+            except DoesNotFit:
+                out.append(NO_SNAPSHOT)
+                continue
+            out.append((depth, slot, handle))
+        return out
+
+    def _checkpoint_slot(self, match: PrefixMatch | None) -> int | None:
+        if match is None or match.checkpoint is None or self.pool.prefix_cache is None:
+            return None
+        return self.pool.prefix_cache.checkpoint_slot(match.checkpoint)
+
+    def _cache_prompts(self, rids: list[str], prompts: list[list[int]], snapshots: list) -> None:
+        """Offer each prompt's full pages (and its new checkpoint) to the prefix cache."""
+        cache = self.pool.prefix_cache
+        if cache is None:
+            return
+        for rid, prompt, (depth, _, handle) in zip(rids, prompts, snapshots, strict=True):
+            cache.cache_request(rid, prompt, {depth: handle} if handle >= 0 else None)
 
     def stats(self) -> dict:
         with self._lock:

@@ -8,7 +8,8 @@ One class serves both modes, so the rest of the system and the benchmarks swap o
 Dense models have only the high band; attention-free models only the low band.
 
 Compaction happens only when a caller allows it (`compact=True`, or `compact()`): a reserve that
-would fit after compaction otherwise raises `NeedsCompaction` (a `DoesNotFit`).
+would fit after compaction otherwise raises `NeedsCompaction` (a `DoesNotFit`). With a prefix cache
+(prefix_cache.py), idle cached entries are evicted before a request is refused.
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ class ArenaPool:
         )
         self._compactions = (0, 0, 0.0)  # count, bytes moved, seconds
         # Full pages by token content, and (hybrid Mamba) state checkpoints: prefix_cache.py.
+        # Not for sliding-window models: their window pages are each request's own to compute.
+        cacheable = prefix_cache and self.arena.high is not None and not self.allocator.has_swa
+        mamba = self.allocator.has_slot
         self.prefix_cache = (
-            PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=self.allocator.has_slot)
-            if prefix_cache and self.arena.high is not None
-            else None
+            PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=mamba) if cacheable else None
         )
 
     @property
@@ -70,8 +72,7 @@ class ArenaPool:
         return self.allocator.pages_for(num_tokens)
 
     def can_reserve(self, num_tokens: int, *, compact: bool = False) -> bool:
-        """Whether a request of `num_tokens` fits now (or, with `compact`, after a compaction).
-        Compaction is planned only when the request does not fit as things are."""
+        """Whether a request of `num_tokens` fits now (or, with `compact`, after a compaction)."""
         if self.allocator.can_reserve(num_tokens):
             return True
         return compact and self.allocator.can_reserve(num_tokens, after_compaction=True)
@@ -87,7 +88,7 @@ class ArenaPool:
     ) -> None:
         """Reserve a slot and the pages for `num_tokens`; raises DoesNotFit (holding nothing).
         `final_tokens`: the length the request expects to reach (a placement hint, nothing held).
-        `prefix`: a `match_prefix` answer: the request's first pages are those cached pages."""
+        `prefix`: a `prefix_cache.match` answer: the request's first pages are those cached pages."""
         finals = None if final_tokens is None else [final_tokens]
         prefixes = None if prefix is None else [prefix]
         self.reserve_batch(
@@ -102,8 +103,7 @@ class ArenaPool:
         final_tokens: Sequence[int] | None = None,
         prefixes: Sequence[PrefixMatch] | None = None,
     ) -> None:
-        """Reserve every (request_id, num_tokens), all or nothing; `final_tokens` and `prefixes` as
-        in `reserve`. Idle cached prefixes are evicted before anything is refused."""
+        """Reserve every (request_id, num_tokens), all or nothing; the rest as in `reserve`."""
         shared = None if prefixes is None else [m.pages for m in prefixes]
         if shared and any(shared) and self.prefix_cache is None:
             raise ValueError("reserve: a prefix needs a pool with a prefix cache")
@@ -111,9 +111,15 @@ class ArenaPool:
         def take(batch: Sequence, whole: bool = False) -> None:
             self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole, prefixes=shared)
 
-        self._evicting_if(lambda: self._compacting_if(compact, take, requests), requests, len(requests))
-        for (rid, _), match in zip(requests, prefixes or (), strict=False):
-            self.prefix_cache.acquire(rid, match)  # type: ignore[union-attr]  # checked above
+        ids = [rid for rid, _ in requests]
+        if prefixes is not None:  # acquired first: eviction spares them, a refusal gives them back
+            self.prefix_cache.acquire_all(ids, prefixes)  # type: ignore[union-attr]  # checked above
+        try:
+            self._evicting_if(lambda: self._compacting_if(compact, take, requests), requests, len(requests))
+        except BaseException:
+            if prefixes is not None:
+                self.prefix_cache.release_all(ids)  # type: ignore[union-attr]
+            raise
 
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None:
         self.extend_batch([(request_id, num_new_tokens)], compact=compact)
@@ -139,10 +145,8 @@ class ArenaPool:
             except NeedsCompaction:
                 raise
             except DoesNotFit:
-                if self.prefix_cache is None:
-                    raise
                 pages = max(sum(self.pages_for(n) for _, n in requests), 1)
-                if not self.prefix_cache.evict(pages, low_units):
+                if self.prefix_cache is None or not self.prefix_cache.evict(pages, low_units):
                     raise
 
     def _compacting_if(self, compact: bool, take: Callable[..., None], requests: Sequence) -> None:
@@ -172,8 +176,7 @@ class ArenaPool:
     def release_batch(self, request_ids: Sequence[str]) -> None:
         self.allocator.release_batch(request_ids)
         if self.prefix_cache is not None:
-            for rid in request_ids:
-                self.prefix_cache.release(rid)
+            self.prefix_cache.release_all(request_ids)
 
     def pin(self, request_id: str) -> None:
         """Hold the envelope in place (a transfer reads or writes it); pins nest."""
@@ -291,5 +294,6 @@ class ArenaPool:
 def build_pool(
     sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
 ) -> ArenaPool:
-    """The pool `sizes` describes, its arena allocated on `device`."""
-    return ArenaPool(sizes, device, placement=placement)
+    """The pool `sizes` describes, its arena allocated on `device` (with a prefix cache when
+    `sizes.args.prefix_cache`)."""
+    return ArenaPool(sizes, device, placement=placement, prefix_cache=sizes.args.prefix_cache)

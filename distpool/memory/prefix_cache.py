@@ -41,6 +41,14 @@ class PrefixCache:
             self.index.acquire(match)
             self.users[request_id] = match.pages
 
+    def acquire_all(self, request_ids: Sequence[str], matches: Sequence[PrefixMatch]) -> None:
+        for request_id, match in zip(request_ids, matches, strict=True):
+            self.acquire(request_id, match)
+
+    def release_all(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self.release(request_id)
+
     def release(self, request_id: str) -> None:
         pages = self.users.pop(request_id, None)
         if pages:
@@ -80,6 +88,11 @@ class PrefixCache:
                 raise
             vid = int(self.allocator.take_checkpoints(1)[0])
         return vid, self.allocator.checkpoint_slot_id(vid)
+
+    def discard_checkpoints(self, handles: Sequence[int]) -> None:
+        """Give back checkpoint units taken but never cached (a prefill that failed)."""
+        if handles:
+            self.allocator.drop_checkpoints(handles)
 
     def checkpoint_slot(self, handle: int) -> int:
         """Physical slot id of a cached checkpoint (valid until the next compaction)."""

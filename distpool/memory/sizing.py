@@ -45,6 +45,7 @@ class PoolArgs:
     ssm_dtype: str | None = None
     mamba_state_ratio: float = 0.5  # static hybrid Mamba: share of the budget for the state pool
     swa_full_tokens_ratio: float = 0.8  # static hybrid SWA: SWA-pool tokens per full-pool token
+    prefix_cache: bool = True  # cache full pages (and state checkpoints) by content: prefix_cache.py
 
     def __post_init__(self) -> None:
         if self.disaggregation_mode not in DISAGGREGATION_MODES:

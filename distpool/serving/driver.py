@@ -191,6 +191,8 @@ class Server:
                 raise (_Corrupt if result.get("corrupt") else _Retry)(result["error"])
             out.queue_s, out.reserve_s = asked - submitted, reserved - asked
             out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
+            out.prompt_tokens = len(req.prompt)
+            out.prefill_tokens_computed = sent.get("computed_tokens", len(req.prompt))
             out.prefill_s = max(0.0, sent_at - reserved - out.transfer_s)
             out.first_token_s = result["admit_s"]
             out.source_runs, out.destination_runs = sent["runs"], result["runs"]

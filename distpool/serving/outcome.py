@@ -21,6 +21,8 @@ class Outcome:
     first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
     decode_s: float = 0.0  # first token -> last token
     transfer_bytes: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens_computed: int = 0  # the prompt's tokens prefill computed (after a cached prefix)
     source_runs: int = 0  # byte runs of the envelope at prefill
     destination_runs: int = 0  # and at decode
     pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt

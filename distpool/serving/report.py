@@ -73,6 +73,12 @@ def summarize(
         "verified_envelopes": sum(s.get("verified_envelopes", 0) for s in worker_stats),
         "corrupt_envelopes": sum(s.get("corrupt_envelopes", 0) for s in worker_stats),
         "transfer_bytes": moved,
+        # prefill's prefix cache: prompt tokens found cached, and those prefill computed
+        "prefix_hit_tokens": sum(o.prompt_tokens - o.prefill_tokens_computed for o in done),
+        "prefill_tokens_computed": sum(o.prefill_tokens_computed for o in done),
+        "cached_pages": sum(s.get("cached_pages", 0) for s in worker_stats),  # at the end, before dropping
+        "checkpoints": sum(s.get("checkpoints", 0) for s in worker_stats),
+        "evictions": sum(s.get("evicted_pages", 0) + s.get("evicted_checkpoints", 0) for s in worker_stats),
         "transfer_gbps": transfer_gbps,
         **link,
         "link_utilization": transfer_gbps / link["link_gbps"] if link["link_gbps"] else 0.0,
@@ -89,7 +95,8 @@ def summarize(
         "tpot_ms_p99": percentile(tpot_ms, 99),
         "tokens_generated": sum(len(o.tokens) for o in done),
         "wall_s": wall_s,
-        # `worker_stats` is read after the run drained: anything still held belongs to no request.
+        # `worker_stats` is read after the run drained and each prefix cache dropped (run.py): anything
+        # still held then belongs to no request and to no cache.
         "leaked_pages": sum(s["pages_used"] for s in worker_stats),
         "leaked_slots": sum(s["slots_used"] for s in worker_stats),
         "workers": worker_stats,
@@ -150,6 +157,12 @@ def format_summary(report: dict) -> str:
             f"{report['runs_per_envelope_p50']:.0f} / {report['runs_per_envelope_max']:.0f}",
         ),
         ("transfer", f"{_mib(report['transfer_bytes'])} at {report['transfer_gbps']:.2f} GB/s"),
+        (
+            "prompt tokens hit / computed",
+            f"{report['prefix_hit_tokens']} / {report['prefill_tokens_computed']}",
+        ),
+        ("cached pages / checkpoints", f"{report['cached_pages']} / {report['checkpoints']}"),
+        ("cache evictions", str(report["evictions"])),
         ("transfer / raw link", utilization),
         ("tokens generated", f"{report['tokens_generated']} in {report['wall_s']:.1f} s"),
         ("leaked pages / slots", f"{report['leaked_pages']} / {report['leaked_slots']}"),

@@ -39,6 +39,22 @@ def worker_stats(deployment: Deployment) -> list[dict]:
     return stats
 
 
+def drop_prefix_caches(deployment: Deployment, stats: list[dict]) -> None:
+    """Drop every live worker's prefix cache; what a pool still holds then is a leak, counted in
+    its stats' `*_used` (the larger of before and after)."""
+    handles = deployment.handles()
+    for s in stats:
+        if s.get("state") != "alive" or s["name"] not in handles:
+            continue
+        try:
+            left = ray.get(handles[s["name"]].drop_prefix_cache.remote(), timeout=30)
+        except Exception as exc:  # the summary is written all the same
+            s["error"] = one_line(exc)
+            continue
+        for key, value in left.items():
+            s[key] = max(s[key], value)
+
+
 LINK_REPEATS = 5  # raw messages per channel; the median counts
 
 
@@ -121,6 +137,7 @@ def run(
         wall_s = time.monotonic() - started
         link = measure_links(deployment, outcomes)
         stats = worker_stats(deployment)
+        drop_prefix_caches(deployment, stats)
         try:
             # multi-turn: the prompts each turn was actually served with, later turns first
             realized = feed.latest_turns_first() if feed is not None else requests

@@ -147,10 +147,24 @@ class WorkerBase:
             out["rejected_control_messages"] = self.channels.rejected_messages()
             for name in BANDS:
                 band = usage.get(name)
-                out[f"{name}_used"] = band.held if band else 0
+                out[f"{name}_used"] = band.held - band.cached if band else 0  # held by requests
                 out[f"{name}_peak"] = self._peak[name]
                 out[f"{name}_capacity"] = band.capacity if band else 0
+            cache = self.pool.prefix_cache
+            out["cached_pages"] = usage["pages"].cached if "pages" in usage else 0
+            out["checkpoints"] = usage["slots"].cached if "slots" in usage else 0
+            out["evicted_pages"], out["evicted_checkpoints"] = cache.evicted if cache is not None else (0, 0)
             return out
+
+    def drop_prefix_cache(self) -> dict:
+        """Give back everything the prefix cache holds (the run is over); returns what the pool
+        still holds then, per band: with nothing in flight, anything left is a leak."""
+        with self._lock:
+            if self.pool.prefix_cache is not None:
+                self.pool.prefix_cache.drop_all()
+            self.pool.check_invariants()
+            usage = self.pool.usage()
+            return {f"{name}_used": usage[name].held if name in usage else 0 for name in BANDS}
 
     def shutdown(self) -> None:
         self.channels.close_all()

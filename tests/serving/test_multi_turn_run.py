@@ -33,3 +33,9 @@ def test_multi_turn_run_serves_every_turn_and_parity_holds(ray_session, tmp_path
     assert (report["requests"], report["completed"], report["tokens_generated"]) == (4, 4, 24)
     assert (report["parity_checked"], report["parity_mismatches"]) == (4, 0)
     assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
+    # Turn 2 starts with turn 1's prompt: prefill found its full pages (and the state checkpoint
+    # taken at turn 1's last page boundary) cached, and computed only the rest. Parity above shows
+    # the tokens are those of a full computation.
+    assert report["prefix_hit_tokens"] >= 2 * 48  # two conversations, turn 1 of >= 64 tokens
+    assert report["prefill_tokens_computed"] > 0 and report["checkpoints"] >= 2
+    assert report["cached_pages"] >= 2 * 4
