@@ -16,7 +16,6 @@ from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
-NO_SNAPSHOT = (0, -1, -1)  # (depth, slot, checkpoint handle) of a prefill that takes no checkpoint
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
 
@@ -74,14 +73,11 @@ class PrefillWorker(WorkerBase):
                     prompts,
                     cached=[matches[rid].num_tokens if rid in matches else 0 for rid in rids],
                     checkpoints=[self._checkpoint_slot(matches.get(rid)) for rid in rids],
-                    snapshots=[
-                        (depth, slot) if (depth, slot, _) != NO_SNAPSHOT else None
-                        for depth, slot, _ in snapshots
-                    ],
+                    snapshots=[snap[:2] if snap else None for snap in snapshots],
                 )
             except BaseException:
                 if cache is not None:
-                    cache.discard_checkpoints([handle for _, _, handle in snapshots if handle >= 0])
+                    cache.discard_checkpoints([snap[2] for snap in snapshots if snap])
                 for rid in rids:
                     self._free(self._held, rid)
                 raise
@@ -129,38 +125,39 @@ class PrefillWorker(WorkerBase):
 
     def _snapshots(
         self, rids: list[str], prompts: list[list[int]], matches: dict[str, PrefixMatch]
-    ) -> list[tuple[int, int, int]]:
+    ) -> list[tuple[int, int, int] | None]:
         """Per request, where its prefill writes a state checkpoint for the prefix cache: (depth,
         physical slot, checkpoint handle) at its last full page boundary past its cached prefix,
-        or NO_SNAPSHOT (no cache, no recurrent state, no new boundary, or no room for one)."""
+        or None (no cache, no recurrent state, no new boundary, or no room for one)."""
         cache = self.pool.prefix_cache
         out = []
         for rid, prompt in zip(rids, prompts, strict=True):
             depth = len(prompt) // self.pool.page_size
             cached = len(matches[rid].pages) if rid in matches else 0
             if cache is None or not cache.needs_checkpoint or depth <= cached:
-                out.append(NO_SNAPSHOT)
+                out.append(None)
                 continue
             try:
                 handle, slot = cache.take_checkpoint()
-            except DoesNotFit:
-                out.append(NO_SNAPSHOT)
+            except DoesNotFit:  # no room for one: this prompt is cached without a checkpoint
+                out.append(None)
                 continue
             out.append((depth, slot, handle))
         return out
 
     def _checkpoint_slot(self, match: PrefixMatch | None) -> int | None:
-        if match is None or match.checkpoint is None or self.pool.prefix_cache is None:
+        """Physical slot of the checkpoint a match starts from (None: no match or no state)."""
+        if match is None or match.checkpoint is None:
             return None
-        return self.pool.prefix_cache.checkpoint_slot(match.checkpoint)
+        return self.pool.prefix_cache.checkpoint_slot(match.checkpoint)  # a match implies a cache
 
     def _cache_prompts(self, rids: list[str], prompts: list[list[int]], snapshots: list) -> None:
         """Offer each prompt's full pages (and its new checkpoint) to the prefix cache."""
         cache = self.pool.prefix_cache
         if cache is None:
             return
-        for rid, prompt, (depth, _, handle) in zip(rids, prompts, snapshots, strict=True):
-            cache.cache_request(rid, prompt, {depth: handle} if handle >= 0 else None)
+        for rid, prompt, snap in zip(rids, prompts, snapshots, strict=True):
+            cache.cache_request(rid, prompt, {snap[0]: snap[2]} if snap else None)
 
     def stats(self) -> dict:
         with self._lock:

@@ -31,10 +31,9 @@ from distpool.memory.layout import ceil_div
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
 from distpool.memory.pool import DuplicateRequest, NeedsCompaction
 from distpool.memory.requests import RequestTable, checked_batch, concat_ids
-from distpool.memory.sharing import SharedPages
 
 
-class Allocator(CompactionPlans, SharedPages):
+class Allocator(CompactionPlans):
     """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages.
 
     `placement`: "extent" (each request's pages in as few ascending runs as possible) or

@@ -104,21 +104,22 @@ class ArenaPool:
         prefixes: Sequence[PrefixMatch] | None = None,
     ) -> None:
         """Reserve every (request_id, num_tokens), all or nothing; the rest as in `reserve`."""
+        cache, ids = self.prefix_cache, [rid for rid, _ in requests]
         shared = None if prefixes is None else [m.pages for m in prefixes]
-        if shared and any(shared) and self.prefix_cache is None:
+        if shared and any(shared) and cache is None:
             raise ValueError("reserve: a prefix needs a pool with a prefix cache")
 
         def take(batch: Sequence, whole: bool = False) -> None:
             self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole, prefixes=shared)
 
-        ids = [rid for rid, _ in requests]
-        if prefixes is not None:  # acquired first: eviction spares them, a refusal gives them back
-            self.prefix_cache.acquire_all(ids, prefixes)  # type: ignore[union-attr]  # checked above
+        acquiring = cache is not None and prefixes is not None
+        if acquiring:  # acquired first: eviction spares them, a refusal gives them back
+            cache.acquire_all(ids, prefixes)
         try:
             self._evicting_if(lambda: self._compacting_if(compact, take, requests), requests, len(requests))
         except BaseException:
-            if prefixes is not None:
-                self.prefix_cache.release_all(ids)  # type: ignore[union-attr]
+            if acquiring:
+                cache.release_all(ids)
             raise
 
     def extend(self, request_id: str, num_new_tokens: int, *, compact: bool = False) -> None:
@@ -126,10 +127,6 @@ class ArenaPool:
 
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
-        try:  # a decode step: nearly always fits as things are
-            return self.allocator.extend_batch(requests)
-        except DoesNotFit:
-            pass  # nothing was taken: the path that compacts and evicts tries again
         grow = lambda batch, whole=False: self.allocator.extend_batch(batch)  # noqa: E731
         self._evicting_if(lambda: self._compacting_if(compact, grow, requests), requests, 0)
 
@@ -253,10 +250,11 @@ class ArenaPool:
         )
 
     # ---- compaction and accounting --------------------------------------------------------------
-    def compact(self, *, keep_room: bool = True, need: NeedsCompaction | None = None) -> int:
-        """Pack the bands around pinned envelopes (unified only); returns bytes moved. keep_room:
-        requests keep the free part of their growth room (see `reserve`'s final_tokens) after them;
-        need: a refusal's needs, for which moving only the requests in the way may do."""
+    def compact(self, *, keep_room: bool = False, need: NeedsCompaction | None = None) -> int:
+        """Pack the bands around pinned envelopes (unified only); returns bytes moved. By default
+        the full compaction after which a `NeedsCompaction` refusal fits. keep_room: requests keep
+        the free part of their growth room (`reserve`'s final_tokens) after them; need: a
+        refusal's needs, for which moving only the requests in the way may do."""
         start = time.perf_counter()
         moves = self.allocator.compaction_moves(keep_room=keep_room, need=need)
         self.arena.copy_runs(moves.runs_bytes)

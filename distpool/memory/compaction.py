@@ -18,27 +18,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.arena import BandGeometry
-from distpool.memory.band import Band, require
+from distpool.memory.band import require
 from distpool.memory.evacuate import evacuation_moves
 from distpool.memory.free_runs import FreeRuns
-from distpool.memory.frontier import CompactionMoves, Frontier
+from distpool.memory.frontier import CompactionMoves
 from distpool.memory.layout import ceil_div
-from distpool.memory.placement import Placement
 from distpool.memory.pool import DoesNotFit, NeedsCompaction
-from distpool.memory.requests import RequestTable, checked_batch
+from distpool.memory.requests import checked_batch
+from distpool.memory.sharing import SharedPages
 
 
-class CompactionPlans:
-    """Mixed into `Allocator`, whose state it reads and whose claims it keeps."""
+class CompactionPlans(SharedPages):
+    """A base of `Allocator` (over `SharedPages`, which declares the allocator's state it reads);
+    keeps the growth claims."""
 
-    low: BandGeometry | None
-    high: BandGeometry | None
-    low_band: Band
-    high_band: Band
-    frontier: Frontier
-    placement: Placement
-    holdings: RequestTable
     claims: np.ndarray
 
     # ---- when to compact -----------------------------------------------------------------------
@@ -92,12 +85,13 @@ class CompactionPlans:
         return low, high
 
     def compaction_moves(
-        self, *, keep_room: bool = True, need: NeedsCompaction | None = None
+        self, *, keep_room: bool = False, need: NeedsCompaction | None = None
     ) -> CompactionMoves:
         """Moves that pack both bands around pinned requests (none for a static pool). Pure.
 
-        keep_room: the free part of each request's growth claim stays right after its last page
-        (a full compaction, without, is what decides whether a request fits at all).
+        keep_room: the free part of each request's growth claim stays right after its last page.
+        Without it (the default) this is the full compaction a `NeedsCompaction` promises room
+        after: growth room is a hint, and kept room could leave a promised request short.
         need: what a refused call lacked (low units, and a run of pages for a request that would
         scatter): only the requests in the way move (evacuate.py), when that is possible."""
         low_pinned, high_pinned = self._pinned_masks()
@@ -126,7 +120,7 @@ class CompactionPlans:
         if self.high is None:
             return None
         bottom = self._bottom(need.low, low_pinned)
-        pages, rooms = self._page_groups(self.holdings.live_rows())  # type: ignore[attr-defined]
+        pages, rooms = self._page_groups(self.holdings.live_rows())
         return evacuation_moves(
             self.high_band,
             high_pinned,
@@ -165,7 +159,7 @@ class CompactionPlans:
         if len(final_tokens) != len(counts):
             raise ValueError(f"reserve: {len(final_tokens)} final lengths for {len(counts)} requests")
         _, finals = checked_batch(list(zip(ids, final_tokens, strict=True)), "reserve (final length)")
-        pages = self.pages_for  # the allocator's
+        pages = self.pages_for
         return [max(0, pages(f) - pages(n)) for f, n in zip(finals.tolist(), counts, strict=True)]
 
     def _live_claims(self) -> np.ndarray | None:

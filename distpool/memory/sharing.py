@@ -17,7 +17,7 @@ recurrent state each (`take_checkpoints` / `drop_checkpoints`), placed like slot
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -30,15 +30,19 @@ from distpool.memory.requests import RequestTable
 
 
 class SharedPages:
-    """Mixed into `Allocator`, whose bands and request table it reads."""
+    """A base of `Allocator`: declares the allocator's state its parts (this one, compaction.py)
+    read; the allocator sets it."""
 
     low: BandGeometry | None
     high: BandGeometry | None
+    page_size: int
+    unified: bool
     low_band: Band
     high_band: Band
     frontier: Frontier
     placement: Placement
     holdings: RequestTable
+    pages_for: Callable[[int], int]  # full pages a request of n tokens holds
 
     def _init_sharing(self) -> None:
         self.extra_holders = np.zeros(self.high_band.num_positions, dtype=np.int64)
@@ -66,9 +70,10 @@ class SharedPages:
         self._let_go(vids)
 
     def _share(self, vids: np.ndarray) -> None:
-        """One more holder for each of `vids` (duplicates: one per occurrence)."""
-        np.add.at(self.extra_holders, vids, 1)
-        self.num_shared = int(np.count_nonzero(self.extra_holders))
+        """One more holder for each of `vids` (duplicates: one per occurrence). O(len(vids))."""
+        unique, counts = np.unique(vids, return_counts=True)
+        self.num_shared += int(np.count_nonzero(self.extra_holders[unique] == 0))
+        self.extra_holders[unique] += counts
 
     def _let_go(self, vids: np.ndarray) -> None:
         """One holder less for each of `vids` (duplicates: one per occurrence); frees the pages
@@ -79,10 +84,11 @@ class SharedPages:
             self.high_band.free(vids)
             return
         unique, counts = np.unique(vids, return_counts=True)
+        shared_before = self.extra_holders[unique] > 0
         left = self.extra_holders[unique] + 1 - counts  # holders afterwards
         assert (left >= 0).all(), "a page let go of more often than it was held"
         self.extra_holders[unique] = np.maximum(left - 1, 0)
-        self.num_shared = int(np.count_nonzero(self.extra_holders))
+        self.num_shared -= int(np.count_nonzero(shared_before & (left <= 1)))
         self.high_band.free(unique[left == 0])
 
     def _prefix_pages(self, prefixes: Sequence[Sequence[int]] | None, counts: list[int]) -> list[list[int]]:
@@ -93,7 +99,7 @@ class SharedPages:
         if len(prefixes) != len(counts):
             raise ValueError(f"reserve: {len(prefixes)} prefixes for {len(counts)} requests")
         out = [[int(v) for v in prefix] for prefix in prefixes]
-        page_size = self.page_size  # type: ignore[attr-defined]  # the allocator's
+        page_size = self.page_size
         for prefix, n in zip(out, counts, strict=True):
             vids = np.asarray(prefix, dtype=np.int64)
             if len(prefix) * page_size >= max(n, 1) or (vids.size and not bool(self.cached[vids].all())):
