@@ -124,7 +124,10 @@ class Transfer:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.request_id = request_id
         self.role = role  # "sender" or "receiver"
+        # The bytes it moves: the whole envelope, less the pages the destination holds already
+        # (`held_pages`, known to the sender once the receiver answers).
         self.num_bytes = num_bytes
+        self.held_pages = 0
         self.deadline = time.monotonic() + deadline_s  # time.monotonic() clock
         self.active_timeout_s = active_timeout_s
         self.first_token = first_token

@@ -17,6 +17,7 @@ from transfer.errors import ChannelError
 from transfer.faults import receiver_hook, sender_hook
 from transfer.handle import Transfer, TransferOptions
 from transfer.link import measure
+from transfer.plan import moving_ranges
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
@@ -126,7 +127,8 @@ class PeerChannels:
         `fault` (one of `transfer.faults.RECEIVER_FAULTS`) is injected into it on purpose."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        hook = None if fault is None else receiver_hook(fault, buffer, ranges)
+        moving = moving_ranges(envelope, ranges)  # a fault never strikes a held (shared) page
+        hook = None if fault is None else receiver_hook(fault, buffer, moving)
         timeout_s = self.options.timeout_s
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook

@@ -24,7 +24,7 @@ import torch
 
 from transfer.errors import ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
@@ -49,7 +49,8 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "direct_min_bytes": int,
         "checksum": bool,
     },
-    READY: {"seq": int, "table": bytes},
+    # held: the destination holds the envelope's first `held` pages; table lists the rows it takes
+    READY: {"seq": int, "table": bytes, "held": int},
     REFUSE: {"seq": int, "reason": str},
     WITHDRAWN: {"seq": int, "reason": str},
     END: {"seq": int, "checksum": (int, type(None))},

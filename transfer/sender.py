@@ -3,8 +3,9 @@
 `EnvelopeSender.submit` returns a `Transfer` at once; a worker thread runs the transfers on the
 channel in submission order. One transfer:
 
-    ring the bell with the HEADER (source table, first token); wait READY (destination table) | REFUSE
-    plan runs and messages from both tables (the receiver computes the same plan)
+    ring the bell with the HEADER (source table, first token); wait READY (destination table, and
+        how many leading pages the destination holds already) | REFUSE
+    plan runs and messages from both tables, less the held pages (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
         chunk that used it are done), then send chunk k's messages; big runs, and batches that
         are contiguous here, go straight from the arena. After an abort the rest of the stream
@@ -33,7 +34,16 @@ from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer, TransferOptions
-from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, plan_messages, plan_runs
+from transfer.plan import (
+    NBYTES,
+    SRC,
+    Chunk,
+    Message,
+    assign_streams,
+    moving_rows,
+    plan_messages,
+    plan_runs,
+)
 from transfer.protocol import (
     ABORT,
     END,
@@ -196,10 +206,13 @@ class EnvelopeSender(ChannelEnd):
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:
             raise TransferError(rid, f"receiver refused: {reply['reason']}")
-        try:
-            return plan_runs(job.ranges, table_from_bytes(reply["table"], num_rows=job.ranges.shape[0]))
+        try:  # the receiver holds the first `held` pages already: they do not move
+            ours = moving_rows(job.ranges, reply["held"], has_slot=job.envelope.slot_id is not None)
+            runs = plan_runs(ours, table_from_bytes(reply["table"], num_rows=ours.shape[0]))
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
+        job.transfer.held_pages, job.transfer.num_bytes = reply["held"], int(runs[:, NBYTES].sum())
+        return runs
 
     def _send_chunks(self, job: Job, seq: int, runs: np.ndarray) -> None:
         channel, transfer, deadline = self.channel, job.transfer, job.transfer.deadline

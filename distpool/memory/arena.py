@@ -186,6 +186,21 @@ class Arena:
             for t in spec.mamba.tensors
         )
 
+    def byte_ranges(
+        self, slot: int | None, page_ids: torch.Tensor, swa_page_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """(n, 2) int64 [offset, nbytes] of an envelope in canonical order: the slot, each full page,
+        then each window page. nbytes is the unit's stride (padding included)."""
+        parts = [torch.empty((0, 2), dtype=torch.int64)]
+        low, high = self.low, self.high
+        if slot is not None and low is not None:
+            parts.append(torch.tensor([[low.base_bytes + slot * low.stride_bytes, low.stride_bytes]]))
+        for geometry, ids in ((high, page_ids), (low, swa_page_ids)):
+            if geometry is not None and ids.numel():
+                nbytes = torch.full_like(ids, geometry.stride_bytes)
+                parts.append(torch.stack([geometry.offsets(ids), nbytes], dim=1))
+        return torch.cat(parts)
+
     def copy_runs(self, runs_bytes: np.ndarray) -> None:
         """Execute moves, in row order, of (r, 3) int64 [src_offset, dst_offset, nbytes].
 

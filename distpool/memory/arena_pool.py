@@ -39,6 +39,7 @@ class ArenaPool:
         *,
         placement: str = "extent",
         prefix_cache: bool = False,
+        checkpoints: bool = True,
     ) -> None:
         self.sizes = sizes
         self.arena = Arena(sizes, device)
@@ -56,11 +57,11 @@ class ArenaPool:
         self._compactions = (0, 0, 0.0)  # count, bytes moved, seconds
         # Full pages by token content, and (hybrid Mamba) state checkpoints: prefix_cache.py.
         # Not for sliding-window models: their window pages are each request's own to compute.
+        # `checkpoints=False` (a decode pool) caches pages alone: a request's state arrives whole.
         cacheable = prefix_cache and self.arena.high is not None and not self.allocator.has_swa
-        mamba = self.allocator.has_slot
-        self.prefix_cache = (
-            PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=mamba) if cacheable else None
-        )
+        state = self.allocator.has_slot and checkpoints
+        cache = PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=state) if cacheable else None
+        self.prefix_cache = cache
 
     @property
     def kind(self) -> str:
@@ -76,6 +77,15 @@ class ArenaPool:
         if self.allocator.can_reserve(num_tokens):
             return True
         return compact and self.allocator.can_reserve(num_tokens, after_compaction=True)
+
+    def make_room(self, num_tokens: int, *, compact: bool = False) -> bool:
+        """`can_reserve`, evicting idle cached prefixes while it says no: whether a request of
+        `num_tokens` fits now. Cached memory yields to requests, but only what they need goes."""
+        pages, low_units = max(self.pages_for(num_tokens), 1), self.allocator.low_units_for(num_tokens)
+        while not self.can_reserve(num_tokens, compact=compact):
+            if self.prefix_cache is None or not self.prefix_cache.evict(pages, low_units):
+                return False
+        return True
 
     def reserve(
         self,
@@ -224,21 +234,13 @@ class ArenaPool:
 
     # ---- envelopes --------------------------------------------------------------------------
     def envelope_ranges(self, request_id: str) -> torch.Tensor:
-        """(n, 2) int64 [offset, nbytes]: the slot, each full page in token order, then each
-        window page in token order. nbytes is the unit's stride (padding included)."""
-        parts = [torch.empty((0, 2), dtype=torch.int64)]
+        """(n, 2) int64 [offset, nbytes] in canonical order (`Arena.byte_ranges`)."""
         slot = self.allocator.slot_id(request_id)
-        low, high = self.arena.low, self.arena.high
-        if slot is not None and low is not None:
-            parts.append(torch.tensor([[low.base_bytes + slot * low.stride_bytes, low.stride_bytes]]))
-        for geometry, ids in ((high, self.page_ids(request_id)), (low, self.swa_page_ids(request_id))):
-            if geometry is not None and ids.numel():
-                nbytes = torch.full_like(ids, geometry.stride_bytes)
-                parts.append(torch.stack([geometry.offsets(ids), nbytes], dim=1))
-        return torch.cat(parts)
+        return self.arena.byte_ranges(slot, self.page_ids(request_id), self.swa_page_ids(request_id))
 
-    def envelope(self, request_id: str) -> Envelope:
-        """The request's envelope: physical ids (slot None without recurrent state) and byte count."""
+    def envelope(self, request_id: str, *, held_pages: int = 0) -> Envelope:
+        """The request's envelope: physical ids (slot None without recurrent state) and byte count.
+        `held_pages`: its first pages a transfer into it must not move (a prefix held here)."""
         ranges = self.envelope_ranges(request_id)
         return Envelope(
             request_id=request_id,
@@ -247,14 +249,14 @@ class ArenaPool:
             slot_id=self.allocator.slot_id(request_id),
             num_tokens=self.num_tokens(request_id),
             num_bytes=int(ranges[:, 1].sum()),
+            held_pages=held_pages,
         )
 
     # ---- compaction and accounting --------------------------------------------------------------
     def compact(self, *, keep_room: bool = False, need: NeedsCompaction | None = None) -> int:
         """Pack the bands around pinned envelopes (unified only); returns bytes moved. By default
         the full compaction after which a `NeedsCompaction` refusal fits. keep_room: requests keep
-        the free part of their growth room (`reserve`'s final_tokens) after them; need: a
-        refusal's needs, for which moving only the requests in the way may do."""
+        their free growth room after them; need: a refusal's needs (move only what is in the way)."""
         start = time.perf_counter()
         moves = self.allocator.compaction_moves(keep_room=keep_room, need=need)
         self.arena.copy_runs(moves.runs_bytes)
@@ -271,9 +273,7 @@ class ArenaPool:
         """Units per band that could be handed out now (or after a compaction). Unified: the low
         band and the pages each count the shared gap between the bands."""
         low_units, pages = self.allocator.available(after_compaction=after_compaction)
-        out = {}
-        if self.arena.high is not None:
-            out["pages"] = pages
+        out = {"pages": pages} if self.arena.high is not None else {}
         if self.arena.low is not None:
             out[self.arena.low.name] = low_units
         return out
@@ -293,5 +293,9 @@ def build_pool(
     sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
 ) -> ArenaPool:
     """The pool `sizes` describes, its arena allocated on `device` (with a prefix cache when
-    `sizes.args.prefix_cache`)."""
-    return ArenaPool(sizes, device, placement=placement, prefix_cache=sizes.args.prefix_cache)
+    `sizes.args.prefix_cache`). A decode pool's cache keeps no state checkpoints: the requests it
+    serves get their state from prefill, so cached pages are all they reuse."""
+    decode = sizes.args.disaggregation_mode == "decode"
+    return ArenaPool(
+        sizes, device, placement=placement, prefix_cache=sizes.args.prefix_cache, checkpoints=not decode
+    )

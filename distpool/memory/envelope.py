@@ -3,11 +3,13 @@
 An `Envelope` names everything one request owns in a pool (its physical page ids in token order and
 its state slot) plus the layout fingerprint the ids are meaningful under. It travels as msgpack:
 
-    [ENVELOPE_VERSION, request_id, fingerprint, page_ids, slot_id, num_tokens, num_bytes]
+    [ENVELOPE_VERSION, request_id, fingerprint, page_ids, slot_id, num_tokens, num_bytes, held_pages]
 
 a positional array so that a missing, extra or reordered field is a length or type error, never a
-silently defaulted value. `Envelope.decode` trusts nothing: every type, length and range is checked,
-and anything malformed raises `EnvelopeError` (a `ValueError`). Never pickle.
+silently defaulted value. A destination envelope may hold its first `held_pages` pages already
+(a prefix the decode worker had cached): a transfer moves only the rest and the slot.
+`Envelope.decode` trusts nothing: every type, length and range is checked, and anything malformed
+raises `EnvelopeError` (a `ValueError`). Never pickle.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-ENVELOPE_VERSION = 1
-_NUM_FIELDS = 7
+ENVELOPE_VERSION = 2
+_NUM_FIELDS = 8
 
 # Bounds a decoder applies unless told otherwise. A page id or byte count past 2**62 cannot index
 # any arena; a million pages is ~16M tokens at page_size 16, far past any context length.
@@ -71,7 +73,8 @@ class Envelope:
 
     `page_ids` are physical page ids in token order (any sequence of ints is accepted and stored as a
     tuple); `slot_id` is the physical state slot, or None for a model without recurrent state;
-    `num_bytes` is the total size of the envelope's byte ranges in the arena.
+    `num_bytes` is the total size of the envelope's byte ranges in the arena; `held_pages`: how many
+    of its first pages the destination holds already (shared, read only), so no transfer writes them.
     """
 
     request_id: str
@@ -80,6 +83,7 @@ class Envelope:
     slot_id: int | None
     num_tokens: int
     num_bytes: int
+    held_pages: int = 0
 
     def __post_init__(self) -> None:
         _check_str("request_id", self.request_id, max_chars=MAX_REQUEST_ID_CHARS)
@@ -90,6 +94,7 @@ class Envelope:
             _check_int("slot_id", self.slot_id)
         _check_int("num_tokens", self.num_tokens)
         _check_int("num_bytes", self.num_bytes)
+        _check_int("held_pages", self.held_pages, max_value=len(ids))
 
     @property
     def num_pages(self) -> int:
@@ -105,6 +110,7 @@ class Envelope:
             self.slot_id,
             self.num_tokens,
             self.num_bytes,
+            self.held_pages,
         ]
         return msgpack.packb(fields, use_bin_type=True)
 
@@ -148,7 +154,7 @@ class Envelope:
         if type(fields) is not list or len(fields) != _NUM_FIELDS:
             shape = f"{len(fields)} fields" if type(fields) is list else type(fields).__name__
             raise EnvelopeError(f"an envelope is a list of {_NUM_FIELDS} fields, got {shape}")
-        version, request_id, fingerprint, page_ids, slot_id, num_tokens, num_bytes = fields
+        version, request_id, fingerprint, page_ids, slot_id, num_tokens, num_bytes, held_pages = fields
         if type(version) is not int or version != ENVELOPE_VERSION:
             raise EnvelopeError(
                 f"envelope version {version!r} is not supported (expected {ENVELOPE_VERSION})"
@@ -160,6 +166,7 @@ class Envelope:
             _check_int("slot_id", slot_id, max_value=max_id)
         _check_int("num_tokens", num_tokens, max_value=max_id)
         _check_int("num_bytes", num_bytes, max_value=max_id)
+        _check_int("held_pages", held_pages, max_value=len(ids))
         return cls(
             request_id=_check_str("request_id", request_id, max_chars=MAX_REQUEST_ID_CHARS),
             fingerprint=_check_str("fingerprint", fingerprint, max_chars=MAX_FINGERPRINT_CHARS),
@@ -167,6 +174,7 @@ class Envelope:
             slot_id=slot_id,
             num_tokens=num_tokens,
             num_bytes=num_bytes,
+            held_pages=held_pages,
         )
 
 

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -40,6 +41,19 @@ class PrefixCache:
         if match.pages:
             self.index.acquire(match)
             self.users[request_id] = match.pages
+
+    @contextmanager
+    def holding(self, match: PrefixMatch) -> Iterator[None]:
+        """Keep `match`'s pages from eviction for the block (e.g. while room is made for the
+        request that will reserve with it); nobody's users afterwards."""
+        if not match.pages:
+            yield
+            return
+        self.index.acquire(match)
+        try:
+            yield
+        finally:
+            self.index.release(match.pages)
 
     def acquire_all(self, request_ids: Sequence[str], matches: Sequence[PrefixMatch]) -> None:
         for request_id, match in zip(request_ids, matches, strict=True):
@@ -80,7 +94,10 @@ class PrefixCache:
 
     def take_checkpoint(self) -> tuple[int, int]:
         """A new checkpoint unit for the cache: (its handle, its physical slot id to write the state
-        into). An idle checkpoint is evicted to make room if need be; raises DoesNotFit."""
+        into). An idle checkpoint is evicted to make room if need be; raises DoesNotFit. A cache
+        that keeps no checkpoints (no recurrent state, or a decode pool's) raises ValueError."""
+        if not self.needs_checkpoint:
+            raise ValueError("this prefix cache keeps pages only: it takes no state checkpoints")
         try:
             vid = int(self.allocator.take_checkpoints(1)[0])
         except DoesNotFit:

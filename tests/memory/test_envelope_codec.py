@@ -40,7 +40,7 @@ def test_round_trip_without_slot_and_without_pages():
 
 def test_encoding_is_versioned_positional_msgpack():
     fields = msgpack.unpackb(make_envelope().encode())
-    assert fields == [ENVELOPE_VERSION, "req-7", "3f2a9c1d00aa11bb", [12, 3, 44, 7], 5, 60, 28672]
+    assert fields == [ENVELOPE_VERSION, "req-7", "3f2a9c1d00aa11bb", [12, 3, 44, 7], 5, 60, 28672, 0]
 
 
 def test_page_ids_from_a_list_are_stored_as_a_tuple():
@@ -61,6 +61,7 @@ def test_page_ids_from_a_list_are_stored_as_a_tuple():
         ({"request_id": 7}, "request_id must be a str"),
         ({"fingerprint": "x" * 129}, "fingerprint must have"),
         ({"page_ids": "1234"}, "page_ids must be a sequence"),
+        ({"held_pages": 5}, r"held_pages must be in \[0, 4\]"),
     ],
 )
 def test_construction_refuses_bad_values(overrides, message):
@@ -72,29 +73,31 @@ def _encode_fields(fields: list) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
-GOOD = [ENVELOPE_VERSION, "r", "fp", [1, 2], 0, 32, 8192]
+GOOD = [ENVELOPE_VERSION, "r", "fp", [1, 2], 0, 32, 8192, 1]
 
 
 @pytest.mark.parametrize(
     "data, message",
     [
-        (_encode_fields([2, *GOOD[1:]]), "version 2 is not supported"),
+        (_encode_fields([1, *GOOD[1:]]), "version 1 is not supported"),
         (_encode_fields([True, *GOOD[1:]]), "version True"),
-        (_encode_fields(GOOD[:-1]), "list of 7 fields, got 6 fields"),
-        (_encode_fields([*GOOD, 0]), "list of 7 fields, got 8 fields"),
-        (_encode_fields({"v": 1}), "max_map_len|list of 7 fields"),
+        (_encode_fields(GOOD[:-1]), "list of 8 fields, got 7 fields"),
+        (_encode_fields([*GOOD, 0]), "list of 8 fields, got 9 fields"),
+        (_encode_fields({"v": 1}), "max_map_len|list of 8 fields"),
         (_encode_fields([*GOOD[:3], [1, 2.5], *GOOD[4:]]), "must hold ints"),
         (_encode_fields([*GOOD[:3], [1, 1 << 63], *GOOD[4:]]), "page ids must be in"),
         (_encode_fields([*GOOD[:3], [1, False], *GOOD[4:]]), "must hold ints"),
         (_encode_fields([*GOOD[:3], "12", *GOOD[4:]]), "page_ids must be a list"),
         (_encode_fields([*GOOD[:3], [[1]], *GOOD[4:]]), "must hold ints"),
         (_encode_fields([*GOOD[:4], -1, *GOOD[5:]]), "slot_id must be in"),
-        (_encode_fields([*GOOD[:5], None, GOOD[6]]), "num_tokens must be an int"),
+        (_encode_fields([*GOOD[:5], None, *GOOD[6:]]), "num_tokens must be an int"),
+        (_encode_fields([*GOOD[:7], 3]), r"held_pages must be in \[0, 2\]"),
+        (_encode_fields([*GOOD[:7], -1]), "held_pages must be in"),
         (_encode_fields([*GOOD[:1], b"r", *GOOD[2:]]), "max_bin_len|request_id must be a str"),
         (_encode_fields(GOOD)[:-1], "undecodable"),
         (_encode_fields(GOOD) + b"\x00", "undecodable"),
         (b"", "undecodable"),
-        (msgpack.packb([ENVELOPE_VERSION, "r", "fp", [1], msgpack.ExtType(5, b"x"), 1, 1]), "undecodable"),
+        (msgpack.packb([ENVELOPE_VERSION, "r", "fp", [1], msgpack.ExtType(5, b"x"), 1, 1, 0]), "undecodable"),
     ],
 )
 def test_decode_refuses_malformed_encodings(data, message):

@@ -137,9 +137,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     evicts. After every step: the accounting and cache invariants, and the bytes of every page a
     request or the cache holds and of every cached checkpoint."""
 
-    @initialize(budget=st.sampled_from([6144, 8192, 12288]))
-    def build(self, budget: int) -> None:
-        self.pool = _pool(budget)
+    @initialize(budget=st.sampled_from([6144, 8192, 12288]), checkpoints=st.booleans())
+    def build(self, budget: int, checkpoints: bool) -> None:
+        # checkpoints=False: a decode pool's cache (pages only, matched without a checkpoint)
+        self.pool = ArenaPool(
+            make_sizes(budget_bytes=budget), "cpu", prefix_cache=True, checkpoints=checkpoints
+        )
         self.cache = self.pool.prefix_cache
         self.tokens: dict[str, list[int]] = {}
         self.pins: dict[str, int] = {}
@@ -173,7 +176,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         tokens = self.tokens[rid]
         depth = len(tokens) // PAGE
         checkpoints = {}
-        if checkpoint and depth:
+        if checkpoint and depth and not self.cache.needs_checkpoint:
+            with pytest.raises(ValueError, match="pages only"):  # and nothing is taken
+                self.cache.take_checkpoint()
+        elif checkpoint and depth:
             try:
                 handle, slot = self.cache.take_checkpoint()
             except DoesNotFit:
@@ -231,6 +237,23 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(pages=st.integers(0, 8), checkpoints=st.integers(0, 2))
     def evict(self, pages: int, checkpoints: int) -> None:
         self.cache.evict(pages, checkpoints)
+
+    @rule(num_tokens=st.integers(1, 40), compacting=st.booleans())
+    def make_room(self, num_tokens: int, compacting: bool) -> None:
+        """Eviction makes room exactly when it says so: then the request fits; otherwise nothing
+        idle is left to evict, or what is left would not do."""
+        fits = self.pool.make_room(num_tokens, compact=compacting)
+        assert fits == self.pool.can_reserve(num_tokens, compact=compacting)
+        if not fits:
+            assert self.cache.evict(1 << 20, 1 << 20) == 0 or not self.pool.can_reserve(
+                num_tokens, compact=compacting
+            )
+            return
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        self.pool.reserve(rid, num_tokens, compact=compacting)  # what make_room promised: no DoesNotFit
+        self.tokens[rid] = [0] * num_tokens
+        self._write_rest(rid, 0)
 
     @invariant()
     def accounting_and_bytes_hold(self) -> None:

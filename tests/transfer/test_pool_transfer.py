@@ -151,3 +151,46 @@ def test_a_real_envelope_moves_between_fragmented_pools(channel_pair):
         pool.check_invariants()
         assert pool.request_ids == []
         assert free_units(pool) == fresh[id(pool)]  # every byte came back
+
+
+def test_a_held_prefix_is_neither_moved_nor_written(channel_pair):
+    """Decode holds the request's first pages already (cached from an earlier turn): only the slot
+    and the other pages move, the held pages keep their bytes, and both ends count what moved."""
+    prefill_pool, decode_pool, sender, receiver = channel_pair
+    earlier = list(range(PROMPT_TOKENS))
+    decode_pool.reserve("earlier", PROMPT_TOKENS)
+    cached = decode_pool.prefix_cache.cache_request("earlier", earlier)
+    decode_pool.release("earlier")
+    match = decode_pool.prefix_cache.match(earlier + [7, 7, 7])
+    assert len(match.pages) == len(cached.pages) == PROMPT_TOKENS // 4  # 9 full pages of 4 tokens
+    prefill_pool.reserve("req", PROMPT_TOKENS + 3)
+    decode_pool.reserve("req", PROMPT_TOKENS + 3, prefix=match)
+    g = torch.Generator().manual_seed(1)
+    src_pages, dst_pages = prefill_pool.page_ids("req"), decode_pool.page_ids("req")
+    held = len(match.pages)
+    for layer in (1, 3):
+        for src, dst in zip(prefill_pool.kv_view(layer), decode_pool.kv_view(layer), strict=True):
+            src[src_pages] = torch.randn(src[src_pages].shape, generator=g).to(src.dtype)
+            dst[dst_pages[:held]] = 0  # the held prefix: whatever a transfer wrote there would show
+    envelope = decode_pool.envelope("req", held_pages=held)
+    incoming = receiver.expect(
+        envelope, decode_pool.buffer, decode_pool.envelope_ranges("req"), deadline_s=10
+    )
+    outgoing = sender.submit(
+        prefill_pool.envelope("req"), prefill_pool.buffer, prefill_pool.envelope_ranges("req"), deadline_s=10
+    )
+    outgoing.wait()
+    incoming.wait()
+    page_bytes = int(decode_pool.envelope_ranges("req")[1, 1])
+    assert outgoing.num_bytes == incoming.num_bytes == envelope.num_bytes - held * page_bytes
+    assert outgoing.held_pages == incoming.held_pages == held
+    for layer in (1, 3):
+        for src, dst in zip(prefill_pool.kv_view(layer), decode_pool.kv_view(layer), strict=True):
+            assert torch.equal(src[src_pages[held:]], dst[dst_pages[held:]])
+            assert not dst[dst_pages[:held]].any()
+    for layer in (0, 2):
+        for src, dst in zip(prefill_pool.state_view(layer), decode_pool.state_view(layer), strict=True):
+            assert torch.equal(src[prefill_pool.slot_id("req")], dst[decode_pool.slot_id("req")])
+    for pool in (prefill_pool, decode_pool):
+        pool.release("req")
+        pool.check_invariants()

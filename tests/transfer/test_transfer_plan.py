@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from transfer.plan import DST, NBYTES, SRC, assign_streams, check_ranges, plan_messages, plan_runs
+from transfer.plan import (
+    DST,
+    NBYTES,
+    SRC,
+    assign_streams,
+    check_ranges,
+    moving_rows,
+    plan_messages,
+    plan_runs,
+)
 
 
 def table(rows: list[list[int]]) -> torch.Tensor:
@@ -185,3 +194,14 @@ def test_streams_carry_even_shares_of_the_bytes_whatever_the_message_sizes():
     # Taking turns would put 32 + 15 MiB on one stream and 17 + 0 on the other (or worse).
     assert sorted(loads) == [32 << 20, 32 << 20]
     assert assign_streams(chunks, 1) == [[0] * len(c.messages) for c in chunks]
+
+
+def test_moving_rows_drop_the_held_pages_and_keep_the_slot_first():
+    rows = table([[0, 8], [100, 4], [104, 4], [200, 4], [300, 4]])  # slot, then 4 pages
+    assert moving_rows(rows, 2, has_slot=True).tolist() == [[0, 8], [200, 4], [300, 4]]
+    assert moving_rows(rows, 0, has_slot=True) is rows
+    assert moving_rows(rows.numpy(), 4, has_slot=True).tolist() == [[0, 8]]  # numpy tables too
+    assert moving_rows(rows, 2, has_slot=False).tolist() == [[104, 4], [200, 4], [300, 4]]
+    for held in (-1, 5):  # a hostile READY cannot make either end skip the slot or invent pages
+        with pytest.raises(ValueError, match="held pages"):
+            moving_rows(rows, held, has_slot=True)
