@@ -12,7 +12,8 @@ class DecodeRequest:
     prompt: list[int]
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)  # generated so far (the first comes from prefill)
-    runs: int = 0  # byte runs of the destination envelope
+    held_tokens: int = 0  # of the prompt, in cached pages held here already (never transferred)
+    runs: int = 0  # byte runs the transfer writes into
     landed_at: float = 0.0
     admitted_at: float = 0.0
     finished_at: float = 0.0
@@ -26,7 +27,8 @@ class DecodeRequest:
 
     def result(self) -> dict:
         """What `next_finished` hands out: {"tokens", "decode_s" (first token to last), "admit_s"
-        (landed to verified and in the batch), "runs" (byte runs of the destination envelope)}, or
+        (landed to verified and in the batch), "runs" (byte runs the transfer wrote into),
+        "prefix_hit_tokens" (prompt tokens in pages held here already)}, or
         {"error", "corrupt"}."""
         if self.error is not None:
             return {"error": self.error, "corrupt": self.corrupt}
@@ -35,4 +37,5 @@ class DecodeRequest:
             "decode_s": self.finished_at - self.admitted_at,
             "admit_s": self.admitted_at - self.landed_at,
             "runs": self.runs,
+            "prefix_hit_tokens": self.held_tokens,
         }

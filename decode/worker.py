@@ -8,7 +8,9 @@ State contract (who owns which request, guarded by `_lock`):
 - `_running`: verified; in the decode batch; grows one token per step. Before release the whole
   envelope is verified again (compaction or a neighbour's write could have damaged it).
 - `_finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
-  nothing for them.
+  nothing for them but what its prefix cache kept of their full pages.
+Prefix reuse: a request whose prompt starts with cached pages (an earlier turn that finished here)
+reserves them by reference; its transfer moves only the rest and the state slot.
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
 step never runs out of pages.
 """
@@ -18,11 +20,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import nullcontext
 
 from decode.request import DecodeRequest
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import Transfer, TransferError
+from transfer.plan import moving_ranges
 
 # How long a reservation waits for its prefill worker to start the transfer (queueing and prefill
 # included); the driver cancels it sooner when the request fails elsewhere.
@@ -62,13 +66,15 @@ class DecodeWorker(WorkerBase):
         )
         return pages * self.pool.page_size
 
-    def can_admit(self, prompt_len: int, max_new_tokens: int) -> bool:
-        """Whether a request fits (compacting if need be) beside the growth every admitted request
-        may still claim."""
+    def can_admit(self, prompt_len: int, max_new_tokens: int, held_tokens: int = 0) -> bool:
+        """Whether a request fits (compacting if need be, evicting idle cached prefixes) beside the
+        growth every admitted request may still claim; `held_tokens` of its prompt are in cached
+        pages it will share."""
         with self._lock:
             if sum(1 for _ in self._admitted()) >= self.sizes.max_running_requests:
                 return False
-            return self.pool.can_reserve(prompt_len + max_new_tokens + self._growth_tokens(), compact=True)
+            need = prompt_len + max_new_tokens + self._growth_tokens() - held_tokens
+            return self.pool.make_room(need, compact=True)
 
     def _admitted(self):
         """(request id, request) of every request holding memory here."""
@@ -99,16 +105,27 @@ class DecodeWorker(WorkerBase):
         with self._lock:
             if any(request_id in held for held in (self._waiting, self._arrived, self._running)):
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
-            if not self.can_admit(prompt_len, max_new_tokens):
-                raise DoesNotFit(request_id, f"{self.name} has no room with headroom for running requests")
-            # Its final length keeps room for the tokens it will generate right after its pages.
-            self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=prompt_len + max_new_tokens)
+            cache = self.pool.prefix_cache
+            match = cache.match(prompt) if cache is not None else None
+            held = match.num_tokens if match is not None else 0
+            with cache.holding(match) if match is not None else nullcontext():  # eviction spares it
+                if not self.can_admit(prompt_len, max_new_tokens, held):
+                    reason = f"{self.name} has no room with headroom for running requests"
+                    raise DoesNotFit(request_id, reason)
+                # Its final length keeps room for the tokens it will generate right after its pages.
+                final = prompt_len + max_new_tokens
+                self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=final, prefix=match)
             self.pool.pin(request_id)  # a transfer writes into it from now on
-            req = self._waiting[request_id] = DecodeRequest(prompt=prompt, max_new_tokens=max_new_tokens)
+            req = self._waiting[request_id] = DecodeRequest(
+                prompt=prompt, max_new_tokens=max_new_tokens, held_tokens=held
+            )
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
-            envelope, ranges = self.pool.envelope(request_id), self.pool.envelope_ranges(request_id)
-            req.runs = byte_runs(ranges)
+            # The cached prefix's pages are shared: the transfer moves (and writes) only the rest.
+            held_pages = len(match.pages) if match is not None else 0
+            envelope = self.pool.envelope(request_id, held_pages=held_pages)
+            ranges = self.pool.envelope_ranges(request_id)
+            req.runs = byte_runs(moving_ranges(envelope, ranges))
             req.transfer = self.channels.expect(
                 prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S, fault=fault
             )
@@ -210,6 +227,9 @@ class DecodeWorker(WorkerBase):
         if mismatch is not None:
             self._fail_corrupt(request_id, req, f"at release {mismatch}")
             return
+        if self.pool.prefix_cache is not None:  # its full pages stay for the next turn that shares them
+            held = (req.prompt + req.tokens)[: self.pool.num_tokens(request_id)]  # the last token has no KV
+            self.pool.prefix_cache.cache_request(request_id, held)
         self.model.forget(request_id)
         req.finished_at = time.monotonic()
         self.pool.release(request_id)

@@ -51,7 +51,9 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
 
     spec = spec_from_hf(resolve_model(args.model))
     context = max(lengths) + MAX_NEW_TOKENS
-    pool_args = PoolArgs(page_size=args.page_size, context_len=context)
+    # No prefix cache: the prompts of one request index at two lengths share a prefix, and this
+    # measures whole-envelope transfers, not reuse.
+    pool_args = PoolArgs(page_size=args.page_size, context_len=context, prefix_cache=False)
     if args.memory_gib is not None:
         budget = int(args.memory_gib * GIB)
     else:  # what `distpool run` would take: 4 requests at the longest length, within this machine

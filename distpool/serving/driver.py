@@ -1,7 +1,8 @@
 """Serving a workload through a PD deployment (the driver side of design.md's "PD flow").
 
-Per request, three driver <-> actor calls: reserve a destination on a decode worker with room (it
-then expects the envelope from the chosen prefill worker) -> batched prefill + whole-envelope send
+Per request, three driver <-> actor calls: reserve a destination on a decode worker with room,
+the one caching the longest prefix of the prompt first (it then expects the envelope from the
+chosen prefill worker) -> batched prefill + whole-envelope send
 on that prefill worker (the transfer header carries the first token) -> the result, which arrives
 through one long-poll per decode worker (`next_finished`). A failed transfer, a dead actor or no
 room frees both sides and retries the request on another pair (at most `max_attempts` tries);
@@ -61,7 +62,9 @@ class Server:
     def __init__(self, deployment: Deployment, options: ServeOptions) -> None:
         self.dep = deployment
         self.options = options
-        self.router = Router(list(deployment.prefill), list(deployment.decode))
+        pool_args = deployment.spec.worker.pool_args
+        self.router = Router(list(deployment.prefill), list(deployment.decode), page_size=pool_args.page_size)
+        self.cache_affinity = pool_args.prefix_cache  # decode workers keep finished requests' pages
         self.faults = FaultPlan(options.faults, options.seed)
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -189,15 +192,10 @@ class Server:
             result = await future
             if "error" in result:
                 raise (_Corrupt if result.get("corrupt") else _Retry)(result["error"])
-            out.queue_s, out.reserve_s = asked - submitted, reserved - asked
-            out.transfer_bytes, out.transfer_s = sent["bytes"], sent["seconds"]
-            out.prompt_tokens = len(req.prompt)
-            out.prefill_tokens_computed = sent.get("computed_tokens", len(req.prompt))
-            out.prefill_s = max(0.0, sent_at - reserved - out.transfer_s)
-            out.first_token_s = result["admit_s"]
-            out.source_runs, out.destination_runs = sent["runs"], result["runs"]
-            out.pair = (prefill_name, decode_name)
-            out.tokens, out.decode_s, out.error = result["tokens"], result["decode_s"], None
+            times = (submitted, asked, reserved, sent_at)
+            out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
+            if self.cache_affinity:  # what that worker now caches: all but the last token have KV
+                self.router.remember(decode_name, [*req.prompt, *out.tokens[:-1]])
         except BaseException:
             await self._after_failure(rid, prefill_name, decode_name)
             raise
@@ -214,7 +212,8 @@ class Server:
         while True:
             if prefill_name in self.router.dead:  # it died since it was chosen: choose again
                 raise _Retry(f"{prefill_name} died")
-            for name in self.router.decode_candidates(avoid):
+            prompt = req.prompt if self.cache_affinity else None
+            for name in self.router.decode_candidates(avoid, tokens=prompt):
                 # Counted as in flight from the moment of asking, so concurrent requests spread out.
                 self.router.begin(name)
                 try:

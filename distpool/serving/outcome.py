@@ -23,9 +23,32 @@ class Outcome:
     transfer_bytes: int = 0
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0  # the prompt's tokens prefill computed (after a cached prefix)
+    decode_prefix_hit_tokens: int = 0  # the prompt's tokens decode held already (never transferred)
     source_runs: int = 0  # byte runs of the envelope at prefill
     destination_runs: int = 0  # and at decode
     pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
+
+    def succeeded(
+        self,
+        prompt_len: int,
+        sent: dict,
+        result: dict,
+        pair: tuple[str, str],
+        times: tuple[float, float, float, float],
+    ) -> None:
+        """Fill in a successful attempt from prefill's `sent` and decode's `result` (their workers'
+        reports) and the driver's monotonic `times`: submitted, reserve asked, reserved, sent."""
+        submitted, asked, reserved, sent_at = times
+        self.queue_s, self.reserve_s = asked - submitted, reserved - asked
+        self.transfer_bytes, self.transfer_s = sent["bytes"], sent["seconds"]
+        self.prompt_tokens = prompt_len
+        self.prefill_tokens_computed = sent.get("computed_tokens", prompt_len)
+        self.prefill_s = max(0.0, sent_at - reserved - self.transfer_s)
+        self.first_token_s = result["admit_s"]
+        self.source_runs, self.destination_runs = sent["runs"], result["runs"]
+        self.decode_prefix_hit_tokens = result["prefix_hit_tokens"]
+        self.pair = pair
+        self.tokens, self.decode_s, self.error = result["tokens"], result["decode_s"], None
 
     @property
     def ttft_s(self) -> float:

@@ -76,6 +76,8 @@ def summarize(
         # prefill's prefix cache: prompt tokens found cached, and those prefill computed
         "prefix_hit_tokens": sum(o.prompt_tokens - o.prefill_tokens_computed for o in done),
         "prefill_tokens_computed": sum(o.prefill_tokens_computed for o in done),
+        # decode's prefix cache: prompt tokens whose pages decode held, so the transfer skipped them
+        "decode_prefix_hit_tokens": sum(o.decode_prefix_hit_tokens for o in done),
         "cached_pages": sum(s.get("cached_pages", 0) for s in worker_stats),  # at the end, before dropping
         "checkpoints": sum(s.get("checkpoints", 0) for s in worker_stats),
         "evictions": sum(s.get("evicted_pages", 0) + s.get("evicted_checkpoints", 0) for s in worker_stats),
@@ -149,7 +151,7 @@ def format_summary(report: dict) -> str:
         ),
         ("per-token p50 / p99 (ms)", f"{report['tpot_ms_p50']:.2f} / {report['tpot_ms_p99']:.2f}"),
         (
-            "envelope p50 / max",
+            "moved per request p50 / max",
             f"{_mib(report['envelope_bytes_p50'])} / {_mib(report['envelope_bytes_max'])}",
         ),
         (
@@ -161,6 +163,7 @@ def format_summary(report: dict) -> str:
             "prompt tokens hit / computed",
             f"{report['prefix_hit_tokens']} / {report['prefill_tokens_computed']}",
         ),
+        ("prompt tokens held at decode", str(report["decode_prefix_hit_tokens"])),
         ("cached pages / checkpoints", f"{report['cached_pages']} / {report['checkpoints']}"),
         ("cache evictions", str(report["evictions"])),
         ("transfer / raw link", utilization),
@@ -171,12 +174,13 @@ def format_summary(report: dict) -> str:
     lines = ["", "distpool PD run summary", "-" * (width + 40)]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     lines.append("-" * (width + 40))
-    lines.append(f"{'worker':<12}{'pages used/peak/cap':>24}{'slots used/peak/cap':>24}")
+    lines.append(f"{'worker':<12}{'pages used/peak/cap':>24}{'slots used/peak/cap':>24}{'cached/ckpts':>14}")
     for s in report["workers"]:
         pages = f"{s['pages_used']}/{s['pages_peak']}/{s['pages_capacity']}"
         slots = f"{s['slots_used']}/{s['slots_peak']}/{s['slots_capacity']}"
+        cached = f"{s.get('cached_pages', 0)}/{s.get('checkpoints', 0)}"
         dead = "  (dead)" if s.get("state") == "dead" else ""
-        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{dead}")
+        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{dead}")
     for error in report["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from distpool.memory.sizing import PoolArgs
 from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
@@ -106,7 +107,12 @@ class ScriptedServer(Server):
     function of the prompt, `fail` lists request ids that fail."""
 
     def __init__(self, *, fail: frozenset[str] = frozenset(), queue_bound: int = 64) -> None:
-        deployment = SimpleNamespace(prefill={"prefill-0": None}, decode={"decode-0": _NoResults()})
+        worker = SimpleNamespace(pool_args=PoolArgs())
+        deployment = SimpleNamespace(
+            prefill={"prefill-0": None},
+            decode={"decode-0": _NoResults()},
+            spec=SimpleNamespace(worker=worker),
+        )
         super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False))
         self.fail = fail
         self.started: list[str] = []

@@ -1,6 +1,6 @@
 """`distpool run --workload multi-turn` end to end on the reference model: every turn goes through
 PD, and the prompts the turns were actually served with (each carrying the earlier replies) give
-the same tokens colocated."""
+the same tokens colocated. Prefix caches on both sides are used, and reported."""
 
 import json
 
@@ -15,6 +15,7 @@ def test_multi_turn_run_serves_every_turn_and_parity_holds(ray_session, tmp_path
     path = tmp_path / "run.json"
     status = main(
         ["run", "--workload", "multi-turn", "--requests", "4", "--turns", "2", "--max-new-tokens", "6"]
+        + ["--decode", "2"]
         + ["--context-len", "4096", "--memory-gib", "0.0625", "--parity-sample", "4", "--json", str(path)]
     )
     report = json.loads(path.read_text())
@@ -39,3 +40,9 @@ def test_multi_turn_run_serves_every_turn_and_parity_holds(ray_session, tmp_path
     assert report["prefix_hit_tokens"] >= 2 * 48  # two conversations, turn 1 of >= 64 tokens
     assert report["prefill_tokens_computed"] > 0 and report["checkpoints"] >= 2
     assert report["cached_pages"] >= 2 * 4
+    # Each turn 2 went to the decode worker that served its turn 1 (cache-aware routing; with two
+    # decode workers, load order alone could send it to the other one), which held turn 1's prompt
+    # and reply in full pages: the transfer skipped at least the >= 64 prompt tokens' pages.
+    assert report["decode_prefix_hit_tokens"] >= 2 * 64
+    decode_cached = [w["cached_pages"] for w in report["workers"] if w["role"] == "decode"]
+    assert len(decode_cached) == 2 and sum(decode_cached) >= 2 * 4

@@ -7,7 +7,7 @@ import pytest
 from distpool.serving import workload
 from distpool.serving.outcome import Outcome
 from distpool.serving.report import percentile, summarize
-from distpool.serving.router import NoWorkerAlive, Router
+from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
 
 
 def test_prefill_goes_to_least_loaded_live_worker():
@@ -39,6 +39,108 @@ def test_all_dead_is_a_typed_error():
         router.decode_candidates()
     with pytest.raises(ValueError):
         Router([], ["d0"])
+
+
+def test_next_turn_of_a_conversation_goes_to_the_worker_that_served_it():
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=4)
+    turn1 = list(range(10))  # prompt + generated tokens but the last: two full blocks, 2 tokens left over
+    router.remember("d2", turn1)
+    router.begin("d2")  # busier than the others, but well within the slack
+    turn2 = turn1 + [50, 51, 52, 53, 54]
+    assert router.matched_blocks("d2", turn2) == 2
+    assert router.matched_blocks("d0", turn2) == 0
+    assert router.decode_candidates(tokens=turn2) == ["d2", "d0", "d1"]
+    # a different conversation, or no tokens at all, keeps plain load order
+    assert router.decode_candidates(tokens=[9, 9, 9, 9, 9]) == ["d0", "d1", "d2"]
+    assert router.decode_candidates() == ["d0", "d1", "d2"]
+
+
+def test_a_partial_trailing_block_is_not_remembered():
+    router = Router(["p0"], ["d0", "d1"], page_size=4)
+    router.remember("d1", [1, 2, 3])
+    assert router.matched_blocks("d1", [1, 2, 3]) == 0
+    assert router.matched_blocks("d1", [1, 2, 3, 4]) == 0
+    assert router.decode_candidates(tokens=[1, 2, 3, 4]) == ["d0", "d1"]
+    router.remember("d1", [1, 2, 3, 4, 5])
+    assert router.matched_blocks("d1", [1, 2, 3, 4, 6]) == 1
+    assert router.matched_blocks("d1", [0, 2, 3, 4]) == 0
+
+
+def test_longest_match_wins_and_ties_go_to_the_lower_load():
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    router.remember("d0", prompt[:2])
+    router.remember("d2", prompt[:6])
+    router.remember("d1", [1, 2, 3, 9, 5, 6])  # diverges in block 1: its block 2 is another prefix
+    assert [router.matched_blocks(n, prompt) for n in ("d0", "d1", "d2")] == [1, 1, 3]
+    assert router.decode_candidates(tokens=prompt) == ["d2", "d0", "d1"]
+    assert router.decode_candidates(tokens=prompt[:3]) == ["d0", "d1", "d2"]  # all tie at 1 block: listed
+    router.begin("d0")
+    assert router.decode_candidates(tokens=prompt[:3]) == ["d1", "d2", "d0"]  # tie: lower load first
+    assert router.decode_candidates(tokens=prompt[:4]) == ["d2", "d1", "d0"]  # d2 alone holds 2 blocks
+
+
+def test_an_overloaded_affinity_worker_falls_back_to_load_order():
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
+    prompt = [1, 2, 3, 4]
+    router.remember("d1", prompt)
+    router.begin("d0")
+    for _ in range(AFFINITY_SLACK):
+        router.begin("d1")
+    assert router.decode_candidates(tokens=prompt) == ["d1", "d2", "d0"]  # exactly the slack: still first
+    router.begin("d1")
+    assert router.decode_candidates(tokens=prompt) == ["d2", "d0", "d1"]
+    router.end("d1")
+    assert router.decode_candidates(tokens=prompt) == ["d1", "d2", "d0"]
+
+
+def test_an_avoided_worker_goes_last_even_with_the_best_match():
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
+    prompt = [1, 2, 3, 4]
+    router.remember("d0", prompt)
+    router.remember("d2", prompt[:2])
+    router.begin("d1")
+    assert router.decode_candidates(avoid={"d0"}, tokens=prompt) == ["d2", "d1", "d0"]
+    assert router.decode_candidates(avoid={"d0", "d2"}, tokens=prompt) == ["d1", "d0", "d2"]
+    assert router.decode_candidates(avoid={"d0", "d1", "d2"}, tokens=prompt) == ["d0", "d2", "d1"]
+
+
+def test_mark_dead_forgets_the_cached_view():
+    router = Router(["p0"], ["d0", "d1"], page_size=2)
+    prompt = [1, 2, 3, 4]
+    router.remember("d1", prompt)
+    assert router.decode_candidates(tokens=prompt) == ["d1", "d0"]
+    router.mark_dead("d1")
+    assert router.decode_candidates(tokens=prompt) == ["d0"]
+    router.remember("d1", prompt)  # a late report from the dead worker is stale
+    router.revive("d1")
+    assert router.matched_blocks("d1", prompt) == 0
+    assert router.decode_candidates(tokens=prompt) == ["d0", "d1"]
+    with pytest.raises(ValueError, match="not a decode worker"):
+        router.remember("p0", prompt)
+
+
+def test_the_cached_view_is_lru_bounded():
+    router = Router(["p0"], ["d0", "d1"], page_size=2, max_blocks_per_worker=4)
+    a, b, c = [1, 1, 2, 2], [3, 3, 4, 4], [5, 5, 6, 6]
+    router.remember("d1", a)
+    router.remember("d1", b)
+    assert router.matched_blocks("d1", a) == 2  # a is now the most recently used
+    router.remember("d1", c)  # six blocks for a bound of four: b, the least recent, goes
+    assert [router.matched_blocks("d1", t) for t in (a, b, c)] == [2, 0, 2]
+    assert router.decode_candidates(tokens=b) == ["d0", "d1"]
+    # one conversation longer than the bound keeps its leading blocks, the ones a next turn matches
+    long = list(range(20))
+    router.remember("d0", long)
+    assert router.matched_blocks("d0", long) == 4
+    assert len(router.cached["d0"]) == 4
+
+
+def test_page_size_must_be_positive():
+    with pytest.raises(ValueError, match="page_size"):
+        Router(["p0"], ["d0"], page_size=0)
+    with pytest.raises(ValueError):
+        Router(["p0"], ["d0"], max_blocks_per_worker=0)
 
 
 def test_generated_workload_is_seeded_and_in_range():
