@@ -159,19 +159,21 @@ class Allocator(CompactionPlans):
     def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
         """Grow each (request_id, num_new_tokens); releases sliding-window pages that left the
         window. All or nothing. Requests that cross no page boundary touch no band."""
-        ids, added = checked_batch(requests, "extend")
+        table = self.holdings
+        ids, added, rows = table.checked_rows(requests, "extend")
         if not ids:
             return
-        rows = self.holdings.unpinned_rows(ids, "extend")
-        table = self.holdings
         old = table.num_tokens[rows]
         new = old + added
         if not self.has_swa:
-            # -(-n // page_size) is ceil(n / page_size): a request grows only when that changes.
-            growing = np.flatnonzero(-new // self.page_size != -old // self.page_size) if self.high else ()
-            if len(growing):
-                new_pages = self._pages_for_array(new[growing]) - self._pages_for_array(old[growing])
-                self._grow(ids, rows[growing], new_pages, np.zeros_like(growing), NO_POSITIONS)
+            if self.high:
+                # -old % page_size: free tokens in the last page (0: full or none). Where the added
+                # tokens exceed them by `short` > 0, the request takes ceil(short / page_size) pages.
+                short = added - -old % self.page_size
+                if np.maximum.reduce(short) > 0:  # one reduction on the common step that takes no page
+                    growing = (short > 0).nonzero()[0]
+                    some = slice(None) if growing.size == rows.size else growing  # all: views, no gathers
+                    self._grow(ids, rows[some], -(-short[some] // self.page_size))
             table.num_tokens[rows] = new
             return
         new_pages = self._pages_for_array(new) - self._pages_for_array(old)
@@ -192,38 +194,45 @@ class Allocator(CompactionPlans):
         ids: Sequence[str],
         rows: np.ndarray,
         new_pages: np.ndarray,
-        new_swa: np.ndarray,
-        dropped_swa: np.ndarray,
+        new_swa: np.ndarray | None = None,
+        dropped_swa: np.ndarray = NO_POSITIONS,
         drops: np.ndarray | None = None,
     ) -> None:
-        """Give `rows` their new pages (and window pages), freeing `dropped_swa`; all or nothing."""
+        """Give `rows` their new pages (and window pages), freeing `dropped_swa`; all or nothing.
+        Without a window (`new_swa` None) every row takes pages: `new_pages` >= 1 each."""
         table = self.holdings
+        num_pages = int(new_pages.sum())
+        num_swa = int(new_swa.sum()) if new_swa is not None else 0
         low_runs = None
         if dropped_swa.size:  # fit as if the dropped window pages were already free
             low_runs = self.low_band.runs.copy()
             low_runs.give(self.low_band.physical(dropped_swa))
-        if not self.frontier.fits(int(new_swa.sum()), int(new_pages.sum()), low_runs):
-            raise self._refuse(ids, int(new_swa.sum()), int(new_pages.sum()))
-        self.low_band.free(dropped_swa)
-        swa_pos = self.placement.low_positions(int(new_swa.sum()))
-        floor = self.frontier.high_floor(extra_low_top=int(swa_pos[-1]) if swa_pos.size else -1)
-        swa_v = self.low_band.assign(swa_pos)
-        paging = np.flatnonzero(new_pages)
-        if paging.size:
+        if not self.frontier.fits(num_swa, num_pages, low_runs):
+            raise self._refuse(ids, num_swa, num_pages)
+        floor, swa_v = self.frontier.high_floor(), NO_POSITIONS
+        if num_swa or dropped_swa.size:
+            self.low_band.free(dropped_swa)
+            swa_pos = self.placement.low_positions(num_swa)
+            floor = self.frontier.high_floor(extra_low_top=int(swa_pos[-1]) if swa_pos.size else -1)
+            swa_v = self.low_band.assign(swa_pos)
+        if num_pages:
+            paging = np.flatnonzero(new_pages) if new_swa is not None else slice(None)
             rows_paging, counts = rows[paging], new_pages[paging]
             vlast = table.last_vpage[rows_paging]
-            last = np.where(vlast >= 0, self.high_band.physical(np.maximum(vlast, 0)), -1)
-            claiming = bool(table.room[rows_paging].any())  # else no claim to move: skip the work
+            last = self.high_band.physical(vlast)
+            last[vlast < 0] = -1  # no page yet (v2p[-1] above is meaningless)
+            claims = self._live_claims()  # None: no request expects growth, so none has a claim to move
             rooms = None
-            if claiming:
+            if claims is not None and table.room[rows_paging].any():
                 self.claims[last + 1] = 0  # the old ends (-1: none, position 0 holds no claim)
                 rooms = np.maximum(table.room[rows_paging] - counts, 0)
                 table.room[rows_paging] = rooms
-            positions = self.placement.growth_positions(last, counts, floor, rooms, self._live_claims())
+                claims = self._live_claims()
+            positions = self.placement.growth_positions(last, counts, floor, rooms, claims, num_pages)
             table.append_pages(rows_paging, counts, self.high_band.assign(positions))
-            if claiming:
+            if rooms is not None:
                 self._set_claims(rows_paging)
-        if self.has_swa:
+        if new_swa is not None:
             table.slide_windows(rows, drops, new_swa, swa_v)
 
     def release_batch(self, request_ids: Sequence[str]) -> None:

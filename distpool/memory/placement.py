@@ -75,25 +75,32 @@ class Placement:
         floor: int,
         rooms: np.ndarray | None = None,
         claims: np.ndarray | None = None,
+        total: int | None = None,
     ) -> np.ndarray:
         """New pages for requests whose last page sits at `last` (-1: none yet) and that need
         `counts` more (each >= 1): request by request, each request's in token order. A request
-        that grows elsewhere alone keeps `rooms[i]` (its further expected growth) free after it."""
+        that grows elsewhere alone keeps `rooms[i]` (its further expected growth) free after it.
+        `total`: counts.sum(), when the caller has it."""
         runs = self.high_band.runs
-        total = int(counts.sum())
+        total = int(counts.sum()) if total is None else total
         if self.mode == "first_fit":
-            return _ascending_per_request(runs.take_highest(total, floor), counts.tolist())
+            positions = runs.take_highest(total, floor)
+            # One page each (a decode step): each request's share is one position, nothing to flip.
+            return positions if total == counts.size else _ascending_per_request(positions, counts)
+        if total == counts.size and self._none_free_after(last):
+            # A decode step among packed extents (the common case): no request grows in place, so
+            # all take one extent, the first request its top; the same rule as below, vectorized.
+            room = int(rooms[0]) if rooms is not None and total == 1 else 0
+            extent = self._extent(total, floor, room, claims)
+            runs.finish_batch()
+            return extent[::-1]
         after = np.where(last >= 0, last + 1, runs.num_positions)  # a request with no page grows nowhere
         in_place = runs.take_after(after, counts)
         rest = counts - in_place
         rest_total = int(rest.sum())
         moving = np.flatnonzero(rest)
         room = int(rooms[moving[0]]) if rooms is not None and moving.size == 1 else 0
-        extent = (
-            _positions_of(runs.take_extent(rest_total, floor, self.gap_keep, room=room, claims=claims))
-            if rest_total
-            else NO_POSITIONS
-        )
+        extent = self._extent(rest_total, floor, room, claims) if rest_total else NO_POSITIONS
         runs.finish_batch()
         if total == counts.size:  # one page each (a decode step): the same rule, without the bookkeeping
             after[moving] = extent[::-1]
@@ -109,15 +116,31 @@ class Placement:
         from_extent = np.clip(share_start[owner] + offset, 0, rest_total - 1)
         return np.where(offset < in_place[owner], after[owner] + offset, extent[from_extent])
 
+    def _none_free_after(self, last: np.ndarray) -> bool:
+        """Whether no position right after a `last` page is free, so that growth in place
+        (`FreeRuns.take_after`) would take nothing: three array operations instead of its lookups.
+        Conservative where it does not matter: a request without pages (-1) looks at position 0,
+        one whose last page is the band's top at that page itself (both grow nowhere in place)."""
+        return bool(self.high_band.owned.take(last + 1, mode="clip").all())
 
-def _ascending_per_request(positions: np.ndarray, counts: list[int]) -> np.ndarray:
+    def _extent(self, count: int, floor: int, room: int, claims: np.ndarray | None) -> np.ndarray:
+        """The positions of `FreeRuns.take_extent` (count >= 1), ascending."""
+        return _positions_of(
+            self.high_band.runs.take_extent(count, floor, self.gap_keep, room=room, claims=claims)
+        )
+
+
+def _ascending_per_request(positions: np.ndarray, counts: list[int] | np.ndarray) -> np.ndarray:
     """Positions handed out highest first, split by `counts` and flipped so each request's run up."""
-    bounds = np.cumsum([0, *counts])
-    return np.concatenate(
-        [positions[a:b][::-1] for a, b in zip(bounds[:-1], bounds[1:], strict=True)] + [NO_POSITIONS]
-    )
+    counts = np.asarray(counts, dtype=np.int64)
+    ends = np.cumsum(counts)
+    # Output slot j of the request whose share is [start, end) takes positions[start + end - 1 - j].
+    return positions[np.repeat(2 * ends - counts - 1, counts) - np.arange(positions.size)]
 
 
 def _positions_of(pieces: list[tuple[int, int]]) -> np.ndarray:
     """The positions of (start, length) pieces, piece by piece."""
+    if len(pieces) == 1:  # most extents are one piece
+        start, length = pieces[0]
+        return np.arange(start, start + length, dtype=np.int64)
     return np.concatenate([np.arange(s, s + n) for s, n in pieces] + [NO_POSITIONS])

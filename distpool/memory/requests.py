@@ -11,19 +11,19 @@ Who owns which token range (the allocator's contract) is stored here as plain da
   sliding window's pages), so growth appends in O(1).
 Rows of released requests are reused; the columns double when the table fills. Batch lookups and
 checks run in C where they can (itemgetter, set, map), since a decode step looks up every running
-request.
+request; a decode step that repeats the previous step's batch reuses its checked ids and rows
+(`checked_rows`) until the id -> row mapping changes (`generation`).
 """
 
 from __future__ import annotations
 
-import numbers
-from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from operator import itemgetter
 
 import numpy as np
 
+from distpool.memory.batch import CheckedIds, checked_counts, plain_int_counts, plain_ints
 from distpool.memory.pool import DuplicateRequest, RequestPinned, UnknownRequest
 
 
@@ -38,16 +38,10 @@ def checked_batch(requests: Sequence[tuple[str, int]], what: str) -> tuple[tuple
     ids, counts = zip(*requests, strict=True) if requests else ((), ())
     if len(set(ids)) != len(ids):
         raise DuplicateRequest(f"{what}: a request id appears twice in one batch: {list(ids)}")
-    if not set(map(type, counts)) <= {int}:  # one C pass in the common case of plain ints
-        for rid, n in requests:
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool):
-                raise ValueError(f"{what} {rid!r}: token count must be a non-negative int; got {n!r}")
-        counts = [int(n) for n in counts]
-    array = np.fromiter(counts, dtype=np.int64, count=len(counts))
-    if array.size and array.min() < 0:
-        i = int(np.flatnonzero(array < 0)[0])
-        raise ValueError(f"{what} {ids[i]!r}: token count must be a non-negative int; got {counts[i]!r}")
-    return ids, array
+    return ids, checked_counts(ids, counts, what)
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 class RequestTable:
@@ -64,6 +58,11 @@ class RequestTable:
         self.vswa: list[list[int]] = [[] for _ in range(capacity)]
         self._unused_rows = list(range(capacity - 1, -1, -1))
         self.num_pinned = 0  # requests with a pin: batch lookups skip the pin check while it is 0
+        # Bumped whenever the id -> row mapping changes (`add`, `remove`: the only writers of `rows`),
+        # so a checked batch from an older generation is never reused.
+        self.generation = 0
+        self._last_ids: CheckedIds | None = None
+        self._ones = np.ones(0, dtype=np.int64)  # read-only: the counts of a decode step (see checked_rows)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self.rows
@@ -79,12 +78,14 @@ class RequestTable:
             self._grow()
         row = self._unused_rows.pop()
         self.rows[request_id] = row
+        self.generation += 1
         self.num_tokens[row], self.pins[row], self.vslot[row] = num_tokens, 0, vslot
         self.last_vpage[row] = vpages[-1] if vpages else -1
         self.room[row] = 0
         self.vpages[row], self.vswa[row] = vpages, vswa
 
     def remove(self, request_ids: Sequence[str]) -> None:
+        self.generation += 1
         for rid in request_ids:
             row = self.rows.pop(rid)
             self.vpages[row], self.vswa[row] = [], []
@@ -98,19 +99,86 @@ class RequestTable:
 
     def unpinned_rows(self, request_ids: Sequence[str], what: str) -> np.ndarray:
         """Rows of live, unpinned requests; raises UnknownRequest or RequestPinned otherwise."""
+        found = self._live_rows_of(request_ids)
+        self._check_unpinned(request_ids, found, what)
+        return found
+
+    def checked_rows(
+        self, requests: Sequence[tuple[str, int]], what: str
+    ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """(ids, counts, rows) of a batch of (request_id, count) over live, unpinned requests: the
+        checks and errors of `checked_batch` then `unpinned_rows`, raised before anything changes.
+        `counts` and `rows` are read-only (later calls may hand out the same arrays).
+
+        Decode steps send the same ids step after step. While no request was added or removed
+        (`generation`), ids equal to those of the batch that last looked rows up are distinct and
+        live, with the same rows: only the counts and the pins are checked again. The second such
+        batch is also kept entry by entry; a later batch equal to it, with plain-int counts, has its
+        counts as well: then the checks are one comparison (in C), one pass over the counts' types
+        and the pin check."""
+        last = self._last_ids
+        if last is not None and last.generation == self.generation:
+            if (
+                last.entries is not None
+                and type(requests) is list
+                and last.entries == requests
+                # Equal is not enough for a count: True == 1 and 1.0 == 1, which checked_batch refuses.
+                and plain_int_counts(requests)
+            ):
+                self._check_unpinned(last.ids, last.rows, what)
+                return last.ids, last.counts, last.rows
+            ids, counts = zip(*requests, strict=True) if requests else ((), ())
+            if last.ids == ids:
+                added = self._counts_of(ids, counts, what)
+                self._check_unpinned(last.ids, last.rows, what)
+                if last.entries is None:  # the ids came again: keep this batch (as tuples: unchangeable)
+                    self._last_ids = last._replace(entries=list(map(tuple, requests)), counts=added)
+                return last.ids, added, last.rows
+        else:
+            ids, counts = zip(*requests, strict=True) if requests else ((), ())
+        if len(set(ids)) != len(ids):
+            raise DuplicateRequest(f"{what}: a request id appears twice in one batch: {list(ids)}")
+        if not ids:
+            return ids, np.empty(0, dtype=np.int64), _NO_ROWS
+        added = self._counts_of(ids, counts, what)  # before the lookup: checked_batch's order of errors
+        rows = self._live_rows_of(ids)
+        rows.flags.writeable = False
+        self._last_ids = CheckedIds(self.generation, ids, rows, None, added)
+        self._check_unpinned(ids, rows, what)  # pins change without a new generation: checked each time
+        return ids, added, rows
+
+    def _counts_of(self, ids: tuple[str, ...], counts: tuple[int, ...], what: str) -> np.ndarray:
+        """`checked_counts`, read-only; counts that are all 1 (a decode step) as one shared array."""
+        # Plain ints equal to 1 are each the int 1 (True == 1 too, but it fails the type check).
+        if plain_ints(counts) and counts.count(1) == len(counts):
+            return self._ones_of(len(counts))
+        added = checked_counts(ids, counts, what)
+        added.flags.writeable = False
+        return added
+
+    def _ones_of(self, n: int) -> np.ndarray:
+        """A read-only int64 array of `n` ones (a view of one shared array)."""
+        if self._ones.size < n:
+            self._ones = np.ones(max(n, 2 * self._ones.size), dtype=np.int64)
+            self._ones.flags.writeable = False
+        return self._ones[:n]
+
+    def _live_rows_of(self, request_ids: Sequence[str]) -> np.ndarray:
+        """Rows of `request_ids` (at least one); raises UnknownRequest for an id not in the table."""
         try:  # itemgetter looks every id up in C
             found = (
                 itemgetter(*request_ids)(self.rows) if len(request_ids) > 1 else [self.rows[request_ids[0]]]
             )
         except KeyError as missing:
             raise UnknownRequest(f"unknown request {missing.args[0]!r}") from None
-        found = np.fromiter(found, dtype=np.int64, count=len(request_ids))
+        return np.fromiter(found, dtype=np.int64, count=len(request_ids))
+
+    def _check_unpinned(self, request_ids: Sequence[str], rows: np.ndarray, what: str) -> None:
         if self.num_pinned:
-            pins = self.pins[found]
+            pins = self.pins[rows]
             if pins.any():
                 rid = request_ids[int(np.flatnonzero(pins)[0])]
                 raise RequestPinned(f"{what}: request {rid!r} is pinned by a transfer; unpin it first")
-        return found
 
     def pin(self, request_id: str) -> None:
         row = self.row(request_id)
@@ -141,15 +209,18 @@ class RequestTable:
         return low, concat_ids([self.vpages[r] for r in rows])
 
     def append_pages(self, rows: np.ndarray, counts: np.ndarray, vpages: np.ndarray) -> None:
-        """Append `counts[i]` of `vpages` (in order) to row i's pages."""
-        self.last_vpage[rows] = vpages[np.cumsum(counts) - 1]
-        lists = [self.vpages[r] for r in rows.tolist()]
-        if counts.max() == 1:  # a decode step: one page each, appended without a Python loop body
-            deque(map(list.append, lists, vpages.tolist()), maxlen=0)
+        """Append `counts[i]` (>= 1) of `vpages` (in order) to row i's pages."""
+        held = self.vpages
+        if vpages.size == counts.size:  # a decode step: one page each
+            self.last_vpage[rows] = vpages
+            # A plain loop: CPython specializes `list.append` here, which beat map/deque when measured.
+            for r, v in zip(rows.tolist(), vpages.tolist(), strict=True):
+                held[r].append(v)
             return
+        self.last_vpage[rows] = vpages[np.cumsum(counts) - 1]
         at = 0
-        for held, k in zip(lists, counts.tolist(), strict=True):
-            held += vpages[at : at + k].tolist()
+        for r, k in zip(rows.tolist(), counts.tolist(), strict=True):
+            held[r] += vpages[at : at + k].tolist()
             at += k
 
     def slide_windows(
