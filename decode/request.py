@@ -39,3 +39,19 @@ class DecodeRequest:
             "runs": self.runs,
             "prefix_hit_tokens": self.held_tokens,
         }
+
+
+def check_request(
+    request_id: str, prompt: object, max_new_tokens: int, vocab_size: int, context_len: int
+) -> None:
+    """Raise ValueError (with the fix) unless `prompt` is a non-empty list of token ids in the
+    vocabulary and the request fits the context length once it has all its new tokens."""
+    if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < vocab_size for t in prompt):
+        raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab_size})")
+    if len(prompt) < 1 or max_new_tokens < 1:
+        raise ValueError(f"prompt_len and max_new_tokens must be >= 1; got {len(prompt)}, {max_new_tokens}")
+    if len(prompt) + max_new_tokens > context_len:
+        raise ValueError(
+            f"request {request_id!r} needs {len(prompt) + max_new_tokens} tokens, more than the pool's "
+            f"context length {context_len}; raise --context-len"
+        )

@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import nullcontext
 
-from decode.request import DecodeRequest
+from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import Transfer, TransferError
@@ -89,19 +89,8 @@ class DecodeWorker(WorkerBase):
         (a receiver fault of `transfer.faults`) is injected into its transfer on purpose.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
-        vocab = self.model.vocab_size
-        if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < vocab for t in prompt):
-            raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab})")
+        check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
         prompt_len = len(prompt)
-        if prompt_len < 1 or max_new_tokens < 1:
-            raise ValueError(
-                f"prompt_len and max_new_tokens must be >= 1; got {prompt_len}, {max_new_tokens}"
-            )
-        if prompt_len + max_new_tokens > self.sizes.args.context_len:
-            raise ValueError(
-                f"request {request_id!r} needs {prompt_len + max_new_tokens} tokens, more than the pool's "
-                f"context length {self.sizes.args.context_len}; raise --context-len"
-            )
         with self._lock:
             if any(request_id in held for held in (self._waiting, self._arrived, self._running)):
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")

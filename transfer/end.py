@@ -22,7 +22,7 @@ from distpool.memory.envelope import Envelope
 from transfer.channel import Channel
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import check_ranges
+from transfer.plan import check_ranges, moving_ranges
 from transfer.protocol import decode_message
 from transfer.staging import CopyStream, StagingBuffers
 
@@ -34,7 +34,7 @@ class Job:
     transfer: Transfer
     envelope: Envelope
     buffer: torch.Tensor  # the arena's 1-D uint8 buffer, on the channel's device
-    ranges: torch.Tensor  # (n, 2) int64 on the host: this end's bytes, canonical order
+    ranges: torch.Tensor  # (n, 2) int64 on the host: the bytes it moves here, canonical order
     ready: torch.cuda.Event | None = None  # CUDA: the caller's writes the gather must wait for
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
     spent_keys: list[str] = field(default_factory=list)  # store keys to delete once it concluded
@@ -132,16 +132,19 @@ class ChannelEnd(abc.ABC):
             raise ValueError(
                 f"ranges cover {total} bytes but envelope {envelope.request_id!r} says {envelope.num_bytes}"
             )
+        # Only the rows a transfer moves are its to read or write: a held prefix is shared, read only.
+        ranges = moving_ranges(envelope, ranges)
         transfer = Transfer(
             request_id=envelope.request_id,
             role=self.role,
-            num_bytes=envelope.num_bytes,
+            num_bytes=int(ranges[:, 1].sum()),
             deadline_s=deadline_s,
             on_chunk=on_chunk,
             on_expire=on_expire,
             active_timeout_s=active_timeout_s,
             first_token=first_token,
         )
+        transfer.held_pages = envelope.held_pages
         return Job(
             transfer=transfer,
             envelope=envelope,

@@ -77,8 +77,8 @@ def moving_rows(table: Table, held_pages: int, *, has_slot: bool) -> Table:
     return table[[*range(first), *range(first + held_pages, table.shape[0])]]
 
 
-def moving_ranges(envelope: Envelope, ranges: torch.Tensor) -> torch.Tensor:
-    """`moving_rows` of a destination envelope's `ranges`: what a transfer into it writes."""
+def moving_ranges(envelope: Envelope, ranges: Table) -> Table:
+    """`moving_rows` of a table in `envelope`'s canonical order, less the pages it holds."""
     return moving_rows(ranges, envelope.held_pages, has_slot=envelope.slot_id is not None)
 
 

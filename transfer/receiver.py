@@ -8,10 +8,9 @@ worker thread waits for the sender's bell, then for the transfer it announces:
     check it against the reservation: request id, tokens, row count and row sizes (the source
         table, less the pages held here already, must pair with ours), chunk size; any mismatch ->
         REFUSE, nothing written
-    READY + our table + how many leading pages we hold (the sender skips them); keep three
-        chunks' receives posted (messages contiguous here straight
-        into our arena, a staged one into staging buffer k % 3); land chunk k (its scatter overlaps the
-        arrival of k+1 and k+2), then post chunk k+3
+    READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
+        receives posted (messages contiguous here straight into our arena, a staged one into
+        staging buffer k % 3); land chunk k (its scatter overlaps k+1 and k+2), then post k+3
     END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
 
 Where bytes go is computed from this end's own ranges alone; the header only has to agree.
@@ -29,16 +28,7 @@ from transfer.channel import RECEIVER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import (
-    DST,
-    NBYTES,
-    Chunk,
-    assign_streams,
-    moving_ranges,
-    moving_rows,
-    plan_messages,
-    plan_runs,
-)
+from transfer.plan import DST, NBYTES, Chunk, assign_streams, moving_ranges, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
     END,
@@ -96,9 +86,8 @@ class EnvelopeReceiver(ChannelEnd):
         active_timeout_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:
-        """Register a reserved destination (its bytes at `ranges` in `buffer`) for `envelope.request_id`.
-        The envelope's first `held_pages` pages are held here already: they are neither received
-        nor written, and READY tells the sender to skip them.
+        """Register a reserved destination (its bytes at `ranges` in `buffer`) for `envelope.request_id`;
+        its first `held_pages` pages are held here already: never received nor written.
 
         The transfer must begin within `deadline_s`; once it has, `active_timeout_s` (default: the
         rest of that deadline) bounds it. Its `first_token` is the header's. Raises ValueError for bad
@@ -114,10 +103,6 @@ class EnvelopeReceiver(ChannelEnd):
             on_expire=self._expire,
             active_timeout_s=active_timeout_s,
         )
-        # Only the rows it moves are this transfer's to write: the held prefix is shared, read only.
-        job.ranges = moving_ranges(envelope, job.ranges)
-        job.transfer.num_bytes = int(job.ranges[:, 1].sum())
-        job.transfer.held_pages = envelope.held_pages
         with self.cond:
             if self.closed:
                 raise ChannelError("the receiver is closed")
@@ -212,12 +197,12 @@ class EnvelopeReceiver(ChannelEnd):
             return transfer.abort_reason
         if time.monotonic() >= transfer.deadline:
             return "the reservation's deadline passed before the transfer could start"
-        num_rows, held = len(header["table"]) // 16, expected.held_pages
+        num_rows = len(header["table"]) // 16
         checks = [
             ("protocol version", PROTOCOL_VERSION, header["version"]),
             ("transfer sequence number", seq, header["seq"]),
             ("number of tokens", expected.num_tokens, header["num_tokens"]),
-            ("number of byte ranges (slot and pages)", job.ranges.shape[0] + held, num_rows),
+            ("number of byte ranges (slot and pages)", job.ranges.shape[0] + expected.held_pages, num_rows),
         ]
         for what, mine, theirs in checks:
             if mine != theirs:
@@ -228,8 +213,7 @@ class EnvelopeReceiver(ChannelEnd):
                 f"be in (0, {self.max_chunk_bytes}] and > 0"
             )
         try:
-            source = table_from_bytes(header["table"], num_rows=num_rows)
-            source = moving_rows(source, held, has_slot=expected.slot_id is not None)
+            source = moving_ranges(expected, table_from_bytes(header["table"], num_rows=num_rows))
             job.runs = plan_runs(source, job.ranges)
         except (ProtocolError, ValueError) as exc:
             return str(exc)

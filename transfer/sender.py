@@ -34,16 +34,7 @@ from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer, TransferOptions
-from transfer.plan import (
-    NBYTES,
-    SRC,
-    Chunk,
-    Message,
-    assign_streams,
-    moving_rows,
-    plan_messages,
-    plan_runs,
-)
+from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
     END,
