@@ -96,9 +96,9 @@ class DecodeWorker(WorkerBase):
                 raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
             cache = self.pool.prefix_cache
             match = cache.match(prompt) if cache is not None else None
-            held = match.num_tokens if match is not None else 0
+            held_pages = len(match.pages) if match is not None else 0
             with cache.holding(match) if match is not None else nullcontext():  # eviction spares it
-                if not self.can_admit(prompt_len, max_new_tokens, held):
+                if not self.can_admit(prompt_len, max_new_tokens, held_pages * self.pool.page_size):
                     reason = f"{self.name} has no room with headroom for running requests"
                     raise DoesNotFit(request_id, reason)
                 # Its final length keeps room for the tokens it will generate right after its pages.
@@ -106,12 +106,11 @@ class DecodeWorker(WorkerBase):
                 self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=final, prefix=match)
             self.pool.pin(request_id)  # a transfer writes into it from now on
             req = self._waiting[request_id] = DecodeRequest(
-                prompt=prompt, max_new_tokens=max_new_tokens, held_tokens=held
+                prompt=prompt, max_new_tokens=max_new_tokens, held_tokens=held_pages * self.pool.page_size
             )
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
             # The cached prefix's pages are shared: the transfer moves (and writes) only the rest.
-            held_pages = len(match.pages) if match is not None else 0
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
             ranges = self.pool.envelope_ranges(request_id)
             req.runs = byte_runs(moving_ranges(envelope, ranges))

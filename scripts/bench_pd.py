@@ -114,7 +114,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
             parts = report["ttft_breakdown_ms"]
             row = {
                 "prompt_tokens": length,
-                "envelope_bytes": int(report["envelope_bytes_p50"]),
+                "envelope_bytes": int(report["transfer_bytes_p50"]),
                 "transfer_ms": parts["transfer"]["p50"],
                 "transfer_gbps": report["transfer_gbps"],
                 "link_gbps": report["link_gbps"],

@@ -143,8 +143,8 @@ class ChannelEnd(abc.ABC):
             on_expire=on_expire,
             active_timeout_s=active_timeout_s,
             first_token=first_token,
+            held_pages=envelope.held_pages,
         )
-        transfer.held_pages = envelope.held_pages
         return Job(
             transfer=transfer,
             envelope=envelope,

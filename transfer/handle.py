@@ -119,6 +119,7 @@ class Transfer:
         on_expire: Callable[[Transfer], None] | None = None,
         active_timeout_s: float | None = None,
         first_token: int | None = None,
+        held_pages: int = 0,
     ) -> None:
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
@@ -127,7 +128,7 @@ class Transfer:
         # The bytes it moves: the whole envelope, less the pages the destination holds already
         # (`held_pages`, known to the sender once the receiver answers).
         self.num_bytes = num_bytes
-        self.held_pages = 0
+        self.held_pages = held_pages
         self.deadline = time.monotonic() + deadline_s  # time.monotonic() clock
         self.active_timeout_s = active_timeout_s
         self.first_token = first_token

@@ -127,8 +127,8 @@ class PeerChannels:
         `fault` (one of `transfer.faults.RECEIVER_FAULTS`) is injected into it on purpose."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        moving = moving_ranges(envelope, ranges)  # a fault never strikes a held (shared) page
-        hook = None if fault is None else receiver_hook(fault, buffer, moving)
+        # A fault strikes a byte the transfer writes, never a held (shared) page.
+        hook = None if fault is None else receiver_hook(fault, buffer, moving_ranges(envelope, ranges))
         timeout_s = self.options.timeout_s
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook

@@ -54,11 +54,11 @@ def test_run_reports_verification_link_utilization_and_ttft_parts(ray_session, t
     assert report["corrupt_envelopes"] == 0 and report["parity_mismatches"] == 0
     slot = size_pools(spec.worker.spec, spec.worker.for_role("decode"), spec.worker.budget_bytes).slot_bytes
     assert (
-        report["envelope_bytes_p50"] >= slot and report["envelope_bytes_max"] >= report["envelope_bytes_p50"]
+        report["transfer_bytes_p50"] >= slot and report["transfer_bytes_max"] >= report["transfer_bytes_p50"]
     )
     assert 1 <= report["runs_per_envelope_p50"] <= report["runs_per_envelope_max"]
     assert report["link_gbps"] > 0 and report["link_utilization"] > 0
-    assert report["link_message_bytes"] == int(report["envelope_bytes_p50"])
+    assert report["link_message_bytes"] == int(report["transfer_bytes_p50"])
     assert {link["channel"] for link in report["links"]} <= {"prefill-0->decode-0", "prefill-0->decode-1"}
     assert set(report["ttft_breakdown_ms"]) == TTFT_PARTS
     parts_p50 = sum(v["p50"] for v in report["ttft_breakdown_ms"].values())
@@ -115,7 +115,7 @@ def test_a_config_outside_the_presets_runs_at_its_true_size_with_metrics_served(
     slot = size_pools(spec_from_hf(config), PoolArgs(disaggregation_mode="decode"), 1 << 30).slot_bytes
     assert report["cache"] == "synthetic" and report["completed"] == 6
     assert report["verified_envelopes"] >= 6 and report["corrupt_envelopes"] == 0
-    assert report["envelope_bytes_p50"] >= slot > 100 << 20
+    assert report["transfer_bytes_p50"] >= slot > 100 << 20
     assert report["link_utilization"] > 0
 
 
