@@ -17,8 +17,8 @@ from distpool.memory.describe import format_sizes
 from distpool.memory.sizing import GIB, PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import format_presets, preset_rows, resolve_model
-from distpool.reference.cache import CACHES, choose_cache
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.select import CACHES, choose_cache
 from distpool.serving import conversation, workload
 from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
 from distpool.serving.workload import WORKLOADS, Request

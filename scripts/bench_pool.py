@@ -58,7 +58,7 @@ from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0

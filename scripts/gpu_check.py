@@ -31,8 +31,8 @@ from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.presets import resolve_model  # noqa: E402
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
-from distpool.reference.model import ReferenceModel  # noqa: E402
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
+from distpool.model_impl.reference.model import ReferenceModel  # noqa: E402
 from transfer.staging import gather, scatter  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import ray  # noqa: E402
 
 from distpool.memory.sizing import PoolArgs  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 from distpool.serving import workload  # noqa: E402
 from distpool.serving.deployment import Deployment, DeploymentSpec  # noqa: E402
 from distpool.serving.driver import ServeOptions, Server  # noqa: E402

@@ -16,7 +16,7 @@ import torch
 
 from distpool.memory.arena import Arena
 from distpool.model.presets import resolve_model
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
 

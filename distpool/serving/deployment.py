@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode.worker import DecodeWorker
 from distpool.memory.sizing import size_pools
 from distpool.model.spec import HYBRID_MAMBA
-from distpool.reference.cache import choose_cache
+from distpool.model_impl.select import choose_cache
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 

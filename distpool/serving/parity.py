@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.sizing import GIB, size_pools
-from distpool.reference.cache import build_cache
+from distpool.model_impl.select import build_cache
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.outcome import Outcome
 from distpool.serving.workload import Request

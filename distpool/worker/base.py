@@ -14,7 +14,7 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
 from distpool.memory.sizing import size_pools
-from distpool.reference.cache import build_cache
+from distpool.model_impl.select import build_cache
 from distpool.worker.config import WorkerConfig
 from distpool.worker.metrics import WorkerMetrics
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import ModelSpec
-from distpool.reference.cache import CACHES
+from distpool.model_impl.select import CACHES
 from transfer import TransferOptions
 
 DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here

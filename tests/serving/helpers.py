@@ -4,7 +4,7 @@ import asyncio
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving import workload
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.workload import Request

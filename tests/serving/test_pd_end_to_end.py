@@ -4,7 +4,7 @@ and every pool back to empty afterwards."""
 import pytest
 import torch
 
-from distpool.reference.model import ReferenceModel
+from distpool.model_impl.reference.model import ReferenceModel
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.workload import Request
 from tests.serving.helpers import make_spec, mixed_requests, serve

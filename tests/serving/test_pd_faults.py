@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.parity import colocated_tokens

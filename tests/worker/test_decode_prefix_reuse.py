@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from distpool.reference.model import ReferenceModel
+from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from tests.worker.test_synthetic_workers import synthetic_config
 from tests.worker.test_workers import ARGS, SPEC, assert_nothing_held, make_pair, serve, wait_finished

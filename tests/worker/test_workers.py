@@ -10,8 +10,8 @@ from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit, Pool
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.reference.model import ReferenceModel
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 from transfer import ChannelError, TransferOptions

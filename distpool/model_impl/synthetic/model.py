@@ -1,7 +1,7 @@
 """A stand-in for a real model of any size: writes every byte of an envelope with a pattern that a
 decode worker can verify byte for byte. No weights, no arithmetic beyond hashing.
 
-The pattern (functions in `synthetic_pattern`; H_k is the prefix hash of the first k tokens):
+The pattern (functions in `pattern.py`; H_k is the prefix hash of the first k tokens):
 - KV row of token position p in layer l (K and V, full and sliding-window): base[l, what] XOR
   hash(seed, l, what, H_{p+1}); a row depends on its prefix only, so shared prefixes share bytes.
 - A Mamba state tensor after prefill of n tokens: base[l, name] XOR hash(seed, l, name, H_n) in
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from distpool.model.spec import ModelSpec
-from distpool.reference.pool_model import Mismatch, PoolModel
-from distpool.reference.prefill_job import plan_prefill
-from distpool.reference.synthetic_envelope import EnvelopePattern
-from distpool.reference.synthetic_pattern import next_hash, prefix_hashes, token_after
+from distpool.model_impl.pool_model import Mismatch, PoolModel
+from distpool.model_impl.prefill_job import plan_prefill
+from distpool.model_impl.synthetic.envelope import EnvelopePattern
+from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, token_after
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool

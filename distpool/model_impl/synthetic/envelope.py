@@ -1,7 +1,7 @@
 """The synthetic pattern laid over a pool: which rows a request holds, writing them, verifying them.
 
 Rows are addressed through the pool's own views (no copies): a KV tensor as (num_pages, page_size,
-words) and a state tensor as (num_slots, words), words as `synthetic_pattern.as_words` reads them.
+words) and a state tensor as (num_slots, words), words as `pattern.as_words` reads them.
 Writes are batched: one indexed write per layer, tensor and chunk of positions for a whole batch.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from distpool.model.spec import ModelSpec
-from distpool.reference.pool_model import Mismatch
-from distpool.reference.synthetic_pattern import (
+from distpool.model_impl.pool_model import Mismatch
+from distpool.model_impl.synthetic.pattern import (
     as_words,
     base_words,
     prefix_hashes,

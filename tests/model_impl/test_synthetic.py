@@ -13,11 +13,11 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.memory.pool import DoesNotFit
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import AttentionSpec, ModelSpec
-from distpool.reference.cache import CACHES, build_cache, choose_cache
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.reference.model import ReferenceModel
-from distpool.reference.synthetic import Mismatch, SyntheticCache
-from distpool.reference.synthetic_pattern import next_hash, prefix_hashes
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.model import ReferenceModel
+from distpool.model_impl.select import CACHES, build_cache, choose_cache
+from distpool.model_impl.synthetic.model import Mismatch, SyntheticCache
+from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes
 from tests.factories import FIXTURES, accounting, make_pool, make_spec
 
 PAGE = 4

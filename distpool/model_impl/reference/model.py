@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from distpool.model.spec import ModelSpec
-from distpool.reference.layers import (
+from distpool.model_impl.pool_model import Mismatch, PoolModel
+from distpool.model_impl.prefill_job import PrefillJob, plan_prefill
+from distpool.model_impl.reference.layers import (
     COMPUTE_DTYPE,
     AttentionLayer,
     Mamba2Layer,
@@ -24,10 +26,8 @@ from distpool.reference.layers import (
     build_layers,
     rms_norm,
 )
-from distpool.reference.past import Pair, Past
-from distpool.reference.pool_model import Mismatch, PoolModel
-from distpool.reference.prefill_job import PrefillJob, plan_prefill
-from distpool.reference.support import unsupported_reason
+from distpool.model_impl.reference.past import Pair, Past
+from distpool.model_impl.reference.support import unsupported_reason
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool

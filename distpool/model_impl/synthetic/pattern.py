@@ -19,7 +19,7 @@ HASH_BASE = 0x100000001B3  # odd, so invertible mod 2^64: prefix hashes are comp
 MASK = (1 << 64) - 1
 TOKEN_KEY = 0x70CE_5EED_0F_70CE  # separates generated tokens from every byte stream
 BASE_KEY = 0xBA5E_0F_B17E5  # separates a stream's per-word base from its per-row hashes
-NUM_STRIPES = 16  # a decode step rewrites one stripe of each state tensor (see synthetic.py)
+NUM_STRIPES = 16  # a decode step rewrites one stripe of each state tensor (see model.py)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)

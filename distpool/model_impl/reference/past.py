@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from distpool.reference.layers import COMPUTE_DTYPE
+from distpool.model_impl.reference.layers import COMPUTE_DTYPE
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool

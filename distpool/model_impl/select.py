@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from distpool.model.spec import ModelSpec
-from distpool.reference.model import ReferenceModel, unsupported_reason
-from distpool.reference.synthetic import SyntheticCache
+from distpool.model_impl.reference.model import ReferenceModel, unsupported_reason
+from distpool.model_impl.synthetic.model import SyntheticCache
 
 CACHES = ("auto", "reference", "synthetic")
 

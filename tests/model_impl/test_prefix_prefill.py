@@ -10,12 +10,12 @@ import torch
 from distpool.memory.arena_pool import ArenaPool
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import DENSE, ModelSpec
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.reference.model import ReferenceModel
-from distpool.reference.pool_model import PoolModel
-from distpool.reference.synthetic import CorruptCheckpoint, Mismatch, SyntheticCache
+from distpool.model_impl.pool_model import PoolModel
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.model import ReferenceModel
+from distpool.model_impl.synthetic.model import CorruptCheckpoint, Mismatch, SyntheticCache
 from tests.factories import make_sizes, make_spec
-from tests.reference.test_synthetic import NEMOTRON, copy_envelope
+from tests.model_impl.test_synthetic import NEMOTRON, copy_envelope
 
 PAGE = 4
 STEPS = 6  # decode steps after the first token

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distpool.model.spec import HYBRID_MAMBA, ModelSpec
-from distpool.reference.configs import REFERENCE_HYBRID_CONFIG
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 
 MAX_PARAMS = 64_000_000
 
