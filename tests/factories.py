@@ -13,6 +13,8 @@ from pathlib import Path
 
 from distpool.memory.arena_pool import ArenaPool, build_pool
 from distpool.memory.sizing import PoolArgs, PoolSizes, size_pools
+from distpool.model.hf_config import spec_from_hf
+from distpool.model.shard import RankShard
 from distpool.model.spec import (
     DENSE,
     HYBRID_MAMBA,
@@ -114,3 +116,109 @@ def accounting(pool: ArenaPool) -> tuple:
     """Everything a refused call must leave unchanged: usage, and what is available now and after
     a compaction."""
     return pool.usage(), pool.available(), pool.available(after_compaction=True)
+
+
+# ---- tensor parallelism -------------------------------------------------------------------------
+# Small Hugging Face configs whose shard rules differ, read through `spec_from_hf` like real ones.
+_NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "hidden_size": 64,
+    "hybrid_override_pattern": "M*M-M*",  # Mamba2 layers 0, 2, 4; attention 1, 5
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 8,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 4,
+    "ssm_state_size": 8,
+    "conv_kernel": 4,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1000,
+}
+TP_CONFIGS: dict[str, dict] = {
+    # Mamba2, one group: B and C replicated on every rank at TP 2 and 4
+    "mamba2_groups1": _NEMOTRON_H | {"n_groups": 1, "num_key_value_heads": 2},
+    # Mamba2, eight groups: B and C split like the heads
+    "mamba2_groups8": _NEMOTRON_H | {"n_groups": 8},
+    # gated delta net (Qwen3-Next): 2 KV heads, fewer than TP 4; conv q | k | v by key and value heads
+    "gdn_kv2": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,  # layers 1 and 3 are full attention
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "linear_key_head_dim": 4,
+        "linear_value_head_dim": 4,
+        "linear_conv_kernel_dim": 4,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 1000,
+    },
+    # Falcon-H1: attention and Mamba2 side by side in every layer; one group. A head dim of 3 puts a
+    # TP-4 rank's piece of x at byte offsets that are not whole words (the pattern's byte path)
+    "falcon_h1": {
+        "architectures": ["FalconH1ForCausalLM"],
+        "model_type": "falcon_h1",
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "mamba_d_ssm": 24,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 3,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 6,
+        "mamba_d_conv": 4,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 1000,
+    },
+    # sliding-window and full-attention layers (Gemma 3): window pages shard like pages
+    "gemma3_swa": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "sliding_window_pattern": 2,  # layers 1 and 3 are global, 0 and 2 slide over 8 tokens
+        "sliding_window": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 8,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 1000,
+    },
+    # Kimi-Linear: MLA (one latent per token, replicated on every rank) and KDA (q, k, v convs by heads)
+    "kimi_mla": {
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "linear_attn_config": {
+            "full_attn_layers": [2, 4],
+            "kda_layers": [1, 3],
+            "head_dim": 4,
+            "num_heads": 8,
+            "short_conv_kernel_size": 4,
+        },
+        "torch_dtype": "bfloat16",
+        "vocab_size": 1000,
+    },
+}
+
+
+def tp_spec(name: str) -> ModelSpec:
+    """The spec of `TP_CONFIGS[name]`, classified as a real config is."""
+    return spec_from_hf(TP_CONFIGS[name])
+
+
+def make_rank_pool(shard: RankShard, *, unified: bool, budget_bytes: int = 64 << 10) -> ArenaPool:
+    """One TP rank's pool: sized for the shapes the rank stores (`shard.spec`)."""
+    return make_pool(shard.spec, unified=unified, budget_bytes=budget_bytes, context_len=32)

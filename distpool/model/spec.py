@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distpool.model.dtypes import canonical_dtype, dtype_bytes
+from distpool.model.shard_rule import Segment, ShardRule, ShardTable, TensorRule
 
 # Model kinds (design.md "Vocabulary").
 HYBRID_MAMBA = "hybrid_mamba"
@@ -51,6 +52,13 @@ class AttentionSpec:
         """K and V bytes one token occupies in one layer."""
         return self.num_kv_heads * (self.head_dim + self.v_head_dim) * dtype_bytes(self.dtype)
 
+    @property
+    def shard_rule(self) -> ShardRule:
+        """K and V of a token, (kv_heads, dim), split by KV heads; replicated when TP exceeds them
+        (MLA's one latent is replicated on every rank)."""
+        heads = Segment("heads", "KV heads", count=self.num_kv_heads, width=1, replicable=True)
+        return ShardRule(axis=0, segments=(heads,))
+
 
 @dataclass(frozen=True)
 class StateTensorSpec:
@@ -71,10 +79,13 @@ class MambaSpec:
 
     `family` is one of mamba2, mamba1, gated_delta_net, kda, short_conv. `tensors` lists the
     state tensors in slot order: conv state(s) first, then the SSM / recurrent state.
+    `shard_rules` says how a TP group splits each of them (same order); empty when unknown, which
+    limits the model to TP 1.
     """
 
     family: str
     tensors: tuple[StateTensorSpec, ...]
+    shard_rules: tuple[ShardRule, ...] = ()
 
     @property
     def bytes_per_layer(self) -> int:
@@ -176,10 +187,35 @@ class ModelSpec:
             mamba = dataclasses.replace(mamba, tensors=tensors)
         return dataclasses.replace(self, full_attention=full, sliding_attention=swa, mamba=mamba)
 
+    # ---- tensor parallelism ------------------------------------------------------------
+    @property
+    def shard_table(self) -> ShardTable:
+        """How a TP group splits every cached tensor (`distpool.model.shard` applies it)."""
+        tensors = []
+        for prefix, attention in (("", self.full_attention), ("swa_", self.sliding_attention)):
+            if attention is not None:
+                for name, dim in (("k", attention.head_dim), ("v", attention.v_head_dim)):
+                    if dim:  # (MLA caches no V)
+                        shape = (attention.num_kv_heads, dim)
+                        tensors.append(
+                            TensorRule(prefix + name, shape, attention.dtype, attention.shard_rule)
+                        )
+        if self.mamba is not None:
+            rules = self.mamba.shard_rules or (None,) * len(self.mamba.tensors)
+            for tensor, rule in zip(self.mamba.tensors, rules, strict=True):
+                tensors.append(TensorRule(tensor.name, tensor.shape, tensor.dtype, rule))
+        queries = (("query heads", self.num_attention_heads),) if self.num_attention_heads else ()
+        return ShardTable(tensors=tuple(tensors), split_counts=queries)
+
     # ---- identity ----------------------------------------------------------------------
     def layout_fields(self) -> dict[str, Any]:
-        """The fields that decide byte layout (what a layout fingerprint must cover)."""
+        """The fields that decide byte layout (what a layout fingerprint must cover).
+
+        Shard rules are left out: they say which coordinates a TP rank holds, not where a byte of
+        one pool lives (a rank's own shapes are in its spec); the TP handshake compares them."""
         fields = dataclasses.asdict(self)
         for name in ("source", "architectures", "model_type", "dtype", *COMPUTE_FIELDS):
             fields.pop(name)
+        if fields["mamba"] is not None:
+            fields["mamba"].pop("shard_rules")
         return fields

@@ -1,0 +1,217 @@
+"""What one rank of a tensor-parallel group holds: `shard(spec, tp, rank)` from the spec's rules.
+
+`check_tp(spec, tp)` refuses a TP size some rule cannot meet (a ValueError of one line naming the
+units, their count and the TP sizes that work). `shard` gives the rank its spec (the shapes its own
+pool stores, so sizing and the arena work unchanged) and, per tensor, the pieces of the unsharded
+tensor it holds: what the transfer plan maps between two TP layouts and what the synthetic cache's
+pattern is laid over. Every rank of one TP size stores the same shapes; only the pieces differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from distpool.model.dtypes import dtype_bytes
+from distpool.model.shard_rule import ShardTable, TensorRule
+from distpool.model.spec import ModelSpec
+
+MAX_LISTED_TP = 64  # refusals list the TP sizes up to this that would work
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """One rank's part of one cached tensor: `pieces` of the unsharded shard axis, in its order.
+
+    A row is what `shape` describes: one token's K or V, or one request's state tensor. The
+    rank's row is its pieces laid end to end along the axis (every other dim whole)."""
+
+    name: str
+    shape: tuple[int, ...]  # the unsharded row
+    dtype: str
+    axis: int
+    pieces: tuple[tuple[int, int], ...]  # [start, stop) along `axis` of the unsharded row
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        held = sum(stop - start for start, stop in self.pieces)
+        return (*self.shape[: self.axis], held, *self.shape[self.axis + 1 :])
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of the unsharded row."""
+        return math.prod(self.shape) * dtype_bytes(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rank's row."""
+        return math.prod(self.local_shape) * dtype_bytes(self.dtype)
+
+    @property
+    def inner_bytes(self) -> int:
+        """Bytes of one element of the axis (every dim after it)."""
+        return math.prod(self.shape[self.axis + 1 :]) * dtype_bytes(self.dtype)
+
+    def byte_pieces(self) -> tuple[tuple[int, int], ...]:
+        """[start, stop) byte ranges of the unsharded row the rank's row holds, in its order (which
+        is increasing), neighbours merged."""
+        if self.nbytes == 0:
+            return ()
+        axis_bytes, inner = self.shape[self.axis] * self.inner_bytes, self.inner_bytes
+        ranges: list[tuple[int, int]] = []
+        for outer in range(math.prod(self.shape[: self.axis])):
+            for start, stop in self.pieces:
+                begin, end = outer * axis_bytes + start * inner, outer * axis_bytes + stop * inner
+                if ranges and ranges[-1][1] == begin:
+                    ranges[-1] = (ranges[-1][0], end)
+                else:
+                    ranges.append((begin, end))
+        return tuple(ranges)
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """Rank `rank` of a `tp`-rank group: its spec and its piece of every cached tensor.
+
+    `spec` stores the rank's shapes (KV heads, state shapes) with the model's layer lists, dtypes
+    and compute fields; `model` is the unsharded spec. `replicated` names the parts every rank of
+    this TP size keeps whole copies of (e.g. "conv.B", "conv.C" of a Mamba2 conv with fewer
+    groups than ranks; "k", "v" with fewer KV heads than ranks)."""
+
+    tp: int
+    rank: int
+    model: ModelSpec
+    spec: ModelSpec
+    tensors: tuple[TensorShard, ...]
+    replicated: tuple[str, ...]
+
+    def tensor(self, name: str) -> TensorShard:
+        for tensor in self.tensors:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(f"no cached tensor {name!r}; tensors: {[t.name for t in self.tensors]}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over every attention layer (full and sliding window) on this rank."""
+        return self.spec.full_kv_bytes_per_token + self.spec.swa_kv_bytes_per_token
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.spec.slot_bytes
+
+
+def _arch(spec: ModelSpec) -> str:
+    return ", ".join(spec.architectures) or spec.model_type or "this model"
+
+
+def _refusal(table: ShardTable, tp: int) -> str | None:
+    """Why `tp` ranks cannot hold the table, naming the units, their count and where they are."""
+    if tp == 1:
+        return None  # one rank holds everything, with or without rules
+    for unit, count in table.split_counts:
+        if count % tp:
+            return f"its {count} {unit} do not divide by {tp}"
+    for tensor in table.tensors:
+        if tensor.rule is None:
+            return f"no shard rule is known for its state tensor {tensor.name} {tensor.shape}"
+        for segment in tensor.rule.segments:
+            if segment.splits(tp):
+                continue
+            where = _places(table, segment.unit, segment.count)
+            if segment.replicable:
+                return (
+                    f"its {segment.count} {segment.unit} ({where}) neither divide by {tp} nor divide {tp} "
+                    "(ranks split them, or each keeps a copy of the one its heads use)"
+                )
+            return f"its {segment.count} {segment.unit} ({where}) do not divide by {tp}"
+    return None
+
+
+def _places(table: ShardTable, unit: str, count: int) -> str:
+    """Every tensor part made of `count` `unit`s: "conv.x, ssm"."""
+    parts = [
+        t.part_name(s)
+        for t in table.tensors
+        if t.rule is not None
+        for s in t.rule.segments
+        if (s.unit, s.count) == (unit, count)
+    ]
+    return ", ".join(dict.fromkeys(parts))
+
+
+def valid_tp_sizes(spec: ModelSpec, up_to: int = MAX_LISTED_TP) -> list[int]:
+    """Every TP size from 1 to `up_to` that every rule of `spec` meets."""
+    table = spec.shard_table
+    return [tp for tp in range(1, up_to + 1) if _refusal(table, tp) is None]
+
+
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """Raise ValueError (one line: the units, their count, the TP sizes that work) unless `tp`
+    ranks can each hold a shard of every cached tensor of `spec`."""
+    if type(tp) is not int or tp < 1:
+        raise ValueError(f"the TP size (--tp) must be a positive integer; got {tp!r}")
+    reason = _refusal(spec.shard_table, tp)
+    if reason is not None:
+        sizes = ", ".join(map(str, valid_tp_sizes(spec))) or "none"
+        raise ValueError(
+            f"tensor parallelism of {tp} (--tp {tp}) cannot shard {_arch(spec)}: {reason}. "
+            f"Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
+        )
+
+
+def replicated_parts(spec: ModelSpec, tp: int) -> tuple[str, ...]:
+    """The tensor parts every rank of `tp` keeps whole copies of (`check_tp` must pass)."""
+    return tuple(
+        dict.fromkeys(
+            t.part_name(s)
+            for t in spec.shard_table.tensors
+            if t.rule
+            for s in t.rule.segments
+            if s.replicated_at(tp)
+        )
+    )
+
+
+def _tensor_shard(tensor: TensorRule, tp: int, rank: int) -> TensorShard:
+    rule = tensor.rule
+    if tp == 1:  # the whole tensor, whatever its rule
+        axis = 0 if rule is None else rule.axis
+        pieces = ((0, tensor.shape[axis]),)
+    else:
+        assert rule is not None and rule.axis_length == tensor.shape[rule.axis], f"{tensor} breaks its rule"
+        axis, pieces = rule.axis, rule.pieces(tp, rank)
+    return TensorShard(name=tensor.name, shape=tensor.shape, dtype=tensor.dtype, axis=axis, pieces=pieces)
+
+
+def _rank_spec(spec: ModelSpec, tp: int, shards: dict[str, TensorShard]) -> ModelSpec:
+    """`spec` with the shapes one rank stores (every rank of `tp` stores the same)."""
+    full, swa, mamba = spec.full_attention, spec.sliding_attention, spec.mamba
+    if full is not None:
+        full = dataclasses.replace(full, num_kv_heads=shards["k"].local_shape[0])
+    if swa is not None:
+        swa = dataclasses.replace(swa, num_kv_heads=shards["swa_k"].local_shape[0])
+    if mamba is not None:
+        mamba = dataclasses.replace(
+            mamba,
+            tensors=tuple(dataclasses.replace(t, shape=shards[t.name].local_shape) for t in mamba.tensors),
+            shard_rules=tuple(rule.local(tp) for rule in mamba.shard_rules),
+        )
+    return dataclasses.replace(spec, full_attention=full, sliding_attention=swa, mamba=mamba)
+
+
+def shard(spec: ModelSpec, tp: int, rank: int) -> RankShard:
+    """What rank `rank` of a `tp`-rank group holds of every cached tensor of `spec`.
+
+    Refuses (`check_tp`) a TP size the rules cannot meet; at TP 1 the rank's spec is `spec` itself.
+    """
+    check_tp(spec, tp)
+    if type(rank) is not int or not 0 <= rank < tp:
+        raise ValueError(f"rank must be in 0..{tp - 1} for TP {tp}; got {rank!r}")
+    table = spec.shard_table
+    tensors = tuple(_tensor_shard(t, tp, rank) for t in table.tensors)
+    rank_spec = spec if tp == 1 else _rank_spec(spec, tp, {t.name: t for t in tensors})
+    return RankShard(
+        tp=tp, rank=rank, model=spec, spec=rank_spec, tensors=tensors, replicated=replicated_parts(spec, tp)
+    )
