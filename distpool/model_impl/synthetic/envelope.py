@@ -3,28 +3,31 @@
 Rows are addressed through the pool's own views (no copies): a KV tensor as (num_pages, page_size,
 words) and a state tensor as (num_slots, words), words as `pattern.as_words` reads them.
 Writes are batched: one indexed write per layer, tensor and chunk of positions for a whole batch.
+A pool of one tensor-parallel rank holds that rank's shard (`distpool.model.shard.RankShard`): its
+rows are laid over the unsharded rows through a `RowMap`, so shards of any TP size verify.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.pool_model import Mismatch
 from distpool.model_impl.synthetic.pattern import (
     as_words,
-    base_words,
     prefix_hashes,
     row_hashes,
     spread,
     stream_key,
-    stripe_bounds,
     stripe_writers,
 )
+from distpool.model_impl.synthetic.row_map import RowMap
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
@@ -43,13 +46,24 @@ def _first_diff(actual: torch.Tensor, expected: torch.Tensor) -> int:
 
 
 class EnvelopePattern:
-    """Writes and verifies the pattern of (spec, seed) in pools on `device`; caches per-stream bases."""
+    """Writes and verifies the pattern of (spec, seed) in pools on `device`; caches per-stream bases.
 
-    def __init__(self, spec: ModelSpec, *, seed: int, device: torch.device) -> None:
+    With `shard`, the pools hold that TP rank's shard of `spec` (built from `shard.spec`)."""
+
+    def __init__(
+        self, spec: ModelSpec, *, seed: int, device: torch.device, shard: RankShard | None = None
+    ) -> None:
+        if shard is not None and shard.model != spec:
+            raise ValueError(
+                f"the shard is of another model than the cache's ({shard.model.source}, {spec.source}). "
+                "Fix: shard the spec the cache runs"
+            )
         self.spec = spec
         self.seed = seed
         self.device = device
+        self.shard = shard
         self._bases: dict[tuple[int, str], tuple[int, torch.Tensor]] = {}  # (layer, what) -> key, base
+        self._row_maps: dict[str, RowMap] = {}  # tensor name -> where the pool's rows lie
 
     # ---- where rows live ------------------------------------------------------------------------
     def layers(self, kind: str) -> tuple[int, ...]:
@@ -75,22 +89,41 @@ class EnvelopePattern:
         at = torch.from_numpy(positions).to(torch.int64)
         return ids.cpu()[at // pool.page_size - first_page], at % pool.page_size
 
-    def _words(self, view: torch.Tensor, lead_dims: int) -> torch.Tensor:
+    def _row_map(self, name: str, view: torch.Tensor, lead_dims: int) -> RowMap:
+        """Where the pool's rows of tensor `name` lie in the unsharded rows (checked against the pool)."""
+        row_bytes = math.prod(view.shape[lead_dims:]) * view.element_size()
+        if name not in self._row_maps:
+            if self.shard is None:
+                self._row_maps[name] = RowMap.whole(row_bytes)
+            else:
+                tensor = self.shard.tensor(name)
+                self._row_maps[name] = RowMap(row_bytes=tensor.row_bytes, pieces=tensor.byte_pieces())
+                if self._row_maps[name].nbytes != row_bytes:
+                    raise ValueError(
+                        f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} of "
+                        f"TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's spec"
+                    )
+        assert self._row_maps[name].nbytes == row_bytes, f"rows of {name} resized"
+        return self._row_maps[name]
+
+    def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
         if view.device != self.device:
             raise ValueError(
                 f"the pool is on {view.device} but the synthetic cache on {self.device}. "
                 "Fix: build both on one device"
             )
-        return as_words(view, lead_dims)
+        return as_words(view, lead_dims, row_map.word_dtype)
 
-    def _stream(self, layer: int, what: str, words: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def _stream(self, layer: int, what: str, row_map: RowMap) -> tuple[int, torch.Tensor]:
         """(key, base words) of one stream, built on first use."""
         if (layer, what) not in self._bases:
             key = stream_key(self.seed, layer, what)
-            self._bases[layer, what] = (key, base_words(key, words.shape[-1], words.dtype, self.device))
-        key, base = self._bases[layer, what]
-        assert (base.dtype, base.numel()) == (words.dtype, words.shape[-1]), f"layer {layer} {what} resized"
-        return key, base
+            self._bases[layer, what] = (key, row_map.base(key, self.device))
+        return self._bases[layer, what]
+
+    def _phases(self, row_map: RowMap, start: int, stop: int) -> torch.Tensor | None:
+        """Unsharded byte phases of words [start, stop) of a row (None for int64 words)."""
+        return None if row_map.word_dtype == torch.int64 else row_map.phases(start, stop, self.device)
 
     # ---- KV rows --------------------------------------------------------------------------------
     def _kv_chunks(
@@ -106,11 +139,14 @@ class EnvelopePattern:
             for name, tensor in zip("kv", view, strict=True):
                 if tensor.numel() == 0:
                     continue  # MLA caches no V
-                words = self._words(tensor, 2)  # (num_pages, page_size, words)
-                key, base = self._stream(layer, _STREAM_PREFIX[kind] + name, words)
+                what = _STREAM_PREFIX[kind] + name  # also the tensor's name in a shard
+                row_map = self._row_map(what, tensor, 2)
+                words = self._words(tensor, 2, row_map)  # (num_pages, page_size, words)
+                key, base = self._stream(layer, what, row_map)
+                phases = self._phases(row_map, 0, base.numel())
                 for start, where in chunks:
                     mixed = row_hashes(key, hashes[start : start + CHUNK_POSITIONS])
-                    expected = base ^ spread(mixed, words.dtype, 0, base.numel(), self.device)
+                    expected = base ^ spread(mixed, phases, self.device)
                     yield layer, name, words, where, start, expected
 
     def write_kv(
@@ -141,30 +177,31 @@ class EnvelopePattern:
         return None
 
     # ---- state ----------------------------------------------------------------------------------
-    def _states(self, pool: Pool) -> Iterator[tuple[int, str, torch.Tensor, int, torch.Tensor]]:
-        """(layer, tensor name, (num_slots, words), key, base) of every state tensor."""
+    def _states(self, pool: Pool) -> Iterator[tuple[int, str, torch.Tensor, RowMap, int, torch.Tensor]]:
+        """(layer, tensor name, (num_slots, words), row map, key, base) of every state tensor."""
         if self.spec.mamba is None:
             return
         names = [t.name for t in self.spec.mamba.tensors]
         for layer in self.spec.mamba_layers:
             for name, view in zip(names, pool.state_view(layer), strict=True):
                 if view.numel():
-                    words = self._words(view, 1)
-                    yield layer, name, words, *self._stream(layer, f"state.{name}", words)
+                    row_map = self._row_map(name, view, 1)
+                    words = self._words(view, 1, row_map)
+                    yield layer, name, words, row_map, *self._stream(layer, f"state.{name}", row_map)
 
-    def _pattern(self, key: int, prefix_hash: int, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+    def _pattern(self, key: int, prefix_hash: int, row_map: RowMap, start: int, stop: int) -> torch.Tensor:
         """Words [start, stop) of a state tensor's hash for `prefix_hash` (broadcasts over them)."""
         mixed = row_hashes(key, np.array([prefix_hash], dtype=np.uint64))
-        return spread(mixed, dtype, start, stop - start, self.device)[0]
+        return spread(mixed, self._phases(row_map, start, stop), self.device)[0]
 
     def write_state(self, pool: Pool, slot: int | None, prefix_hash: int, *, stripe: int | None) -> None:
         """Write `prefix_hash`'s pattern over the whole of physical slot `slot` (`stripe` None), or over
         stripe (`stripe` mod the tensor's stripe count) of each state tensor. No-op without state."""
-        for _, _, words, key, base in self._states(pool):
-            bounds = stripe_bounds(base.numel())
+        for _, _, words, row_map, key, base in self._states(pool):
+            bounds = row_map.stripe_bounds  # stripes of the unsharded tensor
             start, stop = (0, base.numel()) if stripe is None else bounds[stripe % len(bounds)]
             if start < stop:
-                pattern = self._pattern(key, prefix_hash, words.dtype, start, stop)
+                pattern = self._pattern(key, prefix_hash, row_map, start, stop)
                 torch.bitwise_xor(base[start:stop], pattern, out=words[slot, start:stop])
 
     def verify_state(
@@ -173,12 +210,14 @@ class EnvelopePattern:
         """The first wrong byte of physical slot `slot`, written by a prefill of `prompt_len` tokens
         then decode steps up to `num_tokens` (`hashes`: H_0..H_num_tokens at least); a checkpoint
         after k tokens is a prefill of k: prompt_len = num_tokens = k."""
-        for layer, name, words, key, base in self._states(pool):
-            bounds = stripe_bounds(base.numel())
+        for layer, name, words, row_map, key, base in self._states(pool):
+            bounds = row_map.stripe_bounds
             expected = torch.empty_like(base)
             writers = stripe_writers(prompt_len, num_tokens, len(bounds))
             for (start, stop), writer in zip(bounds, writers, strict=True):
-                pattern = self._pattern(key, int(hashes[writer]), words.dtype, start, stop)
+                if start == stop:
+                    continue  # a stripe of the unsharded tensor that this rank holds none of
+                pattern = self._pattern(key, int(hashes[writer]), row_map, start, stop)
                 torch.bitwise_xor(base[start:stop], pattern, out=expected[start:stop])
             if not torch.equal(words[slot], expected):
                 byte = _first_diff(words[slot], expected)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import plan_prefill
@@ -63,18 +64,27 @@ class SyntheticCache(PoolModel):
     """Fills and verifies envelopes with the synthetic pattern; the calling surface of ReferenceModel.
 
     Runs any spec (hybrid Mamba, hybrid SWA, dense, parallel hybrids, MLA, any dtype). The pattern
-    is generated on `device`, which must be the pool's.
+    is generated on `device`, which must be the pool's. With `shard` (`distpool.model.shard`), the
+    pool is one tensor-parallel rank's, built from `shard.spec`: its bytes are the ones the unsharded
+    tensors hold at the rank's coordinates, and the tokens are those of every other TP size.
     """
 
     name = "synthetic"
     verifies = True
 
-    def __init__(self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        shard: RankShard | None = None,
+    ) -> None:
         self.spec = spec
         self.seed = seed
         self.device = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", as tensors report it
         self.vocab_size = spec.vocab_size or DEFAULT_VOCAB_SIZE
-        self.pattern = EnvelopePattern(spec, seed=seed, device=self.device)
+        self.pattern = EnvelopePattern(spec, seed=seed, device=self.device, shard=shard)
         self._records: dict[str, _Record] = {}
 
     # ---- the calling surface -------------------------------------------------------------------

@@ -4,7 +4,9 @@ Every value is defined on raw bytes, so it holds for any dtype (bf16, fp8, fp32 
 token's K or V in one layer, or one whole state tensor) is read as words: int64 when its byte count is
 a multiple of 8, bytes otherwise. Byte `e` of a row is `base[e] ^ hash_byte[e % 8]`, where `hash_byte`
 are the little-endian bytes of a 64-bit hash; with int64 words that is one XOR per word, so both word
-kinds give the same bytes. Prefix hashes, keys and hashes are numpy uint64 (arithmetic wraps mod 2^64).
+kinds give the same bytes. `e` is the byte's offset in the unsharded row, so a tensor-parallel rank's
+shard holds the bytes the unsharded tensor holds there (`row_map.py`). Prefix hashes, keys and hashes
+are numpy uint64 (arithmetic wraps mod 2^64).
 """
 
 from __future__ import annotations
@@ -84,36 +86,27 @@ def word_dtype(num_bytes: int) -> torch.dtype:
     return torch.int64 if num_bytes % 8 == 0 else torch.uint8
 
 
-def as_words(view: torch.Tensor, lead_dims: int) -> torch.Tensor:
-    """`view` with every dim after the first `lead_dims` flattened into raw words, sharing storage.
+def as_words(view: torch.Tensor, lead_dims: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`view` with every dim after the first `lead_dims` flattened into raw words (`dtype`, by default
+    `word_dtype` of a row), sharing storage.
 
     `view`'s trailing dims must be contiguous (the pool's views are); raises rather than copies.
     """
     raw = view.view(torch.uint8)  # the last dim is contiguous, so this stays a view
     rows = raw.view(*raw.shape[:lead_dims], -1)
-    words = rows.view(word_dtype(rows.shape[-1]))
+    words = rows.view(dtype or word_dtype(rows.shape[-1]))
     assert words.untyped_storage().data_ptr() == view.untyped_storage().data_ptr(), "words are a copy"
     return words
 
 
-def base_words(key: int, num_words: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A stream's per-word base: the bytes of splitmix64(arange + key'), as `num_words` words."""
-    num_bytes = num_words * dtype.itemsize
-    values = splitmix64(np.arange(-(-num_bytes // 8), dtype=np.uint64) + np.uint64(mix_one(key ^ BASE_KEY)))
-    raw = torch.from_numpy(values.view(np.uint8)[:num_bytes].copy())
-    return raw.view(dtype).to(device)
-
-
-def spread(
-    hashes: np.ndarray, dtype: torch.dtype, first_word: int, num_words: int, device: torch.device
-) -> torch.Tensor:
-    """Row hashes laid over words [first_word, first_word + num_words) of their rows: (n, 1) int64,
-    or (n, num_words) bytes (byte e takes byte e % 8 of its hash). Broadcasts against (n, num_words)."""
+def spread(hashes: np.ndarray, phases: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Row hashes laid over words of their rows: (n, 1) int64 for int64 words (`phases` None), or
+    (n, len(phases)) bytes, byte e taking byte `phases[e]` (its unsharded offset % 8) of its hash.
+    Broadcasts against (n, words)."""
     signed = torch.from_numpy(hashes.astype(np.uint64).view(np.int64)).to(device)
-    if dtype == torch.int64:
+    if phases is None:
         return signed[:, None]
-    byte_index = torch.arange(first_word, first_word + num_words, device=device) % 8
-    return signed.view(torch.uint8).view(-1, 8)[:, byte_index]
+    return signed.view(torch.uint8).view(-1, 8)[:, phases]
 
 
 def stripe_bounds(num_words: int) -> list[tuple[int, int]]:
