@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from distpool.memory.describe import format_sizes
-from distpool.memory.sizing import GIB, PoolArgs, size_pools
+from distpool.memory.sizing import GIB, PoolArgs
+from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
@@ -28,6 +29,7 @@ from transfer import TransferOptions
 from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
+MAX_TP = 1024  # ranks in one tensor-parallel group: far past any node
 
 
 def _mode(value: str) -> str | None:
@@ -81,10 +83,19 @@ def pool_args_from(ns: argparse.Namespace, disaggregation_mode: str | None) -> P
     )
 
 
+def _tp_size(value: str) -> int:
+    """A tensor-parallel size: a whole number of ranks, 1 to MAX_TP."""
+    tp = int(value) if value.isdecimal() else 0
+    if not 1 <= tp <= MAX_TP:
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks, 1 to {MAX_TP}; got {value!r}")
+    return tp
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     spec = spec_from_hf(resolve_model(ns.config))
-    sizes = size_pools(spec, pool_args_from(ns, ns.disaggregation_mode), int(ns.memory_gib * GIB))
-    print(json.dumps(sizes.summary()) if ns.json else format_sizes(sizes))
+    # --tp N: one rank's pool of an N-rank group, within --memory-gib per rank (N = 1: the one pool)
+    tp = size_tp_pools(spec, pool_args_from(ns, ns.disaggregation_mode), int(ns.memory_gib * GIB), ns.tp)
+    print(json.dumps(tp.summary()) if ns.json else format_sizes(tp.rank, tp))
     return 0
 
 
@@ -275,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a preset (`distpool presets`), a config.json, or a directory holding one",
     )
     check.add_argument("--disaggregation-mode", type=_mode, default=None, metavar="{null,prefill,decode}")
-    check.add_argument("--memory-gib", type=_gib, default=CHECK_MEMORY_GIB, help="pool budget")
+    check.add_argument("--memory-gib", type=_gib, default=CHECK_MEMORY_GIB, help="pool budget (per TP rank)")
+    check.add_argument(
+        "--tp", type=_tp_size, default=1, help="tensor-parallel ranks: each rank's page and slot bytes"
+    )
     check.add_argument("--json", action="store_true", help="print one JSON object")
     add_pool_arguments(check)
     check.set_defaults(handler=cmd_check)
