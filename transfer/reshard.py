@@ -1,0 +1,253 @@
+"""The transfer plan between two tensor-parallel layouts: which source rank sends which bytes of a
+request's envelope to which destination rank.
+
+Every rank of the prefill group and of the decode group holds its shard of the envelope
+(`distpool.model.shard`). Units pair as in the one-rank plan (`plan.py`): the slot, then pages in
+token order, then window pages, unit i with unit i. Inside a unit, a destination rank's row of
+each tensor is pieces of the unsharded tensor's axis; each piece comes from a source rank holding
+those coordinates. A piece several source ranks hold (a replicated part) comes from one of them:
+the lowest-ranked among the source ranks whose share of the heads overlaps the destination's
+(the ones it receives sharded parts from anyway), else the lowest-ranked holder.
+
+    plan_reshard(...)  -> (RankRuns(src_rank, dst_rank, runs), ...): runs (m, 3) int64 of
+                          (src_offset, dst_offset, nbytes) in the two ranks' arenas, stream order
+    source_ranks(...)  -> the source ranks one destination rank needs a channel to
+
+A pure function of both layouts (their `RankShard`s) and both sides' unit tables. With the same
+shards on both sides (equal TP), rank r sends its whole units to rank r, exactly as `plan_runs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from distpool.memory.layout import TensorPlace, page_places, slot_places
+from distpool.memory.runs import merge_runs
+from distpool.model.shard import RankShard, TensorShard
+from transfer.plan import moving_rows, plan_runs
+
+UNIT_KINDS = ("slot", "page", "swa_page")  # canonical order of an envelope's units
+
+
+@dataclass(frozen=True)
+class EnvelopeUnits:
+    """One rank's envelope as (offset, nbytes) rows per unit kind, each in canonical order."""
+
+    slot: np.ndarray  # (0 or 1, 2)
+    page: np.ndarray  # (P, 2) full-attention pages, token order
+    swa_page: np.ndarray  # (S, 2) window pages
+
+    @classmethod
+    def from_ranges(
+        cls, ranges: torch.Tensor | np.ndarray, *, num_pages: int, has_slot: bool, held_pages: int = 0
+    ) -> EnvelopeUnits:
+        """Split `Pool.envelope_ranges` rows (slot, `num_pages` pages, window pages), less the first
+        `held_pages` pages the destination holds already (`plan.moving_rows`)."""
+        table = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        first = int(has_slot)
+        if table.shape[0] < first + num_pages:
+            raise ValueError(f"{table.shape[0]} rows cannot hold a slot ({has_slot}) and {num_pages} pages")
+        table = moving_rows(table, held_pages, has_slot=has_slot)
+        pages_end = first + num_pages - held_pages
+        return cls(slot=table[:first], page=table[first:pages_end], swa_page=table[pages_end:])
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.concatenate([self.slot, self.page, self.swa_page])
+
+
+@dataclass(frozen=True)
+class RankRuns:
+    """What one source rank sends one destination rank: (m, 3) runs in stream order."""
+
+    src_rank: int
+    dst_rank: int
+    runs: np.ndarray  # int64 (src_offset, dst_offset, nbytes), offsets in each rank's arena
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.runs[:, 2].sum())
+
+
+def _places(shard: RankShard, kind: str, page_size: int) -> dict[tuple[int, str], TensorPlace]:
+    """Every tensor of one unit of `kind` on this rank, keyed (layer, tensor name)."""
+    spec = shard.spec
+    if kind == "slot":
+        return {(p.layer, p.name): p for p in slot_places(spec)}
+    if kind == "page":
+        places, prefix = page_places(spec.full_attention_layers, spec.full_attention, page_size), ""
+    else:
+        places, prefix = page_places(spec.sliding_window_layers, spec.sliding_attention, page_size), "swa_"
+    return {(p.layer, prefix + p.name): p for p in places}
+
+
+def _preference(src_tp: int, dst_tp: int, dst_rank: int) -> list[int]:
+    """Source ranks in the order a replicated piece is taken from: those whose share of the heads
+    overlaps the destination rank's first, then the others; each group lowest rank first."""
+    overlaps = [
+        s
+        for s in range(src_tp)
+        if s * dst_tp < (dst_rank + 1) * src_tp and dst_rank * src_tp < (s + 1) * dst_tp
+    ]
+    return overlaps + [s for s in range(src_tp) if s not in overlaps]
+
+
+def _assign(dst: TensorShard, sources: Sequence[TensorShard], order: list[int]) -> list[tuple[int, int, int]]:
+    """(source rank, start, stop) along the axis covering each of `dst`'s pieces once, in its order."""
+    assigned = []
+    for start, stop in dst.pieces:
+        todo = [(start, stop)]
+        for rank in order:
+            for a, b in sources[rank].pieces:
+                left = []
+                for lo, hi in todo:
+                    x, y = max(lo, a), min(hi, b)
+                    if x >= y:
+                        left.append((lo, hi))
+                        continue
+                    assigned.append((rank, x, y))
+                    left += [(lo, x)] if lo < x else []
+                    left += [(y, hi)] if y < hi else []
+                todo = left
+        if todo:
+            raise ValueError(
+                f"no source rank holds [{todo[0][0]}, {todo[0][1]}) of {dst.name}'s axis {dst.axis}: the "
+                "source layout does not cover the tensor"
+            )
+    return sorted(assigned, key=lambda piece: piece[1])
+
+
+def _local(pieces: tuple[tuple[int, int], ...], position: int) -> int:
+    """Where unsharded axis index `position` (held by the rank) sits on the rank's axis."""
+    at = 0
+    for start, stop in pieces:
+        if start <= position < stop:
+            return at + position - start
+        at += stop - start
+    raise AssertionError(f"{position} is not in {pieces}")
+
+
+def _tensor_runs(
+    src: TensorShard, dst: TensorShard, src_at: TensorPlace, dst_at: TensorPlace, lead: int, a: int, b: int
+) -> np.ndarray:
+    """Runs, relative to the two units' starts, moving axis [a, b) of every row of one tensor."""
+    inner = src.inner_bytes
+    rows = lead * (int(np.prod(src.shape[: src.axis])) if src.axis else 1)
+    src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
+    assert src_at.nbytes == rows * src_row and dst_at.nbytes == rows * dst_row, (
+        "a shard breaks its rank's layout"
+    )
+    r = np.arange(rows, dtype=np.int64)
+    return np.stack(
+        [
+            src_at.offset + r * src_row + _local(src.pieces, a) * inner,
+            dst_at.offset + r * dst_row + _local(dst.pieces, a) * inner,
+            np.full(rows, (b - a) * inner, dtype=np.int64),
+        ],
+        axis=1,
+    )
+
+
+@lru_cache(maxsize=64)  # one per (layouts, destination rank) a worker meets; requests reuse them
+def _templates(
+    src_shards: tuple[RankShard, ...], dst: RankShard, page_size: int
+) -> dict[tuple[int, str], np.ndarray]:
+    """Per (source rank, unit kind): runs relative to unit starts, in destination order (read only)."""
+    order = _preference(len(src_shards), dst.tp, dst.rank)
+    parts: dict[tuple[int, str], list[np.ndarray]] = {}
+    for kind in UNIT_KINDS:
+        src_places = [_places(s, kind, page_size) for s in src_shards]
+        expected = 0
+        for (layer, name), dst_at in _places(dst, kind, page_size).items():
+            if dst_at.nbytes == 0:
+                continue  # MLA's V: nothing cached
+            expected += dst_at.nbytes
+            lead = 1 if kind == "slot" else page_size
+            sources = [s.tensor(name) for s in src_shards]
+            for rank, a, b in _assign(dst.tensor(name), sources, order):
+                runs = _tensor_runs(
+                    sources[rank], dst.tensor(name), src_places[rank][layer, name], dst_at, lead, a, b
+                )
+                parts.setdefault((rank, kind), []).append(runs)
+        moved = sum(int(r[:, 2].sum()) for (_, k), rs in parts.items() if k == kind for r in rs)
+        assert moved == expected, f"{kind}: rank {dst.rank} would receive {moved} of its {expected} bytes"
+    templates = {}
+    for key, runs in parts.items():
+        table = np.concatenate(runs)
+        templates[key] = table[np.argsort(table[:, 1], kind="stable")]
+        templates[key].flags.writeable = False
+    return templates
+
+
+def _check_layouts(src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard]) -> None:
+    for side, shards in (("source", src_shards), ("destination", dst_shards)):
+        if not shards or [(s.tp, s.rank) for s in shards] != [(len(shards), r) for r in range(len(shards))]:
+            raise ValueError(f"the {side} layout must list ranks 0..tp-1 of one TP size, in order")
+    if src_shards[0].model != dst_shards[0].model:
+        raise ValueError("the source and destination layouts shard different models")
+
+
+def source_ranks(
+    src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard], dst_rank: int
+) -> tuple[int, ...]:
+    """The source ranks destination rank `dst_rank` receives bytes from (the channels it needs)."""
+    _check_layouts(src_shards, dst_shards)
+    dst = dst_shards[dst_rank]
+    order = _preference(len(src_shards), len(dst_shards), dst_rank)
+    ranks = {
+        rank
+        for t in dst.tensors
+        if t.nbytes
+        for rank, _, _ in _assign(t, [s.tensor(t.name) for s in src_shards], order)
+    }
+    return tuple(sorted(ranks))
+
+
+def plan_reshard(
+    src_shards: Sequence[RankShard],
+    src_units: Sequence[EnvelopeUnits],
+    dst_shards: Sequence[RankShard],
+    dst_units: Sequence[EnvelopeUnits],
+    *,
+    page_size: int,
+) -> tuple[RankRuns, ...]:
+    """Every (source rank, destination rank) pair that moves bytes, with its runs.
+
+    `*_shards[r]` is rank r's shard of one layout (`shard(spec, tp, r)` for r in range(tp)) and
+    `*_units[r]` its envelope's units. Each destination rank receives exactly its shard's bytes of
+    every unit, each byte once. Raises ValueError when the layouts or the unit tables do not pair.
+    """
+    _check_layouts(src_shards, dst_shards)
+    if len(src_units) != len(src_shards) or len(dst_units) != len(dst_shards):
+        raise ValueError("give one unit table per rank on each side")
+    counts = {(kind, getattr(u, kind).shape[0]) for u in (*src_units, *dst_units) for kind in UNIT_KINDS}
+    if len(counts) != len(UNIT_KINDS):
+        raise ValueError(f"the ranks' envelopes do not pair: units per kind {sorted(counts)}")
+    if list(src_shards) == list(dst_shards):  # equal layouts: whole units, rank to rank
+        return tuple(
+            RankRuns(r, r, plan_runs(src_units[r].rows, dst_units[r].rows)) for r in range(len(src_shards))
+        )
+    plan = []
+    for dst in dst_shards:
+        templates = _templates(tuple(src_shards), dst, page_size)
+        for src_rank in range(len(src_shards)):
+            pieces = []
+            for kind in UNIT_KINDS:
+                template = templates.get((src_rank, kind))
+                src_at, dst_at = (
+                    getattr(src_units[src_rank], kind)[:, 0],
+                    getattr(dst_units[dst.rank], kind)[:, 0],
+                )
+                if template is None or src_at.size == 0:
+                    continue
+                shift = np.stack([src_at, dst_at, np.zeros_like(src_at)], axis=1)  # (units, 3)
+                pieces.append((template[None, :, :] + shift[:, None, :]).reshape(-1, 3))
+            if pieces:
+                runs = np.concatenate(pieces)
+                plan.append(RankRuns(src_rank, dst.rank, merge_runs(runs[:, 0], runs[:, 1], runs[:, 2])))
+    return tuple(plan)
