@@ -1,7 +1,7 @@
 """Whole-envelope transfer between a prefill pool and a decode pool over torch.distributed."""
 
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
-from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, TransferError
+from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, ReshardRefused, TransferError
 from transfer.handle import Transfer, TransferOptions, TransferState
 from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
 from transfer.receiver import EnvelopeReceiver
@@ -18,6 +18,7 @@ __all__ = [
     "FingerprintMismatch",
     "Message",
     "ProtocolError",
+    "ReshardRefused",
     "Transfer",
     "TransferError",
     "TransferOptions",

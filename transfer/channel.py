@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distpool.memory.tp_layout import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
@@ -52,6 +53,7 @@ class Channel:
         secret: bytes,
         name: str = "distpool",
         num_streams: int | None = None,
+        tp: TpEnd | None = None,
     ) -> None:
         if rank not in (SENDER_RANK, RECEIVER_RANK):
             raise ValueError(
@@ -72,6 +74,7 @@ class Channel:
             raise ValueError(f"num_streams must be >= 1 (exactly 1 with NCCL), got {num_streams}")
         self.fingerprint = fingerprint
         self.layout = dict(layout or {})
+        self.tp = tp  # this end's TP layout (None: TP 1), checked against the peer's in the handshake
         self.auth = ControlAuth(secret, name)  # every key and control message under the deployment's secret
         self.timeout_s = timeout_s
         self.generation = 0
@@ -182,10 +185,16 @@ class Channel:
 
     # ---- connect steps ------------------------------------------------------------------------
     def _handshake(self, gen_store: dist.Store, generation: int, deadline: float) -> dict[str, Any]:
-        hello = make_hello(backend=self.backend, fingerprint=self.fingerprint, layout=self.layout)
+        hello = make_hello(backend=self.backend, fingerprint=self.fingerprint, layout=self.layout, tp=self.tp)
         timeout = delta(deadline - time.monotonic())
         return exchange_hello(
-            gen_store, auth=self.auth, generation=generation, rank=self.rank, hello=hello, timeout=timeout
+            gen_store,
+            auth=self.auth,
+            generation=generation,
+            rank=self.rank,
+            hello=hello,
+            timeout=timeout,
+            tp=self.tp,
         )
 
     def _make_group(self, gen_store: dist.Store, deadline: float) -> dist.ProcessGroup:

@@ -22,6 +22,11 @@ class FingerprintMismatch(ChannelError):
         )
 
 
+class ReshardRefused(ChannelError):
+    """The two ends' TP layouts cannot be resharded into each other, or this pair of ranks has
+    nothing to move under the plan; the message names the tensor part and the sizes."""
+
+
 class TransferError(Exception):
     """One envelope transfer failed; the caller must release what it holds for `request_id`.
 

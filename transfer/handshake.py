@@ -4,6 +4,11 @@ Each end puts its hello (protocol version, backend, layout fingerprint, and the 
 fingerprint covers) in the store of the new generation and reads the peer's. Any difference is
 refused on both ends with `FingerprintMismatch`, naming each differing field (`layout.page_size`,
 ...) with both values, so the operator sees what to fix rather than a hash.
+
+An end of a tensor-parallel group adds its TP layout (`tp`: size, rank and the unsharded model
+layout; `transfer.tp_handshake`). Across TP sizes the per-rank layouts differ by design, so the
+unsharded layouts are compared instead, and a pair that cannot be resharded is refused with
+`ReshardRefused`.
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ from typing import Any
 import msgpack
 import torch.distributed as dist
 
+from distpool.memory.tp_layout import TpEnd
 from transfer.auth import ControlAuth
 from transfer.errors import ChannelError, FingerprintMismatch
 from transfer.protocol import PROTOCOL_VERSION, hello_key
+from transfer.tp_handshake import check_reshard, tp_differing_fields, tp_of
 
 
-def make_hello(*, backend: str, fingerprint: str, layout: dict[str, Any]) -> bytes:
+def make_hello(*, backend: str, fingerprint: str, layout: dict[str, Any], tp: TpEnd | None = None) -> bytes:
     hello = {"protocol": PROTOCOL_VERSION, "backend": backend, "fingerprint": fingerprint, "layout": layout}
+    if tp is not None:
+        hello["tp"] = tp.hello()
     return msgpack.packb(hello, use_bin_type=True)
 
 
@@ -32,9 +41,11 @@ def exchange_hello(
     rank: int,
     hello: bytes,
     timeout: datetime.timedelta,
+    tp: TpEnd | None = None,
 ) -> dict[str, Any]:
     """Publish our hello, read the peer's (sealed under the deployment's secret); raise
-    FingerprintMismatch if they differ, ChannelError if the peer's is not authentic."""
+    FingerprintMismatch if they differ, ReshardRefused if the two TP layouts (`tp`: ours, as in
+    our hello) cannot be resharded, ChannelError if the peer's is not authentic."""
     ours_key, theirs_key = (auth.key(f"g{generation}/{hello_key(r)}") for r in (rank, 1 - rank))
     store.set(ours_key, auth.seal(ours_key, hello))
     store.wait([theirs_key], timeout)
@@ -49,8 +60,14 @@ def exchange_hello(
         raise ChannelError(f"channel {auth.channel}: the peer's hello is undecodable: {exc}") from None
     ours = msgpack.unpackb(hello, raw=False, strict_map_key=False)  # the same normalisation as theirs
     differing = differing_fields(ours, theirs)
+    if type(theirs) is dict:  # the TP layouts (transfer.tp_handshake)
+        if tp_of(ours).get("size") != tp_of(theirs).get("size"):
+            # rank layouts differ across TP sizes by design: the unsharded layouts must agree instead
+            differing = {k: v for k, v in differing.items() if k in ("protocol", "backend")}
+        differing |= tp_differing_fields(ours, theirs)
     if differing:
         raise FingerprintMismatch(differing)
+    check_reshard(tp, theirs, sending=rank == 0)
     return theirs
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from distpool.memory.tp_layout import TpEnd
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port
 from transfer import Channel, ChannelError, FingerprintMismatch
 
@@ -20,6 +21,7 @@ def make_channel(
     fingerprint: str = FINGERPRINT,
     timeout_s: float = 5.0,
     name: str = "t",
+    tp: TpEnd | None = None,
 ) -> Channel:
     return Channel(
         rank=rank,
@@ -31,6 +33,7 @@ def make_channel(
         timeout_s=timeout_s,
         secret=SECRET,
         name=name,
+        tp=tp,
     )
 
 
