@@ -151,12 +151,12 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
     """Raise ValueError (one line: the units, their count, the TP sizes that work) unless `tp`
     ranks can each hold a shard of every cached tensor of `spec`."""
     if type(tp) is not int or tp < 1:
-        raise ValueError(f"the TP size (--tp) must be a positive integer; got {tp!r}")
+        raise ValueError(f"a TP size must be a positive integer; got {tp!r}")
     reason = _refusal(spec.shard_table, tp)
     if reason is not None:
         sizes = ", ".join(map(str, valid_tp_sizes(spec))) or "none"
         raise ValueError(
-            f"tensor parallelism of {tp} (--tp {tp}) cannot shard {_arch(spec)}: {reason}. "
+            f"tensor parallelism of {tp} ranks cannot shard {_arch(spec)}: {reason}. "
             f"Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
         )
 
