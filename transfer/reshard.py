@@ -19,6 +19,7 @@ shards on both sides (equal TP), rank r sends its whole units to rank r, exactly
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -26,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from distpool.memory.layout import TensorPlace, page_places, slot_places
+from distpool.memory.layout import TensorPlace, align_up, page_places, slot_places, slot_stride_bytes
 from distpool.memory.runs import merge_runs
 from distpool.model.shard import RankShard, TensorShard
 from transfer.plan import moving_rows, plan_runs
@@ -137,7 +138,7 @@ def _tensor_runs(
 ) -> np.ndarray:
     """Runs, relative to the two units' starts, moving axis [a, b) of every row of one tensor."""
     inner = src.inner_bytes
-    rows = lead * (int(np.prod(src.shape[: src.axis])) if src.axis else 1)
+    rows = lead * math.prod(src.shape[: src.axis])
     src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
     assert src_at.nbytes == rows * src_row and dst_at.nbytes == rows * dst_row, (
         "a shard breaks its rank's layout"
@@ -184,6 +185,28 @@ def _templates(
     return templates
 
 
+def _unit_bytes(shard: RankShard, kind: str, page_size: int) -> int:
+    """The stride of one unit of `kind` in a pool built from the rank's spec."""
+    spec = shard.spec
+    if kind == "slot":
+        return slot_stride_bytes(spec)
+    per_token = spec.full_kv_bytes_per_token if kind == "page" else spec.swa_kv_bytes_per_token
+    return align_up(page_size * per_token)
+
+
+def _check_units(shards: Sequence[RankShard], units: Sequence[EnvelopeUnits], page_size: int) -> None:
+    """Every unit is as large as the rank's shard says: the pools were built from the shards' specs."""
+    for shard, table in zip(shards, units, strict=True):
+        for kind in UNIT_KINDS:
+            sizes, expected = set(getattr(table, kind)[:, 1].tolist()), _unit_bytes(shard, kind, page_size)
+            if sizes - {expected}:
+                raise ValueError(
+                    f"rank {shard.rank} of TP {shard.tp} holds {kind}s of {sorted(sizes)} bytes, but its "
+                    f"shard makes them {expected}. Fix: build each rank's pool from its shard's spec, "
+                    "sharding the spec with the run's dtypes and page size"
+                )
+
+
 def _check_layouts(src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard]) -> None:
     for side, shards in (("source", src_shards), ("destination", dst_shards)):
         if not shards or [(s.tp, s.rank) for s in shards] != [(len(shards), r) for r in range(len(shards))]:
@@ -225,6 +248,8 @@ def plan_reshard(
     _check_layouts(src_shards, dst_shards)
     if len(src_units) != len(src_shards) or len(dst_units) != len(dst_shards):
         raise ValueError("give one unit table per rank on each side")
+    _check_units(src_shards, src_units, page_size)
+    _check_units(dst_shards, dst_units, page_size)
     counts = {(kind, getattr(u, kind).shape[0]) for u in (*src_units, *dst_units) for kind in UNIT_KINDS}
     if len(counts) != len(UNIT_KINDS):
         raise ValueError(f"the ranks' envelopes do not pair: units per kind {sorted(counts)}")

@@ -205,6 +205,8 @@ def shard(spec: ModelSpec, tp: int, rank: int) -> RankShard:
     """What rank `rank` of a `tp`-rank group holds of every cached tensor of `spec`.
 
     Refuses (`check_tp`) a TP size the rules cannot meet; at TP 1 the rank's spec is `spec` itself.
+    Shard the spec with the run's dtypes (`ModelSpec.with_dtypes`): the rank's pool and the transfer
+    plan both read their byte sizes from the rank's spec.
     """
     check_tp(spec, tp)
     if type(rank) is not int or not 0 <= rank < tp:

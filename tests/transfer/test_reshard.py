@@ -13,7 +13,7 @@ import pytest
 from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
-from tests.factories import TP_CONFIGS, make_rank_pool, tp_spec
+from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, tp_spec
 from transfer.plan import plan_runs
 from transfer.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
 
@@ -262,3 +262,16 @@ def test_tables_that_do_not_pair_are_refused():
     other = layout(tp_spec("mamba2_groups8"), 2)
     with pytest.raises(ValueError, match="different models"):
         plan_reshard(src_shards, [units_of(src_pools[0], "r")], other, dst_units, page_size=PAGE_SIZE)
+
+
+def test_a_pool_not_built_from_its_shard_is_refused_with_the_fix():
+    """A rank pool sized with an fp8 KV override, planned with shards of the bf16 spec: the plan's
+    offsets would miss; the unit sizes give it away."""
+    spec = tp_spec("gdn_kv2")
+    src_shards, dst_shards = layout(spec, 1), layout(spec, 2)
+    src_pools, _ = prefill_ranks(spec, src_shards, unified=True)
+    fp8 = [make_pool(s.spec, budget_bytes=64 << 10, context_len=32, kv_dtype="fp8_e4m3") for s in dst_shards]
+    for pool in fp8:
+        pool.reserve("r", len(PROMPT))
+    with pytest.raises(ValueError, match="rank 0 of TP 2 holds pages of .* Fix: build each rank's pool"):
+        plan_between(src_shards, src_pools, dst_shards, fp8)
