@@ -151,10 +151,12 @@ def transfer_with(spec, src_tp: int, dst_tp: int, planned_dst_shards=None):
     ]
 
 
-def test_a_conv_state_sliced_as_one_block_is_caught():
-    """sglang #23746: x | B | C cut into TP equal blocks rather than segment by segment. With 8
-    groups a rank's block is as long as its true shard, so nothing fails but the bytes."""
-    spec = tp_spec("mamba2_groups8")
+@pytest.mark.parametrize("model", ["mamba2_groups8", "gdn_kv2"])
+def test_a_conv_state_sliced_as_one_block_is_caught(model):
+    """sglang #23746: a conv state of segments (Mamba2 x | B | C, gated delta net q | k | v) cut into
+    TP equal blocks rather than segment by segment. Where every segment splits, a rank's block is
+    as long as its true shard, so nothing fails but the bytes."""
+    spec = tp_spec(model)
     conv_channels = spec.mamba.tensors[0].shape[0]
     one_block = broken(
         layout(spec, 2), "conv", lambda s: ((s.rank * conv_channels // 2, (s.rank + 1) * conv_channels // 2),)
@@ -162,7 +164,7 @@ def test_a_conv_state_sliced_as_one_block_is_caught():
     assert transfer_with(spec, 1, 2) == [None, None]  # the true plan, for contrast
     mismatches = transfer_with(spec, 1, 2, one_block)
     for mismatch in mismatches:
-        assert (mismatch.kind, mismatch.layer, mismatch.tensor) == ("state", 0, "conv")
+        assert (mismatch.kind, mismatch.layer, mismatch.tensor) == ("state", spec.mamba_layers[0], "conv")
 
 
 def test_replicated_groups_read_at_a_sharded_offset_are_caught():
