@@ -169,7 +169,10 @@ class CompactionPlans(SharedPages):
     def _ends(self, rows: np.ndarray) -> np.ndarray:
         """Position after each row's last page (0 for a row without pages: no page ends there)."""
         vlast = self.holdings.last_vpage[rows]
-        return np.where(vlast >= 0, self.high_band.physical(np.maximum(vlast, 0)) + 1, 0)
+        ends = np.zeros(vlast.shape, dtype=np.int64)
+        paged = vlast >= 0  # never index the page band for a row without pages: it may have none
+        ends[paged] = self.high_band.physical(vlast[paged]) + 1
+        return ends
 
     def _set_claims(self, rows: np.ndarray) -> None:
         ends = self._ends(rows)

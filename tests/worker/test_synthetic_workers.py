@@ -3,6 +3,8 @@ batch, and again before release; a damaged envelope fails its request as corrupt
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from distpool.memory.sizing import PoolArgs
@@ -59,6 +61,27 @@ def test_every_envelope_verifies_and_tokens_match_colocated(kind, unified):
         stats = d.stats()
         assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (3, 0)
         assert all(r["runs"] >= 1 and r["admit_s"] >= 0 for r in done.values())
+        assert_nothing_held(p, d)
+    finally:
+        p.shutdown()
+        d.shutdown()
+
+
+def test_an_attention_free_model_is_served_with_slot_only_envelopes():
+    """Pure Mamba2: no page band at all. Each envelope is its state slot; releasing one once
+    indexed the empty page band and killed the decode loop."""
+    spec = make_spec(DENSE, attention_free=True, conv_shape=(3, 64), ssm_shape=(4, 16, 16))
+    config = dataclasses.replace(
+        synthetic_config(), spec=spec, pool_args=PoolArgs(page_size=4, context_len=128)
+    )
+    p, d = make_pair(config=config)
+    try:
+        sent = serve(p, d, PROMPTS, 6)
+        assert {r["outcome"] for r in sent.values()} == {"sent"}
+        assert {r["bytes"] for r in sent.values()} == {spec.slot_bytes}  # the slot, nothing else
+        done = wait_finished(d, list(PROMPTS), timeout_s=10)
+        assert {rid: r["tokens"] for rid, r in done.items()} == colocated(config, PROMPTS, 6)
+        assert (d.stats()["verified_envelopes"], d.stats()["pages_capacity"]) == (3, 0)
         assert_nothing_held(p, d)
     finally:
         p.shutdown()
