@@ -172,7 +172,7 @@ def _uniform_schedule(f: ConfigFields, common: dict[str, Any], model_type: str) 
             f"({', '.join(SCHEDULE_FIELDS)}) and lacks the standard attention fields {missing}"
         )
     windowed = f.find("sliding_window") is not None and f.flag("use_sliding_window", True)
-    return ["sliding" if windowed else "full"] * f.int(*NUM_LAYERS)
+    return ["sliding" if windowed else "full"] * f.num_layers()
 
 
 def _drop_shared_kv(f: ConfigFields, tags: list[str]) -> list[str]:
@@ -233,7 +233,7 @@ def _attention(f: ConfigFields, model_type: str, dtype: str, window: int | None)
 
 
 def _deepseek_v4(f: ConfigFields, dtype: str, common: dict[str, Any]) -> ModelSpec:
-    n = f.int(*NUM_LAYERS)
+    n = f.num_layers()
     if f.has("compress_ratios"):
         ratios = f.int_list("compress_ratios")
         mtp = f.int("num_nextn_predict_layers", minimum=0, default=0)

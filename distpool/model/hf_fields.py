@@ -12,6 +12,10 @@ from typing import Any
 
 _MISSING = object()
 NUM_LAYERS = ("num_hidden_layers", "num_layers", "n_layer")
+# Every per-layer list is built only after its length is checked against this: the deepest public
+# models have a few hundred layers, and 10**7 layers would cost minutes and gigabytes before any
+# budget check could refuse them.
+MAX_LAYERS = 10_000
 
 
 class ConfigFields:
@@ -46,21 +50,27 @@ class ConfigFields:
             return None
         return next(((n, self.defaults[n]) for n in names if self.defaults.get(n) is not None), None)
 
-    def _int(self, field: str, value: Any, minimum: int) -> int:
+    def _int(self, field: str, value: Any, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(f"field {self.name(field)!r} must be an integer, got {value!r}")
         if value < minimum:
             raise self.error(f"field {self.name(field)!r} must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.error(f"field {self.name(field)!r} must be at most {maximum}, got {value}")
         return value
 
-    def int(self, *names: str, minimum: int = 1, default: Any = _MISSING) -> Any:
+    def int(self, *names: str, minimum: int = 1, maximum: int | None = None, default: Any = _MISSING) -> Any:
         found = self.find(*names)
         if found is not None:
-            return self._int(found[0], found[1], minimum)
+            return self._int(found[0], found[1], minimum, maximum)
         if default is _MISSING:
             also = f" (nor {', '.join(self.name(n) for n in names[1:])})" if names[1:] else ""
             raise self.error(f"missing field {self.name(names[0])!r}{also}")
         return default
+
+    def num_layers(self, default: Any = _MISSING) -> Any:
+        """The decoder layer count (`NUM_LAYERS` spellings), at most MAX_LAYERS."""
+        return self.int(*NUM_LAYERS, maximum=MAX_LAYERS, default=default)
 
     def text(self, *names: str) -> str | None:
         found = self.find(*names)
@@ -77,9 +87,12 @@ class ConfigFields:
         return value
 
     def seq(self, name: str) -> list[Any]:
+        """A list of at most MAX_LAYERS entries (config lists are per layer, or shorter)."""
         value = self.data.get(name)
         if not isinstance(value, list):
             raise self.error(f"field {self.name(name)!r} must be a list, got {value!r}")
+        if len(value) > MAX_LAYERS:
+            raise self.error(f"field {self.name(name)!r} has {len(value)} entries; at most {MAX_LAYERS}")
         return value
 
     def int_list(self, name: str, minimum: int = 0) -> list[int]:

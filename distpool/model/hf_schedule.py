@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from distpool.model.hf_families import FAMILIES
-from distpool.model.hf_fields import NUM_LAYERS, ConfigFields
+from distpool.model.hf_fields import MAX_LAYERS, ConfigFields
 
 # The attention a tagged layer caches (None: no KV), and the tags that keep a recurrent state.
 ATTENTION_OF_TAG = {"full": "full", "hybrid": "full", "sliding": "sliding", "hybrid_sliding": "sliding"}
@@ -44,7 +44,7 @@ Reader = Callable[[ConfigFields, str], "list[str] | None"]
 
 def _checked_length(f: ConfigFields, field: str, tags: list[str]) -> list[str]:
     """Explicit per-layer lists decide the layer count; a stated `num_hidden_layers` must agree."""
-    stated = f.int(*NUM_LAYERS, default=None)
+    stated = f.num_layers(default=None)
     if not tags or (stated is not None and stated != len(tags)):
         raise f.error(f"field {f.name(field)!r} lists {len(tags)} layers but num_hidden_layers is {stated}")
     return tags
@@ -70,6 +70,9 @@ def _override_pattern(f: ConfigFields, _: str) -> list[str] | None:
     pattern = f.text("hybrid_override_pattern")
     if pattern is None:
         return None
+    if len(pattern) > MAX_LAYERS:
+        field = f.name("hybrid_override_pattern")
+        raise f.error(f"field {field!r} has {len(pattern)} layers; at most {MAX_LAYERS}")
     bad = sorted({c for c in pattern if c not in _PATTERN_TAGS})
     if bad:
         raise f.error(
@@ -90,7 +93,7 @@ def _kimi_linear(f: ConfigFields, _: str) -> list[str] | None:
     """Kimi-Linear: `linear_attn_config` lists 1-based `full_attn_layers` and `kda_layers`."""
     if not f.has("linear_attn_config"):
         return None
-    sub, n = f.sub("linear_attn_config"), f.int(*NUM_LAYERS)
+    sub, n = f.sub("linear_attn_config"), f.num_layers()
     if not sub.has("full_attn_layers"):
         return None
     full, kda = _indices(sub, "full_attn_layers", n, first=1), _indices(sub, "kda_layers", n, first=1)
@@ -117,7 +120,7 @@ def _by_index(field: str, listed: str, others: str) -> Reader:
     def read(f: ConfigFields, _: str) -> list[str] | None:
         if not f.has(field):
             return None
-        n = f.int(*NUM_LAYERS)
+        n = f.num_layers()
         chosen = _indices(f, field, n)
         return [listed if i in chosen else others for i in range(n)]
 
@@ -127,7 +130,7 @@ def _by_index(field: str, listed: str, others: str) -> Reader:
 def _jamba_period(f: ConfigFields, _: str) -> list[str] | None:
     if not f.has("attn_layer_period"):
         return None
-    period, offset, n = f.int("attn_layer_period"), f.int("attn_layer_offset", minimum=0), f.int(*NUM_LAYERS)
+    period, offset, n = f.int("attn_layer_period"), f.int("attn_layer_offset", minimum=0), f.num_layers()
     if offset >= period:
         raise f.error(f"attn_layer_offset ({offset}) must be smaller than attn_layer_period ({period})")
     return ["full" if i % period == offset else "recurrent" for i in range(n)]
@@ -140,7 +143,7 @@ def _every_nth(field: str, nth: str, others: str) -> Reader:
         # A window pattern without a window (Gemma with sliding_window null) leaves every layer global.
         if f.find(field) is None or (others == "sliding" and f.find("sliding_window") is None):
             return None
-        every, n = f.int(field), f.int(*NUM_LAYERS)
+        every, n = f.int(field), f.num_layers()
         return [nth if (i + 1) % every == 0 else others for i in range(n)]
 
     return read
@@ -150,7 +153,7 @@ def _llama4_chunks(f: ConfigFields, model_type: str) -> list[str] | None:
     """Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE and attends within its chunk."""
     if not f.has("attention_chunk_size"):
         return None
-    n = f.int(*NUM_LAYERS)
+    n = f.num_layers()
     if f.data.get("no_rope_layers"):
         flags = f.int_list("no_rope_layers")
         if len(flags) != n or any(v > 1 for v in flags):
@@ -188,4 +191,4 @@ def layer_schedule(f: ConfigFields, model_type: str) -> list[str] | None:
         if tags is not None:
             return tags
     every_layer = FAMILIES.get(model_type, (None, {}, None))[2]
-    return [every_layer] * f.int(*NUM_LAYERS) if every_layer else None
+    return [every_layer] * f.num_layers() if every_layer else None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.hf_fields import MAX_LAYERS
 from distpool.model.spec import (
     DEEPSEEK_V4,
     DENSE,
@@ -518,3 +519,28 @@ def test_bad_overrides():
         spec_of("llama3", kv_dtype="int4")
     with pytest.raises(ValueError, match=r"unknown override\(s\) \['cache_dtype'\]"):
         spec_of("llama3", cache_dtype="float32")
+
+
+@pytest.mark.parametrize("fixture", ["llama3", "falcon_h1", "lfm2", "jamba", "mamba2", "qwen3_next"])
+@pytest.mark.parametrize("layers", [MAX_LAYERS + 1, 10**12, 10**20])
+def test_a_layer_count_beyond_any_model_is_refused_before_building_per_layer_lists(fixture, layers):
+    config = {**config_of(fixture), "num_hidden_layers": layers}  # 10**12 layers: a MemoryError once
+    with pytest.raises(ValueError, match=f"'num_hidden_layers' must be at most {MAX_LAYERS}, got {layers}"):
+        spec_from_hf(config)
+
+
+def test_per_layer_lists_and_patterns_longer_than_any_model_are_refused():
+    config = {**config_of("nemotron_h"), "num_hidden_layers": None}
+    with pytest.raises(ValueError, match=f"has {MAX_LAYERS + 1} layers; at most {MAX_LAYERS}"):
+        spec_from_hf({**config, "hybrid_override_pattern": "M*" * (MAX_LAYERS // 2) + "M"})
+    with pytest.raises(ValueError, match=f"has {MAX_LAYERS + 1} entries; at most {MAX_LAYERS}"):
+        spec_from_hf(
+            {
+                **config_of("llama3"),
+                "num_hidden_layers": None,
+                "layer_types": ["full_attention"] * (MAX_LAYERS + 1),
+            }
+        )
+    assert (
+        spec_from_hf({**config, "hybrid_override_pattern": "M*" * (MAX_LAYERS // 2)}).num_layers == MAX_LAYERS
+    )
