@@ -20,9 +20,10 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.select import CACHES, choose_cache
-from distpool.serving import conversation, workload
-from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
-from distpool.serving.workload import WORKLOADS, Request
+from distpool.serving import request_flags
+from distpool.serving.conversation import DEFAULT_TURNS
+from distpool.serving.request_flags import RequestFlags
+from distpool.serving.workload import WORKLOADS
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
 from transfer import TransferOptions
@@ -30,6 +31,9 @@ from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
 MAX_TP = 1024  # ranks in one tensor-parallel group: far past any node
+# `run` flags that say where requests come from (RequestFlags' fields)
+REQUEST_FLAGS = ("prompts", "requests", "workload", "turns", "min_prompt_len", "max_prompt_len")
+REQUEST_FLAGS += ("max_new_tokens", "seed")
 
 
 def _mode(value: str) -> str | None:
@@ -105,44 +109,25 @@ def cmd_presets(ns: argparse.Namespace) -> int:
     return 0
 
 
-def requests_for(ns: argparse.Namespace, worker: WorkerConfig) -> list[Request] | MultiTurn:
-    """The prompts file, else the generated workload (its prompts clipped to fit --context-len)."""
-    context_len = worker.pool_args.context_len
-    vocab_size = worker.spec.vocab_size
-    if ns.turns is not None and (ns.prompts or ns.workload != "multi-turn"):
-        raise ValueError("--turns applies to --workload multi-turn only: drop it, or add that workload")
-    common = dict(
-        vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens, seed=ns.seed, context_len=context_len
-    )
-    if not ns.prompts and ns.workload == "multi-turn":
-        turns = DEFAULT_TURNS if ns.turns is None else ns.turns
-        return conversation.generate_conversations(ns.requests, turns=turns, **common)
-    if not ns.prompts:
-        return workload.generate(
-            ns.requests,
-            workload=ns.workload,
-            min_prompt=ns.min_prompt_len,
-            max_prompt=ns.max_prompt_len,
-            **common,
-        )
-    requests = workload.load_jsonl(ns.prompts, vocab_size=vocab_size, max_new_tokens=ns.max_new_tokens)
-    if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
-        raise ValueError(f"a request in {ns.prompts} is longer than --context-len {context_len}; raise it")
-    return requests
-
-
 def cmd_run(ns: argparse.Namespace) -> int:
     # Imported here so that `distpool check` does not pay for importing Ray.
     from distpool.serving.deployment import DeploymentSpec
     from distpool.serving.metrics import validate_metrics_port
-    from distpool.serving.preflight import check_fits_this_machine, check_reachable, default_budget_bytes
+    from distpool.serving.output import check_output_path
+    from distpool.serving.preflight import check_cluster, check_fits_this_machine, default_budget_bytes
     from distpool.serving.run import run
 
     if not 0.0 <= ns.fault_rate < 1.0:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
+    if ns.enable_unified_memory and ns.disable_unified_memory:
+        raise ValueError("--enable-unified-memory and --disable-unified-memory contradict. Fix: keep one")
+    flags = RequestFlags(**{name: getattr(ns, name) for name in REQUEST_FLAGS})
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
-    model = spec_from_hf(resolve_model(ns.model))
+    config_path = resolve_model(ns.model)
+    if ns.json is not None:
+        check_output_path(ns.json, "--json", {"--prompts": ns.prompts, "--model": config_path})
+    model = spec_from_hf(config_path)
     # auto: the reference model where it can run the config, else the synthetic cache (the
     # configurator's refusals still come first: DeploymentSpec checks the cache after them)
     cache = choose_cache(model, "auto") if ns.cache == "auto" else ns.cache
@@ -166,12 +151,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
         worker, unified=unified, num_prefill=ns.prefill, num_decode=ns.decode, spread=ns.spread
     )  # the configurator's refusals come first, before Ray or any actor starts
     address = ns.address or settings.ray_address
+    address_from = "--address" if ns.address else "RAY_ADDRESS"
+    num_workers = ns.prefill + ns.decode
+    check_cluster(address, address_from, num_cpus=ns.num_cpus, spread=ns.spread, num_workers=num_workers)
     if not address:  # the embedded cluster runs every worker on this machine
-        check_fits_this_machine(worker, ns.prefill + ns.decode)
+        check_fits_this_machine(worker, num_workers)
         if ns.metrics_port is not None:
             validate_metrics_port(ns.metrics_port)
     else:
-        check_reachable(address)
         if ns.metrics_port is not None:
             raise ValueError(
                 "--metrics-port sets up the embedded cluster's exporter; a cluster exports its own "
@@ -179,7 +166,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             )
     return run(
         spec,
-        requests_for(ns, worker),
+        flags.requests_for(vocab_size=model.vocab_size, context_len=worker.pool_args.context_len),
         address=address,
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
@@ -216,20 +203,27 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
-    run.add_argument("--requests", type=int, default=32, help="generated requests (multi-turn: turns)")
+    run.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"generated requests (multi-turn: turns; {request_flags.DEFAULT_REQUESTS})",
+    )
     run.add_argument(
         "--workload",
         choices=list(WORKLOADS),
-        default="mixed",
+        default=None,
         # argparse formats help with %: the descriptions' "95%" must be escaped
-        help="prompt lengths: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
+        help=f"prompt lengths ({request_flags.DEFAULT_WORKLOAD}): "
+        + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
     )
     run.add_argument(
         "--turns", type=int, default=None, help=f"multi-turn: turns per conversation ({DEFAULT_TURNS})"
     )
     run.add_argument("--prompts", default=None, help="JSONL file of prompts instead of a generated workload")
-    run.add_argument("--min-prompt-len", type=int, default=4, help="shortest prompt of --workload mixed")
-    run.add_argument("--max-prompt-len", type=int, default=96, help="longest prompt of --workload mixed")
+    low, high = request_flags.DEFAULT_PROMPT_LEN
+    run.add_argument("--min-prompt-len", type=int, default=None, help=f"shortest prompt of mixed ({low})")
+    run.add_argument("--max-prompt-len", type=int, default=None, help=f"longest prompt of mixed ({high})")
     run.add_argument("--max-new-tokens", type=int, default=16)
     run.add_argument("--fault-rate", type=float, default=0.0, help="probability a transfer is aborted")
     run.add_argument("--parity-sample", type=int, default=4, help="requests re-generated colocated")

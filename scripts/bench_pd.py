@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -42,6 +41,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def prompt_lengths(args: argparse.Namespace) -> list[int]:
+    """The prompt lengths to serve; ValueError (exit 2, before Ray starts) for lengths or counts
+    that cannot make a request."""
+    if args.requests < 1:
+        raise ValueError(f"--requests must be at least 1 per prompt length; got {args.requests}")
+    if not args.lengths:
+        return list(QUICK_LENGTHS if args.quick else FULL_LENGTHS)
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated token counts; got {args.lengths!r}") from None
+    if min(lengths) < 1:
+        raise ValueError(f"--lengths must be 1 token or more each; got {args.lengths!r}")
+    return lengths
+
+
 def worker_config(args: argparse.Namespace, lengths: list[int]):
     from distpool.memory.sizing import GIB, PoolArgs
     from distpool.model.hf_config import spec_from_hf
@@ -55,6 +70,8 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
     # measures whole-envelope transfers, not reuse.
     pool_args = PoolArgs(page_size=args.page_size, context_len=context, prefix_cache=False)
     if args.memory_gib is not None:
+        if not 0 < args.memory_gib < 1 << 32:  # also refuses nan
+            raise ValueError(f"--memory-gib must be a positive number of GiB; got {args.memory_gib}")
         budget = int(args.memory_gib * GIB)
     else:  # what `distpool run` would take: 4 requests at the longest length, within this machine
         budget = default_budget_bytes(spec, pool_args, "synthetic", num_workers=2)
@@ -64,19 +81,21 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
 def bench(args: argparse.Namespace) -> list[dict]:
     import ray
 
+    from distpool.model.presets import resolve_model
     from distpool.serving.deployment import Deployment, DeploymentSpec
     from distpool.serving.driver import ServeOptions, Server
+    from distpool.serving.output import check_output_path
+    from distpool.serving.preflight import check_fits_this_machine
     from distpool.serving.report import summarize
     from distpool.serving.run import measure_links, worker_stats
     from distpool.serving.workload import Request
 
-    lengths = (
-        [int(n) for n in args.lengths.split(",")]
-        if args.lengths
-        else list(QUICK_LENGTHS if args.quick else FULL_LENGTHS)
-    )
+    lengths = prompt_lengths(args)
     config = worker_config(args, lengths)
     spec = DeploymentSpec.build(config, num_prefill=1, num_decode=1)
+    check_fits_this_machine(config, num_workers=2)  # everything is refused before Ray starts
+    if args.json:
+        check_output_path(args.json, "--json", {"--model": resolve_model(args.model)})
     print(
         f"bench_pd: {args.model}, 1P1D, synthetic cache, {config.budget_bytes / 2**30:.2f} GiB per worker, "
         f"prompt lengths {lengths}",
@@ -171,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         rows = bench(args)
-    except ValueError as exc:  # a bad model name or a budget that cannot hold the longest prompt
+    except ValueError as exc:  # bad arguments, a model name, a budget too small or too large
         print(f"bench_pd: error: {exc}", file=sys.stderr)
         return 2
     print(
@@ -187,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, Path(args.plot), f"PD at real sizes: {args.model}, 1P1D, Gloo")
     print(f"plot: {args.plot}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"model": args.model, "rows": rows}, indent=2))
+        from distpool.serving.output import write_json
+
+        write_json(args.json, {"model": args.model, "rows": rows})
         print(f"json: {args.json}")
     return 0
 

@@ -118,3 +118,142 @@ def test_the_default_budget_fits_the_model_and_this_machine(monkeypatch):
     assert size_pools(spec, args, budget).requests_at_full_context >= 4  # room for a small batch
     monkeypatch.setattr(preflight, "_available_host_bytes", lambda: 2 << 30)  # a small machine: capped
     assert preflight.default_budget_bytes(spec, args, "synthetic", 2) == 256 << 20
+
+
+# ---- issue 20: inputs overwritten, hangs before Ray, paths, devices, conflicting flags ----------
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Every refusal here happens before Ray starts: starting it fails the test."""
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started for input that must be refused before it")
+
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+def prompts_file(tmp_path, *lines: str):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(line + "\n" for line in lines) or '{"prompt_ids": [1, 2, 3]}\n')
+    return path
+
+
+def test_json_may_not_overwrite_the_prompts_or_the_model_config(capsys, tmp_path, no_ray):
+    prompts = prompts_file(tmp_path)
+    before = prompts.read_text()
+    err = run_refused(capsys, "--prompts", str(prompts), "--json", str(prompts))
+    assert "--json" in err and "the file --prompts reads" in err
+    other_spelling = tmp_path / "sub" / ".." / "p.jsonl"
+    (tmp_path / "sub").mkdir()
+    assert "--prompts reads" in run_refused(capsys, "--prompts", str(prompts), "--json", str(other_spelling))
+    config = tmp_path / "cfg.json"
+    config.write_text((FIXTURES / "nemotron_h.json").read_text())
+    assert "the file --model reads" in run_refused(capsys, "--model", str(config), "--json", str(config))
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "config.json").write_text(config.read_text())  # --model DIR reads DIR/config.json
+    err = run_refused(
+        capsys, "--model", str(tmp_path / "dir"), "--json", str(tmp_path / "dir" / "config.json")
+    )
+    assert "--model reads" in err
+    assert prompts.read_text() == before
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        ("a folder", "is a folder"),
+        ("under a file", "is a file, not a folder"),
+        ("/dev/full", "not a regular file"),
+        ("/proc/self/x.json", "cannot be written"),
+    ],
+)
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
+    capsys, tmp_path, no_ray, where, expected
+):
+    regular = tmp_path / "notes.txt"
+    regular.write_text("x")
+    path = {"a folder": str(tmp_path), "under a file": str(regular / "out" / "run.json")}.get(where, where)
+    assert expected in run_refused(capsys, "--json", path)
+
+
+def test_a_json_path_in_folders_yet_to_be_made_is_accepted_and_written_whole(tmp_path):
+    from distpool.serving.output import check_output_path, write_json
+
+    path = tmp_path / "out" / "deeper" / "run.json"
+    assert check_output_path(str(path), "--json", {}) == path
+    assert not (tmp_path / "out").exists()  # nothing is made until the run writes
+    write_json(path, {"completed": 3})
+    assert json.loads(path.read_text()) == {"completed": 3}
+    assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no partial file left behind
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--num-cpus", "1"], "--num-cpus 1: each of the 2 workers takes one CPU"),
+        (["--num-cpus", "-1"], "--num-cpus -1: each of the 2 workers"),
+        (["--prefill", "2", "--decode", "2", "--num-cpus", "3"], "each of the 4 workers"),
+        (["--spread"], "--spread puts each of the 2 workers on its own node"),
+        (["--address", "127.0.0.1:-5"], "--address 127.0.0.1:-5: not an address Ray can attach to"),
+        (["--address", "127.0.0.1:70000"], "not an address Ray can attach to"),
+        (["--address", "somewhere"], "not an address Ray can attach to"),
+        (["--address", "127.0.0.1:1", "--num-cpus", "4"], "--num-cpus sizes the embedded cluster"),
+    ],
+)
+def test_cluster_flags_that_would_hang_or_wait_are_refused_before_ray(capsys, no_ray, args, expected):
+    assert expected in run_refused(capsys, *args)
+
+
+def test_a_bad_ray_address_variable_is_named_as_itself(capsys, monkeypatch, no_ray):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:-5")
+    assert run_refused(capsys).startswith("distpool: error: RAY_ADDRESS 127.0.0.1:-5: not an address")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert "RAY_ADDRESS 127.0.0.1:1: no Ray cluster answers there" in run_refused(capsys)
+
+
+@pytest.mark.parametrize("device", ["cpu:0", "cpu:1", "cuda:x", "auto:0", "cuda:"])
+def test_a_device_index_a_pool_cannot_use_is_refused(capsys, no_ray, device):
+    assert f"a CPU has no index); got {device!r}" in run_refused(capsys, "--device", device)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--workload", "multi-turn"], "--workload shapes generated requests, but --prompts reads them"),
+        (["--workload", "long"], "--workload shapes generated requests"),
+        (["--workload", "multi-turn", "--turns", "3"], "--workload shapes generated requests"),
+        (["--turns", "3"], "--turns shapes generated requests"),
+        (["--requests", "8"], "--requests shapes generated requests"),
+        (["--max-prompt-len", "8"], "--max-prompt-len shapes generated requests"),
+    ],
+)
+def test_generation_flags_beside_a_prompts_file_are_refused(capsys, tmp_path, no_ray, args, expected):
+    assert expected in run_refused(capsys, "--prompts", str(prompts_file(tmp_path)), *args)
+
+
+def test_contradicting_or_inapplicable_flags_are_refused(capsys, no_ray):
+    assert "contradict" in run_refused(capsys, "--enable-unified-memory", "--disable-unified-memory")
+    err = run_refused(capsys, "--workload", "short", "--min-prompt-len", "8")
+    assert "--min-prompt-len bounds the mixed workload's prompts; --workload short" in err
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('{"prompt": "\\ud800"}', "prompt is not valid text (a lone surrogate at character 0)"),
+        ('{"prompt_ids": [1], "id": "a\\udfffb"}', "id is not valid text"),
+        ('{"prompt_ids": [' + "9" * 5000 + "]}", "invalid JSON (Exceeds the limit"),
+    ],
+)
+def test_prompts_file_errors_name_the_file_and_line(capsys, tmp_path, no_ray, line, expected):
+    path = prompts_file(tmp_path, '{"prompt_ids": [1, 2]}', line)
+    err = run_refused(capsys, "--prompts", str(path))
+    assert f"{path}:2: {expected}" in err
+
+
+@pytest.mark.parametrize(
+    "args", [["--requests", "100000000"], ["--requests", "100000000", "--workload", "multi-turn"]]
+)
+def test_a_workload_too_large_to_hold_is_refused_before_a_prompt_is_drawn(capsys, no_ray, args):
+    err = run_refused(capsys, *args)
+    assert "--requests 100000000 of about" in err and "Fix: --requests" in err

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from distpool.memory.sizing import PoolArgs
 from distpool.serving.outcome import Outcome
-from distpool.serving.workload import DEFAULT_VOCAB_SIZE, Request, prompt_room
+from distpool.serving.workload import DEFAULT_VOCAB_SIZE, Request, check_workload_size, prompt_room
 
 DEFAULT_TURNS = 8
 USER_MESSAGE = (64, 1024)  # tokens of each turn's new user message, uniform; the first is clipped to fit
@@ -92,6 +92,10 @@ def generate_conversations(
             "requests and max_new_tokens must be >= 1, vocab_size >= 0 and messages 1 token or longer"
         )
     limit = prompt_room(context_len, max_new_tokens)
+    # Turn k's prompt holds k messages and replies (the feed keeps every realized prompt): the mean
+    # turn holds about half a conversation's, within the context.
+    per_turn = (sum(message_len) / 2 + max_new_tokens) * (min(turns, num_requests) + 1) / 2
+    check_workload_size(num_requests, min(per_turn, limit))
     rng = random.Random(seed)
     tokens = range(vocab_size or DEFAULT_VOCAB_SIZE)
     conversations = []

@@ -23,6 +23,7 @@ from prefill.worker import PrefillWorker
 
 ACTOR_CONCURRENCY = 16  # transfers, result waits and stats run beside the decode loop
 MAX_RESTARTS = 3  # per worker and run: a worker that keeps dying is left dead
+PLACEMENT_TIMEOUT_S = 60  # a placement group not ready by then never will be: say what it needed
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,22 @@ class Deployment:
         ]
         gpus = ray.cluster_resources().get("GPU", 0) >= len(names) and worker.device in ("auto", "cuda")
         if gpus or spec.spread:
+            nodes = sum(1 for node in ray.nodes() if node["Alive"])
+            if spec.spread and nodes < len(names):
+                raise ValueError(
+                    f"--spread puts each of the {len(names)} workers on its own node, but the cluster has "
+                    f"{nodes} node(s). Fix: drop --spread, or add nodes"
+                )
             bundle = {"GPU": 1, "CPU": 1} if gpus else {"CPU": 1}
             strategy = "STRICT_SPREAD" if spec.spread else "PACK"
             self.placement = placement_group([bundle] * len(names), strategy=strategy)
-            ray.get(self.placement.ready(), timeout=60)
+            try:
+                ray.get(self.placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise ValueError(
+                    f"the cluster could not place {len(names)} workers ({bundle} each, {strategy}) within "
+                    f"{PLACEMENT_TIMEOUT_S} s. Fix: free or add resources, or run fewer workers"
+                ) from None
         device = "cuda" if gpus else ("cpu" if worker.device == "auto" else worker.device)
         config = dataclasses.replace(worker, device=device)
         for index, name in enumerate(names):

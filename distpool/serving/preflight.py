@@ -39,7 +39,13 @@ def check_fits_this_machine(worker: WorkerConfig, num_workers: int) -> None:
             raise ValueError(
                 f"--device {device}: no CUDA device is visible here. Fix: --device cpu (or auto)"
             )
-        free_bytes, _ = torch.cuda.mem_get_info()
+        index = int(device.partition(":")[2] or torch.cuda.current_device())
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"numbered from 0. Fix: --device cuda (a GPU per worker) or cuda:0"
+            )
+        free_bytes, _ = torch.cuda.mem_get_info(index)
         if worker.budget_bytes > free_bytes:
             raise ValueError(
                 f"--memory-gib {worker.budget_bytes / GIB:g} per worker exceeds the GPU's free "
@@ -67,15 +73,48 @@ def _available_host_bytes() -> int | None:
     return None
 
 
-def check_reachable(address: str) -> None:
-    """A `host:port` address must answer within a few seconds (Ray itself retries for minutes)."""
+def check_cluster(
+    address: str | None, address_from: str, *, num_cpus: int | None, spread: bool, num_workers: int
+) -> None:
+    """The cluster flags agree with each other and with where the run goes: the embedded cluster
+    (no address) is one node with `--num-cpus` CPUs, one per worker at least; an attached cluster
+    (`address`, given by `address_from`: "--address" or "RAY_ADDRESS") brings its own CPUs and must
+    answer. Raises ValueError naming the flag."""
+    if address is None:
+        if spread:
+            raise ValueError(
+                f"--spread puts each of the {num_workers} workers on its own node, but the embedded "
+                "cluster is this one node. Fix: drop --spread, or attach to a cluster with --address"
+            )
+        if num_cpus is not None and num_cpus < num_workers:
+            raise ValueError(
+                f"--num-cpus {num_cpus}: each of the {num_workers} workers takes one CPU of the embedded "
+                f"cluster, so fewer never start. Fix: --num-cpus {num_workers} or more, or drop it"
+            )
+        return
+    if num_cpus is not None:
+        raise ValueError(
+            f"--num-cpus sizes the embedded cluster, but {address_from} attaches to a cluster that "
+            "brings its own CPUs. Fix: drop --num-cpus"
+        )
+    check_reachable(address, address_from)
+
+
+def check_reachable(address: str, address_from: str = "--address") -> None:
+    """`auto`, `local`, or a `[ray://]host:port` that answers within a few seconds (Ray itself
+    retries for minutes, and hangs on a port it cannot parse)."""
+    if address in ("auto", "local"):
+        return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return  # "auto", "local" and the like: Ray resolves them
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{address_from} {address}: not an address Ray can attach to. Fix: HOST:PORT (port 1 to "
+            "65535), ray://HOST:PORT, or auto"
+        )
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()  # [::1]: IPv6
     except OSError as exc:
         raise ValueError(
-            f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}). Fix: start one "
-            "(`ray start --head`) or drop --address to run on an embedded local cluster"
+            f"{address_from} {address}: no Ray cluster answers there ({exc.strerror or exc}). Fix: start "
+            "one (`ray start --head`) or unset it to run on an embedded local cluster"
         ) from None

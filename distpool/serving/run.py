@@ -8,9 +8,8 @@ command line and validates everything before calling `run`.
 from __future__ import annotations
 
 import asyncio
-import json
+import sys
 import time
-from pathlib import Path
 
 import ray
 
@@ -19,6 +18,7 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
+from distpool.serving.output import write_json
 from distpool.serving.parity import check_parity
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
@@ -164,9 +164,11 @@ def run(
             ray.shutdown()
     print(format_summary(report), flush=True)
     if json_path:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
+        try:
+            write_json(json_path, report)
+        except OSError as exc:  # checked before the run (output.py); the disk may have filled since
+            print(f"distpool: error: --json {json_path} not written: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     return exit_status(report)
 
 

@@ -30,6 +30,9 @@ TAIL_SHARE = 0.05
 # shared-prefix: one system prompt for all, clipped to leave USER_PART[0] tokens for the user part
 # (half the room when the context is shorter); each request's own part is uniform in USER_PART.
 SYSTEM_PROMPT, USER_PART = (1024, 4096), (64, 1024)
+# The prompt tokens a generated workload may hold, counted before any is drawn: Python keeps a
+# token in about 36 bytes (a list slot and an int), so 2**26 tokens is about 2.4 GB of driver memory.
+MAX_WORKLOAD_TOKENS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ def generate(
             "max_new_tokens must be >= 1, min <= max, and vocab_size >= 0"
         )
     limit = prompt_room(context_len, max_new_tokens)
+    check_workload_size(num_requests, _mean_prompt_len(workload, limit, (min_prompt, max_prompt)))
     if workload == "long" and limit < LONG_PROMPT[0]:
         raise ValueError(
             f"the long workload needs prompts of {LONG_PROMPT[0]} tokens or more: raise --context-len to "
@@ -98,6 +102,34 @@ def prompt_room(context_len: int, max_new_tokens: int) -> int:
             "raise --context-len or lower --max-new-tokens"
         )
     return context_len - max_new_tokens
+
+
+def check_workload_size(num_requests: int, mean_prompt_tokens: float) -> None:
+    """Refuse a workload whose prompts would hold more than MAX_WORKLOAD_TOKENS tokens in all (by
+    their mean length), before a single one is drawn."""
+    expected = num_requests * mean_prompt_tokens
+    if expected > MAX_WORKLOAD_TOKENS:
+        most = int(MAX_WORKLOAD_TOKENS // mean_prompt_tokens)
+        raise ValueError(
+            f"--requests {num_requests} of about {mean_prompt_tokens:,.0f} prompt tokens each would hold "
+            f"{expected:,.0f} tokens in memory before the run starts; a run generates at most "
+            f"{MAX_WORKLOAD_TOKENS:,}. Fix: --requests {most} or fewer (run several runs for more)"
+        )
+
+
+def _mean_prompt_len(workload: str, limit: int, mixed: tuple[int, int]) -> float:
+    """The mean prompt length a workload draws, clipped to `limit` (a bound's estimate, not a plan)."""
+    if workload == "long-tailed":
+        tail = (BODY_PROMPT[1] + max(BODY_PROMPT[1], limit)) / 2
+        mean = (1 - TAIL_SHARE) * BODY_MEDIAN + TAIL_SHARE * tail
+    else:
+        low, high = {
+            "short": SHORT_PROMPT,
+            "long": (LONG_PROMPT[0], min(LONG_PROMPT[1], limit)),
+            "shared-prefix": (SYSTEM_PROMPT[0] + USER_PART[0], SYSTEM_PROMPT[1] + USER_PART[1]),
+        }.get(workload, mixed)
+        mean = (low + high) / 2
+    return min(mean, limit)
 
 
 def _system_prompt(rng: random.Random, tokens: range, limit: int) -> list[int]:
@@ -143,6 +175,8 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
             raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
         except RecursionError:
             raise ValueError(f"{where}: the JSON nests too deeply to be a prompt") from None
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise ValueError(f"{where}: invalid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
         if "prompt_ids" in row:
@@ -150,7 +184,7 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
             if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
                 raise ValueError(f"{where}: prompt_ids must be a list of ints in [0, {vocab_size})")
         elif isinstance(row.get("prompt"), str):
-            ids = [b % vocab_size for b in row["prompt"].encode()]
+            ids = [b % vocab_size for b in _utf8(row["prompt"], where, "prompt")]
         else:
             raise ValueError(f'{where}: needs "prompt_ids" (list of ints) or "prompt" (string)')
         new = row.get("max_new_tokens", max_new_tokens)
@@ -159,9 +193,20 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
         rid = row.get("id", f"req-{number:05d}")
         if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not 0 < len(str(rid)) <= MAX_ID_CHARS:
             raise ValueError(f"{where}: id must be a string (or number) of 1 to {MAX_ID_CHARS} characters")
+        _utf8(str(rid), where, "id")  # an envelope carries it as UTF-8
         requests.append(Request(request_id=str(rid), prompt=ids, max_new_tokens=new))
     if not requests:
         raise ValueError(f"{path}: no requests")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids must be unique")
     return requests
+
+
+def _utf8(text: str, where: str, field: str) -> bytes:
+    """`text` as UTF-8; a lone surrogate (JSON allows "\\ud800") is refused naming file:line."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where}: {field} is not valid text (a lone surrogate at character {exc.start})"
+        ) from None

@@ -41,9 +41,13 @@ class WorkerConfig:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
         if self.cache not in RESOLVED_CACHES:
             raise ValueError(f"the cache must be one of {', '.join(RESOLVED_CACHES)}; got {self.cache!r}")
-        if self.device.split(":")[0] not in DEVICES:
+        kind, colon, index = self.device.partition(":")
+        if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
+            # torch accepts cpu:1, but a CPU pool has no index to place by: every request would fail
+            # when its channel, built for "cpu:1", met a buffer on "cpu"
             raise ValueError(
-                f"--device must be one of {', '.join(DEVICES)} (cuda:N too); got {self.device!r}"
+                f"--device must be one of {', '.join(DEVICES)} (cuda:N too; a CPU has no index); "
+                f"got {self.device!r}"
             )
 
     def for_role(self, role: str | None) -> PoolArgs:

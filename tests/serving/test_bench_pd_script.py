@@ -33,3 +33,25 @@ def test_bench_pd_reports_one_row_per_prompt_length(tmp_path):
         assert 0 < row["transfer_ms"] < row["ttft_ms"]
     assert rows[1]["envelope_bytes"] > rows[0]["envelope_bytes"]  # 448 more tokens of KV
     assert plot.stat().st_size > 0 and "utilization" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--requests", "0"], "--requests must be at least 1"),
+        (["--lengths", "0"], "--lengths must be 1 token or more"),
+        (["--lengths", "1k"], "--lengths must be comma-separated token counts"),
+        (["--memory-gib", "1000"], "--memory-gib 1000 for each of 2 workers"),
+        (["--memory-gib", "nan"], "--memory-gib must be a positive number"),
+    ],
+)
+def test_bench_pd_refuses_bad_arguments_before_ray_starts(args, expected):
+    """`--requests 0` once printed an all-zero table and exited 0; `--lengths 0` and a budget beyond
+    the machine started Ray and ended in a traceback."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "scripts/bench_pd.py", "--model", str(FIXTURES / "jamba.json"), *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout + done.stderr)[-2000:]
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "1P1D" not in done.stdout  # Ray never started

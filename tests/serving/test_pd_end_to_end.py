@@ -88,3 +88,12 @@ def test_a_second_server_on_the_same_deployment_gets_every_result(ray_session):
         assert_drained(ray.get([h.stats.remote() for h in deployment.handles().values()]))
     finally:
         deployment.shutdown()
+
+
+def test_spread_over_more_workers_than_nodes_is_refused_with_the_node_count(ray_session):
+    """An attached cluster's nodes are counted before placement: a spread it cannot hold once
+    waited 60 s and ended in a GetTimeoutError traceback."""
+    from distpool.serving.deployment import Deployment
+
+    with pytest.raises(ValueError, match="the cluster has 1 node"):
+        Deployment.start(make_spec(spread=True))

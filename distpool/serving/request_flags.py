@@ -1,0 +1,86 @@
+"""The request flags of `distpool run`, checked against each other, and the requests they stand for.
+
+Requests come from a prompts file (`--prompts`) or are generated (`--requests`, `--workload`,
+`--turns`, `--min-prompt-len`, `--max-prompt-len`). A flag left out is None here, so that a flag
+which cannot apply is refused when given, never silently ignored: the generation flags with a
+prompts file, `--turns` without the multi-turn workload, the prompt-length bounds without `mixed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distpool.serving import conversation, workload
+from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
+from distpool.serving.workload import Request
+
+DEFAULT_REQUESTS = 32
+DEFAULT_WORKLOAD = "mixed"
+DEFAULT_PROMPT_LEN = (4, 96)  # --min-prompt-len, --max-prompt-len of the mixed workload
+
+
+@dataclass(frozen=True)
+class RequestFlags:
+    """The flags as given (None: left out)."""
+
+    prompts: str | None = None
+    requests: int | None = None
+    workload: str | None = None
+    turns: int | None = None
+    min_prompt_len: int | None = None
+    max_prompt_len: int | None = None
+    max_new_tokens: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        generation = {
+            "--requests": self.requests,
+            "--workload": self.workload,
+            "--turns": self.turns,
+            "--min-prompt-len": self.min_prompt_len,
+            "--max-prompt-len": self.max_prompt_len,
+        }
+        given = [flag for flag, value in generation.items() if value is not None]
+        if self.prompts is not None and given:
+            raise ValueError(
+                f"{given[0]} shapes generated requests, but --prompts reads them from {self.prompts}. "
+                f"Fix: drop {given[0]}, or drop --prompts"
+            )
+        if self.turns is not None and self.workload != "multi-turn":
+            raise ValueError(
+                "--turns applies to --workload multi-turn only. Fix: drop it, or add that workload"
+            )
+        bounds = [f for f in ("--min-prompt-len", "--max-prompt-len") if generation[f] is not None]
+        if bounds and (self.workload or DEFAULT_WORKLOAD) != "mixed":
+            raise ValueError(
+                f"{bounds[0]} bounds the mixed workload's prompts; --workload {self.workload} draws its "
+                f"own lengths. Fix: drop {bounds[0]}"
+            )
+
+    def requests_for(self, *, vocab_size: int, context_len: int) -> list[Request] | MultiTurn:
+        """The prompts file, else the generated workload (its prompts clipped to fit `context_len`)."""
+        common = dict(
+            vocab_size=vocab_size, max_new_tokens=self.max_new_tokens, seed=self.seed, context_len=context_len
+        )
+        count = DEFAULT_REQUESTS if self.requests is None else self.requests
+        name = self.workload or DEFAULT_WORKLOAD
+        if self.prompts is None and name == "multi-turn":
+            turns = DEFAULT_TURNS if self.turns is None else self.turns
+            return conversation.generate_conversations(count, turns=turns, **common)
+        if self.prompts is None:
+            low, high = DEFAULT_PROMPT_LEN
+            return workload.generate(
+                count,
+                workload=name,
+                min_prompt=low if self.min_prompt_len is None else self.min_prompt_len,
+                max_prompt=high if self.max_prompt_len is None else self.max_prompt_len,
+                **common,
+            )
+        requests = workload.load_jsonl(
+            self.prompts, vocab_size=vocab_size, max_new_tokens=self.max_new_tokens
+        )
+        if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
+            raise ValueError(
+                f"a request in {self.prompts} is longer than --context-len {context_len}; raise it"
+            )
+        return requests
