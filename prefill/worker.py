@@ -8,15 +8,33 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import torch
+
+from distpool.memory.envelope import Envelope
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import PrefixMatch
 from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
+from prefill.checkpoints import Waves, checkpoint_depth, split_waves
 from transfer import ChannelError, Transfer, TransferError
 
 # What became of one request (the "outcome" of its result).
 SENT, BUSY, FAILED = "sent", "busy", "failed"
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    """A prefilled request's envelope, pinned until its transfer concludes."""
+
+    rid: str
+    peer: str  # the decode worker it goes to
+    fault: str | None
+    token: int  # the first generated token, sent in the transfer header
+    envelope: Envelope
+    ranges: torch.Tensor  # (num_runs, 2) int64: offset and bytes of each byte run in the arena
+    computed: int  # prompt tokens prefill computed (after the cached prefix)
 
 
 class PrefillWorker(WorkerBase):
@@ -32,109 +50,153 @@ class PrefillWorker(WorkerBase):
         """Prefill a batch of (request id, prompt, decode worker, injected sender fault or None) and
         send each envelope to its decode worker, with the first token in the transfer header.
 
-        Returns request id -> {"outcome": "sent", "bytes", "seconds", "runs"} (`runs`: the byte runs
-        the source envelope sat in) | {"outcome": "busy", "reason"}
-        (no room here; retry later) | {"outcome": "failed", "reason", "retry"} (the transfer failed;
-        `retry` says whether another pair may succeed). Nothing is held here once it returns.
+        Prompts that share a prefix with an earlier one of the batch are prefilled after it, from
+        the checkpoint it writes (checkpoints.py). Returns request id -> {"outcome": "sent",
+        "bytes", "seconds", "runs", "computed_tokens"} (`runs`: the byte runs the source envelope
+        sat in) | {"outcome": "busy", "reason"} (no room here; retry later) | {"outcome": "failed",
+        "reason", "retry"} (the transfer failed; `retry` says whether another pair may succeed).
+        Nothing is held here once it returns.
         """
         deadline = time.monotonic() + YIELD_MAX_S  # the previous batch's transfers move first
         while self.channels.moving() and time.monotonic() < deadline:
             time.sleep(TRANSFER_YIELD_S)
         out: dict[str, dict] = {}
-        admitted: list[tuple[str, list[int], str, str | None]] = []
-        runs: dict[str, int] = {}
-        cache = self.pool.prefix_cache
-        matches: dict[str, PrefixMatch] = {}
+        outgoing: list[_Outgoing] = []
         with self._lock:
-            for rid, prompt, peer, fault in batch:
-                if rid in self._held:
-                    out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
-                    continue
-                match = cache.match(prompt) if cache is not None else None
-                try:
-                    self.pool.reserve(rid, len(prompt), compact=True, prefix=match)
-                except DoesNotFit as exc:
-                    out[rid] = {"outcome": BUSY, "reason": exc.reason}
-                    continue
-                self._held[rid] = peer
-                admitted.append((rid, prompt, peer, fault))
-                if match is not None:
-                    matches[rid] = match
-            self._note_peak()
-            if not admitted:
-                return out
-            rids = [rid for rid, *_ in admitted]
-            prompts = [prompt for _, prompt, _, _ in admitted]
-            snapshots = self._snapshots(rids, prompts, matches)
+            waves = self._waves(batch)
             try:
-                first_tokens = self.model.prefill(
-                    self.pool,
-                    rids,
-                    prompts,
-                    cached=[matches[rid].num_tokens if rid in matches else 0 for rid in rids],
-                    checkpoints=[self._checkpoint_slot(matches.get(rid)) for rid in rids],
-                    snapshots=[snap[:2] if snap else None for snap in snapshots],
-                )
-            except BaseException:
-                if cache is not None:
-                    cache.discard_checkpoints([snap[2] for snap in snapshots if snap])
-                for rid in rids:
-                    self._free(self._held, rid)
+                for positions in (waves.first, waves.then):
+                    wave = [batch[i] for i in positions]
+                    shared = [waves.leader_pages.get(i) for i in positions]
+                    outgoing += self._prefill_wave(wave, shared, out)
+            except BaseException:  # the first wave's envelopes are never sent: give them back
+                for job in outgoing:
+                    self._free(self._held, job.rid, pinned=True)
                 raise
-            computed = dict(zip(rids, self.model.last_prefill_computed, strict=True))
-            self._cache_prompts(rids, prompts, snapshots)
-            outgoing = []
-            for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
-                try:
-                    envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
-                except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
-                    self._free(self._held, rid)
-                    out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
-                    continue
-                self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-                outgoing.append((rid, peer, fault, int(token), envelope, ranges))
-                runs[rid] = byte_runs(ranges)
-        transfers: list[tuple[str, Transfer]] = []
-        for rid, peer, fault, token, envelope, ranges in outgoing:
+        transfers: list[tuple[_Outgoing, Transfer]] = []
+        for job in outgoing:
             try:
                 transfer = self.channels.submit(
-                    peer, envelope, self.pool.buffer, ranges, first_token=token, fault=fault
+                    job.peer,
+                    job.envelope,
+                    self.pool.buffer,
+                    job.ranges,
+                    first_token=job.token,
+                    fault=job.fault,
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
-                self._free(self._held, rid, pinned=True)
-                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": True}
+                self._free(self._held, job.rid, pinned=True)
+                out[job.rid] = {"outcome": FAILED, "reason": str(exc), "retry": True}
                 continue
-            transfers.append((rid, transfer))
-        for rid, transfer in transfers:
+            transfers.append((job, transfer))
+        for job, transfer in transfers:
             try:
                 transfer.wait()
                 self.metrics.add_transfer(transfer.num_bytes, transfer.active_s or 0.0)
-                out[rid] = {
+                out[job.rid] = {
                     "outcome": SENT,
                     "bytes": transfer.num_bytes,
                     "seconds": transfer.active_s,
-                    "runs": runs[rid],
-                    "computed_tokens": computed[rid],  # the prompt's tokens after its cached prefix
+                    "runs": byte_runs(job.ranges),
+                    "computed_tokens": job.computed,  # the prompt's tokens after its cached prefix
                 }
             except TransferError as exc:
                 self.metrics.add_failure(exc.reason)
-                out[rid] = {"outcome": FAILED, "reason": exc.reason, "retry": True}
+                out[job.rid] = {"outcome": FAILED, "reason": exc.reason, "retry": True}
             finally:
-                self._free(self._held, rid, pinned=True)
+                self._free(self._held, job.rid, pinned=True)
         return out
 
+    def _waves(self, batch: list[tuple[str, list[int], str, str | None]]) -> Waves:
+        """The batch in two waves: prompts that share pages with an earlier one wait for it."""
+        cache = self.pool.prefix_cache
+        if cache is None or len(batch) < 2:
+            return Waves(first=list(range(len(batch))))
+        matched = [len(cache.match(prompt).pages) for _, prompt, _, _ in batch]
+        return split_waves([prompt for _, prompt, _, _ in batch], matched, self.pool.page_size)
+
+    def _prefill_wave(
+        self, wave: list[tuple[str, list[int], str, str | None]], shared: list[int | None], out: dict
+    ) -> list[_Outgoing]:
+        """Reserve, prefill and cache one wave (under the lock); its envelopes, pinned for sending.
+        `shared[i]`: the boundary request i shares with prompts of a later wave (None: none)."""
+        cache = self.pool.prefix_cache
+        admitted: list[tuple[str, list[int], str, str | None]] = []
+        matches: dict[str, PrefixMatch] = {}
+        leaders: dict[str, int] = {}
+        for item, pages in zip(wave, shared, strict=True):
+            rid, prompt, peer, _ = item
+            if rid in self._held:
+                out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
+                continue
+            match = cache.match(prompt) if cache is not None else None
+            try:
+                self.pool.reserve(rid, len(prompt), compact=True, prefix=match)
+            except DoesNotFit as exc:
+                out[rid] = {"outcome": BUSY, "reason": exc.reason}
+                continue
+            self._held[rid] = peer
+            admitted.append(item)
+            if match is not None:
+                matches[rid] = match
+            if pages is not None:
+                leaders[rid] = pages
+        self._note_peak()
+        if not admitted:
+            return []
+        rids = [rid for rid, *_ in admitted]
+        prompts = [prompt for _, prompt, _, _ in admitted]
+        snapshots = self._snapshots(rids, prompts, matches, leaders)
+        try:
+            first_tokens = self.model.prefill(
+                self.pool,
+                rids,
+                prompts,
+                cached=[matches[rid].num_tokens if rid in matches else 0 for rid in rids],
+                checkpoints=[self._checkpoint_slot(matches.get(rid)) for rid in rids],
+                snapshots=[snap[:2] if snap else None for snap in snapshots],
+            )
+        except BaseException:
+            if cache is not None:
+                cache.discard_checkpoints([snap[2] for snap in snapshots if snap])
+            for rid in rids:
+                self._free(self._held, rid)
+            raise
+        computed = dict(zip(rids, self.model.last_prefill_computed, strict=True))
+        self._cache_prompts(rids, prompts, snapshots)
+        outgoing = []
+        for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
+            try:
+                envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
+            except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
+                self._free(self._held, rid)
+                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
+                continue
+            self.pool.pin(rid)  # compaction may not move it while the transfer reads it
+            outgoing.append(_Outgoing(rid, peer, fault, int(token), envelope, ranges, computed[rid]))
+        return outgoing
+
     def _snapshots(
-        self, rids: list[str], prompts: list[list[int]], matches: dict[str, PrefixMatch]
+        self,
+        rids: list[str],
+        prompts: list[list[int]],
+        matches: dict[str, PrefixMatch],
+        leaders: dict[str, int],
     ) -> list[tuple[int, int, int] | None]:
         """Per request, where its prefill writes a state checkpoint for the prefix cache: (depth,
-        physical slot, checkpoint handle) at its last full page boundary past its cached prefix,
-        or None (no cache, no recurrent state, no new boundary, or no room for one)."""
+        physical slot, checkpoint handle) at the boundary `checkpoint_depth` picks (the pages it
+        shares with later prompts of its batch, `leaders`, else where it leaves a cached path),
+        or None (no cache, no recurrent state, no boundary past its match, or no room for one)."""
         cache = self.pool.prefix_cache
         out = []
         for rid, prompt in zip(rids, prompts, strict=True):
-            depth = len(prompt) // self.pool.page_size
-            cached = len(matches[rid].pages) if rid in matches else 0
-            if cache is None or not cache.needs_checkpoint or depth <= cached:
+            if cache is None or not cache.needs_checkpoint:
+                out.append(None)
+                continue
+            matched = len(matches[rid].pages) if rid in matches else 0
+            shared = leaders[rid] if rid in leaders else cache.branch_depth(prompt)
+            depth = checkpoint_depth(len(prompt), self.pool.page_size, matched, shared)
+            if depth is None:
                 out.append(None)
                 continue
             try:

@@ -1,7 +1,8 @@
 """A pool's prefix cache: what is cached (`PrefixIndex`, by token content) and the memory it holds
 (the allocator's holds on shared pages and its checkpoint units; sharing.py).
 
-- `match(tokens)`: the longest usable cached prefix of a prompt (never all of it).
+- `match(tokens)`: the longest usable cached prefix of a prompt (never all of it);
+  `branch_depth(tokens)`: the page boundary where it leaves a cached path (where a checkpoint is shared).
 - `acquire(request_id, match)` / `release(request_id)`: a request reserved with a match uses its
   pages (the index will not evict them) until it is released.
 - `take_checkpoint()`, then `cache_request(request_id, tokens, checkpoints)`: cache a request's full
@@ -36,6 +37,9 @@ class PrefixCache:
 
     def match(self, tokens: Sequence[int]) -> PrefixMatch:
         return self.index.match(tokens)
+
+    def branch_depth(self, tokens: Sequence[int]) -> int:
+        return self.index.branch_depth(tokens)
 
     def acquire(self, request_id: str, match: PrefixMatch) -> None:
         if match.pages:

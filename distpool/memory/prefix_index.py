@@ -129,6 +129,15 @@ class PrefixIndex:
         pages = tuple(node.page for node in path)
         return PrefixMatch(pages=pages, num_tokens=len(pages) * self.page_size, checkpoint=checkpoint)
 
+    def branch_depth(self, tokens: Tokens) -> int:
+        """Full pages of `tokens` (within len(tokens) - 1) cached where another cached prompt goes on
+        past them: the boundary where this prompt leaves a cached path (0 if it leaves none, or only
+        extends a cached prompt; all of them if every page is cached). Read-only."""
+        num_tokens, pages = self._pages(tokens)
+        limit = max(num_tokens - 1, 0) // self.page_size
+        path = self._walk(pages[:limit])
+        return len(path) if path and (len(path) == limit or path[-1].children) else 0
+
     def acquire(self, match: PrefixMatch) -> None:
         """A request starts using a match: users += 1 on each of its pages, which stamps them."""
         path = self._path_of(match.pages)

@@ -40,6 +40,19 @@ def test_shared_prefixes_match_up_to_the_last_common_full_page():
     assert index.match([1, 2, 3]).pages == (10,)  # the partial page [3] never matches
 
 
+def test_branch_depth_is_where_a_prompt_leaves_a_cached_path():
+    index = make_index(needs_checkpoint=True)  # page size 2; no checkpoint is needed to branch
+    cached(index, [1, 2, 3, 4, 5, 6, 7, 8], 10)  # pages [1 2] [3 4] [5 6] [7 8]
+    assert index.branch_depth([1, 2, 3, 4, 9, 9, 9]) == 2  # leaves the cached path after 2 pages
+    assert index.branch_depth([1, 2, 9, 9]) == 1
+    assert index.branch_depth([9, 2, 3, 4]) == 0  # shares nothing
+    assert index.branch_depth([1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9]) == 0  # extends a cached prompt
+    assert index.branch_depth([1, 2, 3, 4, 5, 6, 7, 8]) == 3  # the same prompt: all but its last page
+    assert index.branch_depth([1, 2, 3, 4, 5]) == 2  # a prefix of a cached prompt, all of it usable
+    assert index.match([1, 2, 3, 4, 9]).pages == ()  # read-only, and no checkpoint to match yet
+    index.check()
+
+
 def test_the_whole_prompt_is_never_matched():
     index = make_index()
     cached(index, [1, 2, 3, 4], 10)
