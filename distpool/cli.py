@@ -155,7 +155,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     num_workers = ns.prefill + ns.decode
     check_cluster(address, address_from, num_cpus=ns.num_cpus, spread=ns.spread, num_workers=num_workers)
     if not address:  # the embedded cluster runs every worker on this machine
-        check_fits_this_machine(worker, num_workers)
+        check_fits_this_machine(spec.worker, ns.prefill, ns.decode)  # unified or not, as resolved
         if ns.metrics_port is not None:
             validate_metrics_port(ns.metrics_port)
     else:

@@ -93,7 +93,9 @@ def bench(args: argparse.Namespace) -> list[dict]:
     lengths = prompt_lengths(args)
     config = worker_config(args, lengths)
     spec = DeploymentSpec.build(config, num_prefill=1, num_decode=1)
-    check_fits_this_machine(config, num_workers=2)  # everything is refused before Ray starts
+    check_fits_this_machine(
+        spec.worker, num_prefill=1, num_decode=1
+    )  # everything is refused before Ray starts
     if args.json:
         check_output_path(args.json, "--json", {"--model": resolve_model(args.model)})
     print(

@@ -257,3 +257,46 @@ def test_prompts_file_errors_name_the_file_and_line(capsys, tmp_path, no_ray, li
 def test_a_workload_too_large_to_hold_is_refused_before_a_prompt_is_drawn(capsys, no_ray, args):
     err = run_refused(capsys, *args)
     assert "--requests 100000000 of about" in err and "Fix: --requests" in err
+
+
+def test_the_memory_check_counts_what_a_run_takes_beside_the_pools(capsys, monkeypatch, no_ray):
+    """nemotron-h-56b at 2 GiB per worker took about 10.8 GB in all (parity pool, link measurement,
+    the cache's patterns, Ray): 8 GiB available passed a check that counted the two pools only."""
+    monkeypatch.setattr(preflight, "_available_host_bytes", lambda: 8 << 30)
+    err = run_refused(capsys, "--model", "nemotron-h-56b", "--memory-gib", "2")
+    assert "takes 11.8 GiB in all: 1 prefill x 4.40 + 1 decode x 4.40" in err
+    assert "driver 2.25 (parity pool, model, process), Ray 0.75" in err
+
+
+def test_run_memory_adds_staging_per_peer_the_link_message_the_model_and_the_processes():
+    from distpool.memory.arena import SLIDE_STAGING_BYTES
+    from distpool.memory.sizing import PoolArgs, size_pools
+    from distpool.model.hf_config import spec_from_hf
+    from distpool.model.presets import resolve_model
+    from distpool.serving.parity import parity_pool_sizes
+    from distpool.serving.run_memory import PROCESS_BYTES, RAY_BYTES, RunMemory
+    from distpool.worker.config import WorkerConfig
+    from transfer import TransferOptions
+
+    spec = spec_from_hf(resolve_model("nemotron-h-8b"))
+    args = PoolArgs(enable_unified_memory=True, context_len=1024)
+    worker = WorkerConfig(
+        spec=spec,
+        pool_args=args,
+        budget_bytes=3 << 30,
+        cache="synthetic",
+        transfer=TransferOptions(chunk_bytes=16 << 20),
+    )
+    memory = RunMemory.of(worker, num_prefill=2, num_decode=3)
+    envelope = spec.slot_bytes + 1024 * (16 << 10)  # slot + 1024 tokens of 16 KiB: no padding here
+    assert size_pools(spec, worker.for_role("decode"), 1 << 40).request_bytes_at_full_context == envelope
+    model = spec.slot_bytes + spec.full_kv_bytes_per_token  # the synthetic cache's base patterns
+    worker_part = (3 << 30) + envelope + model + SLIDE_STAGING_BYTES + PROCESS_BYTES
+    assert memory.prefill_bytes == worker_part + 3 * 3 * (16 << 20)  # 3 staging chunks per decode peer
+    assert memory.decode_bytes == worker_part + 2 * 3 * (16 << 20)
+    parity = parity_pool_sizes(worker, 1024).budget_bytes
+    assert parity == envelope and memory.driver_bytes == parity + model + PROCESS_BYTES
+    assert (
+        memory.total_bytes
+        == 2 * memory.prefill_bytes + 3 * memory.decode_bytes + memory.driver_bytes + RAY_BYTES
+    )

@@ -7,10 +7,12 @@ import socket
 
 from distpool.memory.sizing import GIB, PoolArgs, size_pools
 from distpool.model.spec import ModelSpec
+from distpool.serving.run_memory import PROCESS_BYTES, RunMemory
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
 
 DEFAULT_FULL_CONTEXT_REQUESTS = 4  # what a default synthetic-cache pool holds at --context-len
 DEFAULT_SHARE_OF_MEMORY = 0.4  # of this machine's available memory, over all workers
+HOST_SHARE_OF_MEMORY = 0.9  # a run may take this much of the available memory, everything counted
 
 
 def default_budget_bytes(spec: ModelSpec, pool_args: PoolArgs, cache: str, num_workers: int) -> int:
@@ -29,8 +31,11 @@ def default_budget_bytes(spec: ModelSpec, pool_args: PoolArgs, cache: str, num_w
     return max(wanted, step)
 
 
-def check_fits_this_machine(worker: WorkerConfig, num_workers: int) -> None:
-    """Refuse budgets this machine cannot hold (`check` plans for any budget; `run` allocates)."""
+def check_fits_this_machine(worker: WorkerConfig, num_prefill: int, num_decode: int) -> None:
+    """Refuse a run this machine cannot hold (`check` plans for any budget; `run` allocates): with
+    CUDA, each worker's pool, staging and link measurement on its GPU; on the CPU, everything the
+    run's processes take (`RunMemory`: workers, driver and the embedded cluster) within
+    HOST_SHARE_OF_MEMORY of the memory available now."""
     device = worker.device
     if device.startswith("cuda"):
         import torch
@@ -46,19 +51,22 @@ def check_fits_this_machine(worker: WorkerConfig, num_workers: int) -> None:
                 f"numbered from 0. Fix: --device cuda (a GPU per worker) or cuda:0"
             )
         free_bytes, _ = torch.cuda.mem_get_info(index)
-        if worker.budget_bytes > free_bytes:
+        memory = RunMemory.of(worker, num_prefill, num_decode)
+        on_gpu = max(memory.prefill_bytes, memory.decode_bytes) - PROCESS_BYTES  # the process is on the host
+        if on_gpu > free_bytes:
             raise ValueError(
-                f"--memory-gib {worker.budget_bytes / GIB:g} per worker exceeds the GPU's free "
-                f"{free_bytes / GIB:.1f} GiB. Fix: lower --memory-gib"
+                f"--memory-gib {worker.budget_bytes / GIB:g} per worker needs {on_gpu / GIB:.1f} GiB of a "
+                f"GPU with its staging and link measurement, beyond the GPU's free {free_bytes / GIB:.1f} "
+                "GiB. Fix: lower --memory-gib"
             )
         return
     available = _available_host_bytes()
-    needed = worker.budget_bytes * num_workers
-    if available is not None and needed > 0.8 * available:  # the rest: Ray, torch and the driver
+    memory = RunMemory.of(worker, num_prefill, num_decode)
+    if available is not None and memory.total_bytes > HOST_SHARE_OF_MEMORY * available:
         raise ValueError(
-            f"--memory-gib {worker.budget_bytes / GIB:g} for each of {num_workers} workers needs "
-            f"{needed / GIB:.1f} GiB, but this machine has {available / GIB:.1f} GiB available. "
-            "Fix: lower --memory-gib or run fewer workers"
+            f"--memory-gib {worker.budget_bytes / GIB:g} for each of {num_prefill + num_decode} workers "
+            f"takes {memory.describe()}; this machine has {available / GIB:.1f} GiB available. Fix: lower "
+            "--memory-gib or run fewer workers"
         )
 
 

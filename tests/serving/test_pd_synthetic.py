@@ -119,15 +119,18 @@ def test_a_config_outside_the_presets_runs_at_its_true_size_with_metrics_served(
     assert report["link_utilization"] > 0
 
 
-def test_the_parity_pool_of_a_model_whose_request_outgrows_1_gib_is_the_workers_budget():
-    """nemotron-h-56b: one request at full context needs about 1.03 GiB; the check once sized a
-    1 GiB pool for it and failed after the run, losing the summary."""
+@pytest.mark.parametrize("unified", [True, False])
+def test_the_parity_pool_holds_one_sampled_request_not_a_whole_worker_budget(unified):
+    """nemotron-h-56b at 2 GiB per worker: the driver's parity pool took a whole worker budget (one
+    request at full context needs about 1.03 GiB, more than the 1 GiB cap), about a third of the
+    run's memory. It now holds one request of the longest sampled length, whatever the split."""
     from distpool.model.presets import resolve_model
-    from distpool.serving.parity import _colocated_sizes
+    from distpool.serving.parity import parity_pool_sizes
 
     spec = spec_from_hf(resolve_model("nemotron-h-56b"))
-    worker = WorkerConfig(
-        spec=spec, pool_args=PoolArgs(enable_unified_memory=True), budget_bytes=3 << 30, cache="synthetic"
-    )
-    sizes = _colocated_sizes(worker)
-    assert sizes.budget_bytes == 3 << 30 and sizes.requests_at_full_context >= 1
+    args = PoolArgs(enable_unified_memory=unified, mamba_state_ratio=0.5)
+    worker = WorkerConfig(spec=spec, pool_args=args, budget_bytes=2 << 30, cache="synthetic")
+    sizes = parity_pool_sizes(worker, longest_tokens=112)  # a mixed prompt of 96 and 16 new tokens
+    assert sizes.requests_at_full_context >= 1 and sizes.args.context_len == 112
+    one_request = spec.slot_bytes + 7 * sizes.page_stride_bytes  # 112 tokens: 7 pages of 16
+    assert sizes.budget_bytes <= (1 if unified else 2) * one_request + (64 << 10) < 2 << 30
