@@ -31,9 +31,6 @@ from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
 MAX_TP = 1024  # ranks in one tensor-parallel group: far past any node
-# `run` flags that say where requests come from (RequestFlags' fields)
-REQUEST_FLAGS = ("prompts", "requests", "workload", "turns", "min_prompt_len", "max_prompt_len")
-REQUEST_FLAGS += ("max_new_tokens", "seed")
 
 
 def _mode(value: str) -> str | None:
@@ -121,7 +118,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
     if ns.enable_unified_memory and ns.disable_unified_memory:
         raise ValueError("--enable-unified-memory and --disable-unified-memory contradict. Fix: keep one")
-    flags = RequestFlags(**{name: getattr(ns, name) for name in REQUEST_FLAGS})
+    flags = RequestFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RequestFlags)})
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
     config_path = resolve_model(ns.model)
@@ -203,23 +200,16 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
-    run.add_argument(
-        "--requests",
-        type=int,
-        default=None,
-        help=f"generated requests (multi-turn: turns; {request_flags.DEFAULT_REQUESTS})",
-    )
+    requests_help = f"generated requests (multi-turn: turns; {request_flags.DEFAULT_REQUESTS})"
+    run.add_argument("--requests", type=int, help=requests_help)
     run.add_argument(
         "--workload",
         choices=list(WORKLOADS),
-        default=None,
         # argparse formats help with %: the descriptions' "95%" must be escaped
         help=f"prompt lengths ({request_flags.DEFAULT_WORKLOAD}): "
         + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
     )
-    run.add_argument(
-        "--turns", type=int, default=None, help=f"multi-turn: turns per conversation ({DEFAULT_TURNS})"
-    )
+    run.add_argument("--turns", type=int, help=f"multi-turn: turns per conversation ({DEFAULT_TURNS})")
     run.add_argument("--prompts", default=None, help="JSONL file of prompts instead of a generated workload")
     low, high = request_flags.DEFAULT_PROMPT_LEN
     run.add_argument("--min-prompt-len", type=int, default=None, help=f"shortest prompt of mixed ({low})")
