@@ -1,15 +1,15 @@
 """A channel: the two-rank process group joining one prefill worker (rank 0) and one decode worker (rank 1).
 
-Each channel makes its own rendezvous through a TCPStore at `host:port` (rank 0 hosts it; see
-`transfer.rendezvous`) and its own process group (Gloo for CPU arenas, NCCL for CUDA arenas), never
-the global default group, so one process may hold many channels. Every (re)connect is a new
-generation: a fresh store prefix, so keys of a dead group never leak into the next one.
+Each channel forms through a rendezvous store at `host:port` that exists only while it forms (rank
+0 serves it; see `transfer.rendezvous`), and gets its own process group (Gloo for CPU arenas, NCCL
+for CUDA arenas), never the global default group, so one process may hold many channels. Every
+(re)connect is a new generation, with a fresh store and fresh groups.
 
 The handshake exchanges layout fingerprints before any group exists; a mismatch raises
 `FingerprintMismatch` on both ends, naming the differing fields. A failed wait marks the channel
 broken; `connect()` again tears it down and connects a new generation, touching no other channel.
-Small control messages go through the generation's store (`channel.control`, see
-`transfer.control`); this class owns the group's lifecycle and the payload sends and receives.
+Small control messages go over the pair's own Gloo link (`channel.control`, see
+`transfer.control`); this class owns the groups' lifecycle and the payload sends and receives.
 """
 
 from __future__ import annotations
@@ -26,10 +26,20 @@ from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.handshake import exchange_hello, make_hello
-from transfer.protocol import TEARDOWN_MARK, bell_key
-from transfer.rendezvous import delta, generation_store, host_store, is_loopback, join_store, next_generation
+from transfer.protocol import TAG_CLOSE, TAG_DATA, bell_key
+from transfer.rendezvous import (
+    RendezvousPort,
+    StoreLease,
+    claim_generation,
+    delta,
+    generation_store,
+    is_loopback,
+    join_store,
+    open_generation,
+)
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
+CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
 
 
 class Channel:
@@ -80,9 +90,10 @@ class Channel:
         self.generation = 0
         self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
         self.peer_hello: dict[str, Any] | None = None
-        self._store: dist.Store | None = None  # rank 0 keeps its store (the server) across rebuilds
-        self._control: ControlPlane | None = None  # this generation's store keys
-        self._pg: dist.ProcessGroup | None = None
+        self._port: RendezvousPort | None = None  # rank 0 holds its port across rebuilds
+        self._control: ControlPlane | None = None  # this generation's control messages
+        self._pg: dist.ProcessGroup | None = None  # payload (and on Gloo also control)
+        self._control_pg: dist.ProcessGroup | None = None  # NCCL only: the Gloo group control uses
         self._broken: str | None = "not connected"
 
     # ---- state --------------------------------------------------------------------------------
@@ -103,15 +114,18 @@ class Channel:
 
         A transfer that fails mid-stream calls this before it concludes: an NCCL receive still
         posted into the arena would otherwise land whenever the peer's bytes come, possibly after
-        the caller has freed those pages and handed them to another request. No store traffic:
-        the store's host may be the peer that hung, and this must not wait for it.
+        the caller has freed those pages and handed them to another request. Nothing here waits
+        for the peer, which may be the one that hung. With NCCL the control link stays up until the
+        next connect, so that the peer still hears why.
         """
         self.mark_broken(reason)
+        if self._control_pg is None and self._control is not None:  # Gloo: control goes with the group
+            self._control.close(reason)
         self._destroy_group()
 
     @property
     def rejected_messages(self) -> int:
-        """Control messages of this generation that were forged, replayed or garbage (dropped)."""
+        """Control messages of this generation that did not open (dropped)."""
         return 0 if self._control is None else self._control.rejected
 
     @property
@@ -123,30 +137,42 @@ class Channel:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def connect(self, timeout_s: float | None = None) -> None:
-        """Rendezvous, handshake and build the group; raise ChannelError / FingerprintMismatch."""
+        """Rendezvous, handshake and build the groups; raise ChannelError / FingerprintMismatch.
+        The rendezvous store is gone when this returns, whatever the outcome."""
         self._teardown()
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        store = lease = None
         try:
-            if self.rank == SENDER_RANK and self._store is None:
-                self._store = host_store(self.host, self.port, deadline)
-            elif self.rank == RECEIVER_RANK:
-                self._store = join_store(self.host, self.port, deadline)
-            generation = next_generation(self._store, auth=self.auth, rank=self.rank, deadline=deadline)
-            gen_store = generation_store(self._store, auth=self.auth, generation=generation)
+            if self.rank == SENDER_RANK:
+                if self._port is None:
+                    self._port = RendezvousPort(self.host, self.port)
+                store = self._port.open_store(deadline)
+            else:
+                store = join_store(self.host, self.port, deadline)
+            # Everything else sees the store through a lease, released below: no frame a traceback
+            # keeps, and no group, can keep the store (and rank 0's server) alive past this call.
+            lease = StoreLease(store)
+            if self.rank == SENDER_RANK:
+                generation = self.generation + 1
+                open_generation(lease, auth=self.auth, generation=generation)
+            else:
+                generation = claim_generation(lease, auth=self.auth, deadline=deadline)
+            gen_store = generation_store(lease, auth=self.auth, generation=generation)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
             self._pg = self._make_group(gen_store, deadline)
+            control_group = self._pg
+            if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
+                control_group = self._control_pg = self._make_gloo(
+                    dist.PrefixStore("control/", gen_store), deadline, num_devices=1
+                )
             self.generation, self.transfer_seq = generation, 0
-            bell_store = None
-            if self.rank == RECEIVER_RANK:
-                waiter = join_store(self.host, self.port, deadline)
-                bell_store = generation_store(waiter, auth=self.auth, generation=generation)
             self._control = ControlPlane(
-                gen_store,
+                control_group,
+                rank=self.rank,
                 name=self.name,
                 auth=self.auth,
                 generation=generation,
                 on_gone=self.mark_broken,
-                bell_store=bell_store,
             )
             self._broken = None
             self._ping(deadline)
@@ -159,28 +185,43 @@ class Channel:
                 f"channel {self.name} rank {self.rank} could not connect to "
                 f"{self.host}:{self.port}: {type(exc).__name__}: {exc}"
             ) from None
+        finally:
+            # Drop every reference to the store (a traceback may keep this frame): rank 0's server
+            # goes with its keys and connections, and the port stops listening.
+            if lease is not None:
+                lease.release()
+            store = lease = None
+            if self._port is not None:
+                self._port.stop_listening()
 
     def close(self) -> None:
-        """Tear down the group and drop the store; the channel cannot be used again."""
+        """Tear down the groups and give the port up; the channel cannot be used again."""
         self._teardown("closed")
-        self._store = None
+        if self._port is not None:
+            self._port.close()
+            self._port = None
         self._broken = "closed"
 
     def _teardown(self, reason: str = "torn down") -> None:
-        if self._control is not None:  # wake a receiver blocked on the next bell (ours or the peer's)
-            self._control.wake(self.transfer_seq, reason)
+        if self._control is not None:  # its waits fail from now on; the links' closing ends its threads
+            self._control.close(reason)
         self._destroy_group()
-        self._control = None
-        if self.rank != SENDER_RANK:
-            self._store = None  # a client reconnects each time: the server may have restarted
+        if self._control_pg is not None:
+            close_links(self._control_pg, self.peer_rank, 1)
+        if self._control is not None:
+            self._control.join(CONTROL_JOIN_S)  # before the groups their waits use are dropped
+        self._control, self._control_pg = None, None
         self._broken = self._broken or reason
 
     def _destroy_group(self) -> None:
         if self._pg is not None:
-            try:
-                self._pg.abort() if self.backend == "nccl" else self._pg.shutdown()
-            except Exception:  # a group already poisoned by its peer may refuse to shut down cleanly
-                pass
+            if self.backend == "nccl":
+                try:
+                    self._pg.abort()
+                except Exception:  # a group already poisoned by its peer may refuse to abort cleanly
+                    pass
+            else:
+                close_links(self._pg, self.peer_rank, self.num_streams)
         self._pg = None
 
     # ---- connect steps ------------------------------------------------------------------------
@@ -197,17 +238,19 @@ class Channel:
             tp=self.tp,
         )
 
-    def _make_group(self, gen_store: dist.Store, deadline: float) -> dist.ProcessGroup:
-        remaining = delta(deadline - time.monotonic())
+    def _make_group(self, store: dist.Store, deadline: float) -> dist.ProcessGroup:
         if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             # Our waits carry the deadlines (work.wait(timeout)); NCCL's watchdog would tear the
             # whole process down when its own timeout fires, so it gets one far beyond any deadline.
             options._timeout = datetime.timedelta(days=1)
             torch.cuda.set_device(self.device)
-            return dist.ProcessGroupNCCL(gen_store, self.rank, 2, options)
+            return dist.ProcessGroupNCCL(store, self.rank, 2, options)
+        return self._make_gloo(store, deadline, num_devices=self.num_streams)
+
+    def _make_gloo(self, store: dist.Store, deadline: float, *, num_devices: int) -> dist.ProcessGroup:
         options = dist.ProcessGroupGloo._Options()
-        options._timeout = remaining
+        options._timeout = delta(deadline - time.monotonic())
         gloo = dist.ProcessGroupGloo
         make_device = (
             (lambda: gloo.create_device(hostname="127.0.0.1"))
@@ -215,19 +258,19 @@ class Channel:
             else (gloo.create_default_device)
         )
         # One device per stream: Gloo picks the connection for a message by tag % number of devices.
-        options._devices = [make_device() for _ in range(self.num_streams)]
-        return gloo(gen_store, self.rank, 2, options)
+        options._devices = [make_device() for _ in range(num_devices)]
+        return gloo(store, self.rank, 2, options)
 
     def _ping(self, deadline: float) -> None:
         """One round trip: proves both ranks hold the same generation (and inits NCCL eagerly)."""
         token = torch.tensor([self.generation], dtype=torch.int64, device=self.device)
         echo = torch.zeros_like(token)
         if self.rank == SENDER_RANK:
-            self.wait(self.send(token, 0), deadline, "ping")
-            self.wait(self.recv(echo, 1), deadline, "ping reply")
+            self.wait(self.send(token, TAG_DATA), deadline, "ping")
+            self.wait(self.recv(echo, TAG_DATA), deadline, "ping reply")
         else:
-            self.wait(self.recv(echo, 0), deadline, "ping")
-            self.wait(self.send(echo, 1), deadline, "ping reply")
+            self.wait(self.recv(echo, TAG_DATA), deadline, "ping")
+            self.wait(self.send(echo, TAG_DATA), deadline, "ping reply")
         if int(echo.item()) != self.generation:
             raise ChannelError(
                 f"channel {self.name}: peer is on generation {int(echo.item())}, "
@@ -280,24 +323,33 @@ class Channel:
     def ring_bell(self, header: bytes) -> int:
         """Sender: announce the next transfer with its header; returns its sequence number."""
         seq = self.transfer_seq
-        if self.control.put_once(bell_key(seq), header) != header:
-            self.mark_broken("the peer is tearing the channel down")
-            raise ChannelError(f"channel {self.name}: {self._broken}")
+        self.control.send(bell_key(seq), header)
         self.transfer_seq += 1
         return seq
 
     def wait_bell(self, timeout_s: float) -> tuple[int, bytes] | None:
-        """Receiver: block until the sender rings (seq, header); None on timeout or teardown.
+        """Receiver: block until the sender rings (seq, header); None on timeout, ChannelError once
+        the channel is torn down.
 
-        Safe to call without the engine's lock: a reconnect meanwhile wakes it, and then nothing
-        of the new generation is touched.
+        Safe to call without the engine's lock: a reconnect meanwhile fails the wait, and then
+        nothing of the new generation is touched.
         """
         control, generation, seq = self.control, self.generation, self.transfer_seq
-        value = control.wait_bell(seq, timeout_s)
+        value = control.wait_value(bell_key(seq), timeout_s)
         if value is None or generation != self.generation:
-            return None
-        if value.startswith(TEARDOWN_MARK):
-            self.mark_broken(value[len(TEARDOWN_MARK) :].decode(errors="replace") or "torn down")
             return None
         self.transfer_seq += 1
         return seq, value
+
+
+def close_links(group: dist.ProcessGroup, peer_rank: int, num_devices: int) -> None:
+    """Close a Gloo group's connections on each of its devices now, waking whatever waits on them
+    (here and at the peer). Gloo closes a context's connections when a wait on it times out, and
+    offers no other way that wakes a blocked receive: a receive nothing is ever sent to, on each
+    device, given a millisecond."""
+    for device in range(num_devices):
+        try:
+            probe = torch.empty(1, dtype=torch.uint8)
+            group.recv([probe], peer_rank, TAG_CLOSE + device).wait(delta(0.001))
+        except Exception:  # the expected outcome, or a link that was closed already
+            pass

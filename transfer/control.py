@@ -1,135 +1,210 @@
-"""The control plane of one channel generation: small messages through the rendezvous store.
+"""The control plane of one channel generation: small sealed messages over the pair's own link.
 
-Payload moves over the process group; headers, replies, ends and statuses move here (keys in
-`transfer.protocol`). A store wait can time out without harming anything, and a garbled message
-costs a refusal, not the channel. Failures are classified by exception type: `DistStoreError` is a
-wait that timed out (nothing is wrong), `DistNetworkError` (or any other error) a store that is gone.
+Headers, replies, withdrawals, ends and statuses (names in `transfer.protocol`) travel over a Gloo
+group of the pair itself, with `TAG_CONTROL`: the payload group on CPU, a small Gloo group beside
+NCCL's on CUDA. Nothing else can write there once the group formed, and the rendezvous store is
+gone by then (`transfer.rendezvous`). A message is two Gloo messages:
 
-The receiver blocks on the next bell through a second client of the store (`bell_store`): a TCPStore
-client runs one operation at a time, and a teardown must still reach the store while a wait blocks.
+    int64 length | body = u16 name length, name, value, MAC
 
-Every key is named and every value sealed by `transfer.auth` under the deployment's secret. A value
-that does not open (forged, replayed from another key, garbage) is counted in `rejected` and
-ignored, and the wait goes on: nothing an outsider writes is acted on, and it cannot hold a key
-against the legitimate writer either (`put_once` displaces it).
+The MAC (`transfer.auth`) covers the value and its full name: channel, generation, the sender's
+rank, kind and sequence. A body that does not open is counted in `rejected` and dropped.
+
+A Gloo send completes only once the peer posted its receive, so `send` does not wait: it posts, and
+a delivery thread waits for the sends in order (a peer that is stopped holds them, not the caller).
+A reader thread keeps a receive posted and files each message in a mailbox by name; `wait_value`
+waits on the mailbox, so a wait that times out costs nothing (a Gloo wait that times out would close
+the group). Both hold at most `MAX_PENDING` messages: the mailbox drops its oldest, and a peer that
+takes none of `MAX_PENDING` sends breaks the channel. Both threads end when the link closes: the
+peer went (the channel is then broken, `on_gone`) or this end closed the group
+(`transfer.channel.close_links`, after `close`).
 """
 
 from __future__ import annotations
 
+import collections
+import struct
 import threading
 import time
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
-from transfer.auth import ControlAuth
+from distpool.memory.envelope import MAX_PAGES
+from transfer.auth import MAC_BYTES, ControlAuth
 from transfer.errors import ChannelError
-from transfer.protocol import TEARDOWN_MARK, bell_key
+from transfer.protocol import TAG_CONTROL
 from transfer.rendezvous import delta
 
-FORGED_POLL_S = 0.01  # how often a key an outsider wrote is read again, waiting for the real value
+MAX_PENDING = 64  # messages filed and not read, or sent and not taken; in step, a handful at most
+# The largest body: a header or READY with a table of MAX_PAGES pages and a slot (16 bytes a row),
+# its fields, name and MAC.
+MAX_MESSAGE_BYTES = 16 * (MAX_PAGES + 1) + 8192
+FOREVER_S = 365 * 86400.0  # the threads' waits: ended by the link closing, never by a timeout
+_NAME_LEN = struct.Struct("<H")
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0][:200]
 
 
 class ControlPlane:
-    """Store keys of one channel generation. `on_gone(reason)` runs when the store is found dead.
-    Methods take the protocol's key names ("bell/3"); the store sees only their sealed forms."""
+    """The control messages of one channel generation over `group` (ranks 0 and 1).
+
+    `on_gone(reason)` runs when the link fails under the threads. Methods take the protocol's
+    message names ("bell/3").
+    """
 
     def __init__(
         self,
-        store: dist.Store,
+        group: dist.ProcessGroup,
         *,
+        rank: int,
         name: str,
         auth: ControlAuth,
         generation: int,
         on_gone: Callable[[str], None],
-        bell_store: dist.Store | None = None,
     ) -> None:
-        self.store, self.bell_store, self.name, self._on_gone = store, bell_store, name, on_gone
-        self.auth, self.generation = auth, generation
-        self.rejected = 0  # values that did not open: forged, replayed or garbage
+        self.group, self.rank, self.peer_rank, self.name = group, rank, 1 - rank, name
+        self.auth, self.generation, self._on_gone = auth, generation, on_gone
+        self.rejected = 0  # bodies that did not open: forged, replayed or garbage
+        self._mailbox: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        # Posted and not yet taken by the peer: (works, tensors they read, set once taken).
+        self._outbox: collections.deque[tuple[list, tuple, threading.Event]] = collections.deque()
+        self._cond = threading.Condition()  # guards both, and `_closed`
+        self._closed: str | None = None
+        self._threads = [
+            threading.Thread(target=self._read, name=f"control-in-{name}", daemon=True),
+            threading.Thread(target=self._deliver, name=f"control-out-{name}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _key(self, key: str) -> str:
-        return self.auth.key(f"g{self.generation}/{key}")
+    def _full_name(self, rank: int, name: str) -> str:
+        return self.auth.key(f"g{self.generation}/r{rank}/{name}")
 
-    def put_once(self, key: str, value: bytes) -> bytes:
-        """Set `key` unless a legitimate writer already did; returns the value the key holds now
-        (`value` if we won). A value that does not open is displaced, not respected."""
-        stored_key = self._key(key)
-        sealed = self.auth.seal(stored_key, value)
-        try:
-            current = self.store.compare_set(stored_key, "", sealed)
-            for _ in range(8):  # each round displaces one forged value an outsider raced in
-                if current == sealed:
-                    return value
-                opened = self.auth.open(stored_key, current)
-                if opened is not None:
-                    return opened
-                self.rejected += 1
-                current = self.store.compare_set(stored_key, current, sealed)
-        except Exception as exc:
-            raise self._gone(exc) from None
-        raise ChannelError(f"channel {self.name}: key {key} is being fought over; giving up")
+    # ---- sending --------------------------------------------------------------------------------
+    def send(self, name: str, value: bytes, *, wait_s: float = 0.0) -> bool:
+        """Post one message to the peer, and wait up to `wait_s` for the peer to take it; returns
+        whether it did by then. ChannelError if the link is closed or the peer took none of the last
+        `MAX_PENDING` messages (the channel is then broken)."""
+        encoded, sealed = name.encode(), self.auth.seal(self._full_name(self.rank, name), value)
+        body = _NAME_LEN.pack(len(encoded)) + encoded + sealed
+        length = torch.tensor([len(body)], dtype=torch.int64)
+        tensors = (length, torch.frombuffer(bytearray(body), dtype=torch.uint8))
+        taken, failure = threading.Event(), None
+        with self._cond:  # a message's two Gloo messages are posted back to back
+            if self._closed is not None:
+                raise ChannelError(f"channel {self.name}: {self._closed}")
+            if len(self._outbox) >= MAX_PENDING:
+                failure = f"the peer took none of the last {MAX_PENDING} control messages"
+            else:
+                try:
+                    works = [self.group.send([t], self.peer_rank, TAG_CONTROL) for t in tensors]
+                    self._outbox.append((works, tensors, taken))
+                    self._cond.notify_all()
+                except Exception as exc:  # Gloo: a closed link
+                    failure = f"sending {name}: peer or link failed: {first_line(exc)}"
+        if failure is not None:
+            raise self._gone(failure)
+        return taken.wait(wait_s) if wait_s > 0 else taken.is_set()
 
-    def put_soon(self, key: str, value: bytes) -> None:
-        """Best effort, on a daemon thread: `put_once` for news the peer may never read; nothing
-        waits for a store whose host may have hung."""
-
-        stored_key = self._key(key)
-        sealed = self.auth.seal(stored_key, value)
-
-        def put() -> None:
+    def _deliver(self) -> None:
+        while True:
+            with self._cond:
+                while not self._outbox and self._closed is None:
+                    self._cond.wait()
+                if not self._outbox:
+                    return
+                works, _, taken = self._outbox[0]
             try:
-                self.store.compare_set(stored_key, "", sealed)
-            except Exception:  # the store went with its host: nobody is left to tell
-                pass
+                for work in works:
+                    work.wait(delta(FOREVER_S))
+            except Exception as exc:  # the link closed (ours or the peer's doing)
+                self._lost(exc)
+                return
+            with self._cond:
+                self._outbox.popleft()
+            taken.set()
 
-        threading.Thread(target=put, name=f"put-{self.name}", daemon=True).start()
+    # ---- receiving ------------------------------------------------------------------------------
+    def wait_value(self, name: str, timeout_s: float) -> bytes | None:
+        """Block until message `name` came (returned, and taken out of the mailbox) or `timeout_s`
+        passes (None); ChannelError once the link is closed and the message did not come."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while name not in self._mailbox:
+                if self._closed is not None:
+                    raise ChannelError(f"channel {self.name}: {self._closed}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return self._mailbox.pop(name)
 
-    def wait_value(self, key: str, timeout_s: float, *, store: dist.Store | None = None) -> bytes | None:
-        """Block until `key` holds an authentic value (returned) or `timeout_s` passes (None)."""
-        store = store or self.store
-        stored_key = self._key(key)
-        deadline, rejected = time.monotonic() + timeout_s, None
+    def holds(self, name: str) -> bool:
+        """Whether message `name` came and was not read yet."""
+        with self._cond:
+            return name in self._mailbox
+
+    def discard(self, *names: str) -> None:
+        """Forget messages a finished transfer no longer reads (if they came)."""
+        with self._cond:
+            for name in names:
+                self._mailbox.pop(name, None)
+
+    def _read(self) -> None:
         while True:
             try:
-                # A get blocks until the key exists: one round trip where wait + get take two.
-                store.set_timeout(delta(deadline - time.monotonic()))
-                blob = store.get(stored_key)
-            except dist.DistStoreError:  # the wait timed out; the store is fine
-                return None
-            except Exception as exc:  # DistNetworkError and friends: the store is gone
-                raise self._gone(exc) from None
-            value = self.auth.open(stored_key, blob)
-            if value is not None:
-                return value
-            if blob != rejected:  # not ours: drop it and keep waiting; the real writer displaces it
-                self.rejected, rejected = self.rejected + 1, blob
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(FORGED_POLL_S)
+                length = torch.zeros(1, dtype=torch.int64)
+                self.group.recv([length], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
+                size = int(length.item())
+                if not _NAME_LEN.size + MAC_BYTES <= size <= MAX_MESSAGE_BYTES:
+                    raise ChannelError(f"a control message of {size} bytes")
+                body = torch.empty(size, dtype=torch.uint8)
+                self.group.recv([body], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
+            except Exception as exc:  # the link closed (ours or the peer's doing), or out of step
+                self._lost(exc)
+                return
+            self._file(body.numpy().tobytes())
 
-    def wait_bell(self, seq: int, timeout_s: float) -> bytes | None:
-        """Receiver: the header rung as bell `seq`, None on timeout; a teardown marker comes back as is."""
-        if self.bell_store is None:
-            raise ChannelError(f"channel {self.name}: only the receiving end waits for bells")
-        return self.wait_value(bell_key(seq), timeout_s, store=self.bell_store)
+    def _file(self, body: bytes) -> None:
+        (name_len,) = _NAME_LEN.unpack_from(body)
+        name = body[_NAME_LEN.size : _NAME_LEN.size + name_len].decode(errors="replace")
+        sealed = body[_NAME_LEN.size + name_len :]
+        value = self.auth.open(self._full_name(self.peer_rank, name), sealed)
+        with self._cond:
+            if value is None:
+                self.rejected += 1
+                return
+            self._mailbox[name] = value
+            while len(self._mailbox) > MAX_PENDING:
+                self._mailbox.popitem(last=False)
+            self._cond.notify_all()
 
-    def wake(self, seq: int, reason: str) -> None:
-        """Put the teardown marker on bell `seq`, waking a receiver blocked on it (best effort)."""
-        try:
-            self.put_once(bell_key(seq), TEARDOWN_MARK + reason.encode())
-        except Exception:  # the store may be gone with its host
-            pass
+    # ---- the end --------------------------------------------------------------------------------
+    def close(self, reason: str) -> None:
+        """Stop: every wait and send fails with `reason` from now on. The threads end once the
+        channel closes the group's links (`join` waits for that)."""
+        with self._cond:
+            self._closed = self._closed or reason
+            self._cond.notify_all()
 
-    def discard(self, *keys: str) -> None:
-        """Delete keys a finished transfer left; a store that is gone marks the channel broken."""
-        try:
-            for key in keys:
-                self.store.delete_key(self._key(key))
-        except Exception as exc:
-            self._gone(exc)
+    def join(self, timeout_s: float) -> None:
+        for thread in self._threads:
+            thread.join(timeout_s)
 
-    def _gone(self, exc: Exception) -> ChannelError:
-        reason = f"store unreachable: {str(exc).splitlines()[0][:200]}"
+    def _lost(self, exc: Exception) -> None:
+        """A thread's wait failed: the link closed. Unless this end closed it, the channel is broken."""
+        with self._cond:
+            if self._closed is not None:
+                return
+        self._gone(f"control link: peer or link failed: {first_line(exc)}")
+
+    def _gone(self, reason: str) -> ChannelError:
+        with self._cond:
+            self._closed = self._closed or reason
+            self._cond.notify_all()
         self._on_gone(reason)
         return ChannelError(f"channel {self.name}: {reason}")

@@ -4,7 +4,8 @@ every transfer concludes through.
     conclude(job, body):   run body on the copy stream
                            -> on failure: the typed TransferError; a broken channel's group is
                               destroyed before anything else (no posted receive outlives it)
-                           -> synchronize the copy stream -> conclude the Transfer -> tidy its keys
+                           -> synchronize the copy stream -> conclude the Transfer -> forget the
+                              control messages it left unread
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,6 @@ class Job:
     ranges: torch.Tensor  # (n, 2) int64 on the host: the bytes it moves here, canonical order
     ready: torch.cuda.Event | None = None  # CUDA: the caller's writes the gather must wait for
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
-    spent_keys: list[str] = field(default_factory=list)  # store keys to delete once it concluded
 
 
 class Stopped(Exception):
@@ -160,11 +160,12 @@ class ChannelEnd(abc.ABC):
         job: Job | None,
         body: Callable[[], None],
         *,
-        spent_keys: list[str],
+        unread: list[str],
         on_broken: Callable[[TransferError], None] | None = None,
     ) -> None:
         """Run `body`; whatever happens, the transfer (if any) concludes exactly once, no posted
-        send or receive outlives a broken channel's group, and the transfer's keys are tidied."""
+        send or receive outlives a broken channel's group, and the control messages named in
+        `unread` are forgotten if they came."""
         channel, error = self.channel, None
         try:
             with self.stream.active():
@@ -172,18 +173,19 @@ class ChannelEnd(abc.ABC):
         except Exception as exc:
             error = as_transfer_error(channel, request_id, exc)
             if error.channel_broken:
-                # Before the copy stream is synchronized (after a timed-out NCCL wait it would wait
-                # on the posted operation) and before the caller can free pages one still targets.
-                channel.tear_down(error.reason)
+                # The peer hears why first (briefly: the link may be what failed), then the group
+                # goes: before the copy stream is synchronized (after a timed-out NCCL wait it
+                # would wait on the posted operation) and before the caller can free pages one
+                # still targets.
                 if on_broken is not None:
                     on_broken(error)
+                channel.tear_down(error.reason)
         finally:
             self.stream.synchronize()
         if job is not None:
             job.transfer.conclude(error)
-            spent_keys = spent_keys + job.spent_keys
-        if channel.healthy and spent_keys:  # tidy this transfer's keys off its critical path
-            channel.control.discard(*spent_keys)
+        if channel.healthy and unread:
+            channel.control.discard(*unread)
 
     def read_message(
         self, blob: bytes, seq: int, *, expect: tuple[str, ...], max_bytes: int

@@ -1,18 +1,21 @@
-"""The wire protocol of one transfer: control through the store, payload through the process group.
+"""The wire protocol of one transfer: control messages and payload, both over the pair's own link.
 
     sender                                              receiver
-    bell/{seq}   := HEADER (source table, first token) ->  (blocked on bell/{seq})
+    bell/{seq}   := HEADER (source table, first token) ->  (waiting for bell/{seq})
                                                     <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
     end/{seq}    := END (checksum) | ABORT (reason) ->  read once its receives completed
                                                     <-  status/{seq} := STATUS (ok | reason, broken)
 
-Control messages go through the rendezvous store: a store wait can time out without harming
-anything, and a garbled header costs a refusal, not the channel. The group carries payload only,
-whose message sizes both ends derive from the same plan, so there is nothing to parse in it. An
-abort still completes the stream (the sender stops gathering, the receiver stops scattering),
-which keeps the two ends in step without a control message in the group. Replies and withdrawals
-are compare-and-set, so a sender that gave up and a receiver that answers late cannot both win.
+A sender whose deadline passes before the reply comes sends withdraw/{seq} := WITHDRAWN and fails
+its transfer; the receiver, if it has not answered yet, answers REFUSE, and the channel stays in
+step (an answer that crossed the withdrawal breaks the channel instead).
+
+Control messages are sealed and framed by `transfer.control` on their own tag; a wait for one can
+time out without harming anything, and a garbled message costs a refusal, not the channel. Payload
+messages carry no framing at all: both ends derive their sizes from the same plan. An abort still
+completes the stream (the sender stops gathering, the receiver stops scattering), which keeps the
+two ends in step without a control message in the group.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from transfer.errors import ProtocolError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
@@ -58,17 +61,18 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     STATUS: {"seq": int, "ok": bool, "reason": str, "broken": bool},  # broken: the receiver tore down
 }
 
-# A payload message goes with tag TAG_DATA + its stream (plan.assign_streams; Gloo: one connection
-# per stream).
-TAG_DATA = 1
+# Control messages (transfer.control) go with TAG_CONTROL. A payload message goes with TAG_DATA + its
+# stream (plan.assign_streams; Gloo: one connection per stream).
+TAG_CONTROL, TAG_DATA = 0, 1
 # The raw link measurement (transfer.link): its payload goes with TAG_LINK_PAYLOAD + stream, far
 # above any transfer's tags.
 TAG_LINK_GO, TAG_LINK_PAYLOAD = (1 << 20) - 1, 1 << 20
-# On a bell key instead of a header: the channel is being torn down (wakes a blocked receiver).
-TEARDOWN_MARK = b"\x00teardown:"
+# Nothing is ever sent with TAG_CLOSE + i: a receive on it that times out makes Gloo close the
+# group's connections on device i (transfer.channel.close_links).
+TAG_CLOSE = 1 << 21
 
 
-# ---- store keys: every key name of the protocol lives here ------------------------------------
+# ---- message names (and rendezvous store keys): every one the protocol uses lives here ----------
 def bell_key(seq: int) -> str:
     return f"bell/{seq}"
 
@@ -85,16 +89,16 @@ def status_key(seq: int) -> str:
     return f"status/{seq}"
 
 
+def withdraw_key(seq: int) -> str:
+    return f"withdraw/{seq}"
+
+
 def hello_key(rank: int) -> str:
     return f"hello/{rank}"
 
 
-# Rendezvous, under the channel's name: the generation counter, the one rank 0 opened last, and
-# rank 1's claim on a generation.
-def generation_counter_key(channel: str) -> str:
-    return f"{channel}/gen"
-
-
+# Rendezvous store keys, under the channel's name: the generation rank 0 opened, and rank 1's
+# claim on it.
 def current_generation_key(channel: str) -> str:
     return f"{channel}/gen_current"
 

@@ -8,6 +8,7 @@ worker thread waits for the sender's bell, then for the transfer it announces:
     check it against the reservation: request id, tokens, row count and row sizes (the source
         table, less the pages held here already, must pair with ours), chunk size; any mismatch ->
         REFUSE, nothing written
+    the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
         receives posted (messages contiguous here straight into our arena, a staged one into
         staging buffer k % 3); land chunk k (its scatter overlaps k+1 and k+2), then post k+3
@@ -38,7 +39,6 @@ from transfer.protocol import (
     REFUSE,
     STATUS,
     TAG_DATA,
-    bell_key,
     decode_message,
     encode_message,
     end_key,
@@ -46,8 +46,11 @@ from transfer.protocol import (
     status_key,
     table_bytes,
     table_from_bytes,
+    withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+
+TELL_PEER_S = 0.5  # the longest a failing receiver tries to tell the sender why, before it tears down
 
 
 class EnvelopeReceiver(ChannelEnd):
@@ -164,18 +167,20 @@ class EnvelopeReceiver(ChannelEnd):
         rid = header["request_id"] if header is not None else "?"
 
         def receive() -> None:
+            if reason is None and self.channel.control.holds(withdraw_key(seq)):
+                refusal = "the sender withdrew the transfer (its deadline passed)"
+            else:
+                refusal = reason
             reply = (
-                encode_message(REFUSE, seq=seq, reason=reason)
-                if reason is not None
+                encode_message(REFUSE, seq=seq, reason=refusal)
+                if refusal is not None
                 else encode_message(
                     READY, seq=seq, table=table_bytes(job.ranges), held=job.envelope.held_pages
                 )
             )
-            if self.channel.control.put_once(reply_key(seq), reply) != reply:
-                spent_keys.append(reply_key(seq))  # the sender's withdrawal: ours to tidy
-                raise Stopped("the sender withdrew the transfer (its deadline passed)")
-            if reason is not None:
-                raise Stopped(f"refused the sender's header: {reason}")
+            self.channel.control.send(reply_key(seq), reply)
+            if refusal is not None:
+                raise Stopped(f"refused the sender's header: {refusal}")
             assert job is not None and header is not None
             job.transfer.first_token = header["first_token"]
             job.transfer.begin()
@@ -183,12 +188,15 @@ class EnvelopeReceiver(ChannelEnd):
 
         def tell_sender(error: TransferError) -> None:
             if job is not None and job.transfer.began_at is not None:
-                # The sender fails now rather than at its deadline (if it still reads the store).
+                # The sender fails now, and knows why, rather than at its deadline.
                 broken = encode_message(STATUS, seq=seq, ok=False, reason=error.reason, broken=True)
-                self.channel.control.put_soon(status_key(seq), broken)
+                try:
+                    self.channel.control.send(status_key(seq), broken, wait_s=TELL_PEER_S)
+                except ChannelError:  # the link is what failed: the sender hears it closing instead
+                    pass
 
-        spent_keys = [bell_key(seq)]
-        self.conclude(rid, job, receive, spent_keys=spent_keys, on_broken=tell_sender)
+        # A withdrawal that comes after the answer is never read: tidied with the transfer.
+        self.conclude(rid, job, receive, unread=[withdraw_key(seq)], on_broken=tell_sender)
 
     def _check_header(self, job: Job, seq: int, header: dict) -> str | None:
         """Why the header cannot fill this reservation, or None if it can."""
@@ -221,7 +229,7 @@ class EnvelopeReceiver(ChannelEnd):
 
     def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
         message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=False)
-        self.channel.control.put_once(status_key(seq), message)
+        self.channel.control.send(status_key(seq), message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
         transfer, deadline, runs = job.transfer, job.transfer.deadline, job.runs
@@ -257,7 +265,6 @@ class EnvelopeReceiver(ChannelEnd):
         )
         if end is None:
             raise ChannelError("the sender did not finish the transfer before the deadline")
-        job.spent_keys.append(end_key(seq))
         if end["kind"] == ABORT or aborted is not None:
             reason = aborted or f"sender aborted: {end['reason']}"
             self._status(seq, ok=False, reason=reason)

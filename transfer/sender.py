@@ -4,13 +4,14 @@
 channel in submission order. One transfer:
 
     ring the bell with the HEADER (source table, first token); wait READY (destination table, and
-        how many leading pages the destination holds already) | REFUSE
+        how many leading pages the destination holds already) | REFUSE; none by the deadline:
+        withdraw the header (see `_await_reply`)
     plan runs and messages from both tables, less the held pages (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
         chunk that used it are done), then send chunk k's messages; big runs, and batches that
         are contiguous here, go straight from the arena. After an abort the rest of the stream
         goes unfilled (no gathers): both ends stay in step without a control message in the group.
-    put END (+ checksum) or ABORT in the store; wait STATUS
+    send END (+ checksum) or ABORT; wait STATUS
 
 The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
 write synchronously in the calling thread), on CUDA the copy stream beside NCCL's.
@@ -32,7 +33,7 @@ import torch
 from distpool.memory.envelope import Envelope
 from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
-from transfer.errors import ProtocolError, TransferError
+from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer, TransferOptions
 from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages, plan_runs
 from transfer.protocol import (
@@ -51,6 +52,7 @@ from transfer.protocol import (
     status_key,
     table_bytes,
     table_from_bytes,
+    withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, gather
 
@@ -157,9 +159,7 @@ class EnvelopeSender(ChannelEnd):
                 transfer.conclude(TransferError(transfer.request_id, reason, channel_broken=True))
             else:
                 with self.io_lock:
-                    self.conclude(
-                        transfer.request_id, job, lambda job=job: self._send_one(job), spent_keys=[]
-                    )
+                    self.conclude(transfer.request_id, job, lambda job=job: self._send_one(job), unread=[])
 
     def _send_one(self, job: Job) -> None:
         channel, transfer, options = self.channel, job.transfer, self.options
@@ -177,36 +177,49 @@ class EnvelopeSender(ChannelEnd):
             checksum=options.checksum,
         )
         seq = channel.ring_bell(header)
-        runs = self._await_reply(job, seq)
-        transfer.begin()
-        self._send_chunks(job, seq, runs)
+        runs, deadline = self._await_reply(job, seq)
+        if not transfer.done():  # else failed already: a READY that crossed its withdrawal
+            transfer.begin()
+            deadline = transfer.deadline
+        self._send_chunks(job, seq, runs, deadline)
 
-    def _await_reply(self, job: Job, seq: int) -> np.ndarray:
-        """Wait for READY (return the plan's runs) or REFUSE (raise TransferError)."""
-        control, rid, deadline = self.channel.control, job.transfer.request_id, job.transfer.deadline
+    def _await_reply(self, job: Job, seq: int) -> tuple[np.ndarray, float]:
+        """Wait for READY (return the plan's runs, and the deadline to move them by) or REFUSE
+        (raise TransferError).
+
+        No answer by the deadline: the transfer fails then, and the header is withdrawn. The
+        receiver answers a withdrawal it sees in time with REFUSE; until an answer comes this end
+        waits (at most the channel's timeout, holding no memory of the failed transfer), so that the
+        channel stays in step. A READY that crossed the withdrawal is answered as an abort: the
+        stream goes unfilled, then ABORT (within a fresh timeout). No answer at all breaks the channel.
+        """
+        channel, transfer = self.channel, job.transfer
         key = reply_key(seq)
-        blob = control.wait_value(key, deadline - time.monotonic())
+        blob = channel.control.wait_value(key, transfer.deadline - time.monotonic())
+        deadline = transfer.deadline
         if blob is None:
-            # Withdraw, so that a late READY cannot start a transfer nobody sends.
-            withdrawal = encode_message(WITHDRAWN, seq=seq, reason="sender's deadline passed")
-            blob = control.put_once(key, withdrawal)
-            if blob == withdrawal:  # the receiver finds it there, and tidies it
-                raise TransferError(rid, "the receiver did not answer the header before the deadline")
-        job.spent_keys.append(key)
+            reason = "the receiver did not answer the header before the deadline"
+            channel.control.send(withdraw_key(seq), encode_message(WITHDRAWN, seq=seq, reason=reason))
+            transfer.abort("the sender withdrew the transfer (its deadline passed)")
+            transfer.conclude(TransferError(transfer.request_id, reason))
+            blob = channel.control.wait_value(key, channel.timeout_s)
+            if blob is None:
+                raise ChannelError(f"{reason}, nor its withdrawal within {channel.timeout_s:.1f} s")
+            deadline = time.monotonic() + channel.timeout_s
         max_bytes = job.ranges.shape[0] * 16 + 1024
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:
-            raise TransferError(rid, f"receiver refused: {reply['reason']}")
+            raise TransferError(transfer.request_id, f"receiver refused: {reply['reason']}")
         try:  # the receiver holds the first `held` pages already: they do not move
             ours = moving_rows(job.ranges, reply["held"], has_slot=job.envelope.slot_id is not None)
             runs = plan_runs(ours, table_from_bytes(reply["table"], num_rows=ours.shape[0]))
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
-        job.transfer.held_pages, job.transfer.num_bytes = reply["held"], int(runs[:, NBYTES].sum())
-        return runs
+        transfer.held_pages, transfer.num_bytes = reply["held"], int(runs[:, NBYTES].sum())
+        return runs, deadline
 
-    def _send_chunks(self, job: Job, seq: int, runs: np.ndarray) -> None:
-        channel, transfer, deadline = self.channel, job.transfer, job.transfer.deadline
+    def _send_chunks(self, job: Job, seq: int, runs: np.ndarray, deadline: float) -> None:
+        channel, transfer = self.channel, job.transfer
         chunks = plan_messages(
             runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
         )
@@ -247,11 +260,11 @@ class EnvelopeSender(ChannelEnd):
         else:
             value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
             end = encode_message(END, seq=seq, checksum=value)
-        channel.control.put_once(end_key(seq), end)  # the receiver reads it once its receives complete
+        channel.control.send(end_key(seq), end)  # the receiver reads it once its receives complete
         for index, works, _ in in_flight:
             for work in works:
                 channel.wait(work, deadline, f"sending chunk {index}")
-        self._await_status(job, seq)
+        self._await_status(job, seq, deadline)
         if aborted is not None:
             raise Stopped(aborted)
 
@@ -272,19 +285,18 @@ class EnvelopeSender(ChannelEnd):
             return None
         return self._gatherer.submit(gather, *args)
 
-    def _await_status(self, job: Job, seq: int) -> None:
+    def _await_status(self, job: Job, seq: int, deadline: float) -> None:
         channel, rid = self.channel, job.transfer.request_id
         status = self.await_message(
             status_key(seq),
             seq,
             expect=(STATUS,),
-            timeout_s=job.transfer.deadline - time.monotonic(),
+            timeout_s=deadline - time.monotonic(),
             max_bytes=4096,
         )
         if status is None:
             channel.mark_broken("the receiver sent no status before the deadline")
             raise TransferError(rid, "the receiver sent no status before the deadline", channel_broken=True)
-        job.spent_keys.append(status_key(seq))
         if status["broken"]:
             channel.mark_broken(f"the receiver tore the channel down: {status['reason']}")
             raise TransferError(rid, f"receiver failed: {status['reason']}", channel_broken=True)

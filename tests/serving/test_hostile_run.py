@@ -1,4 +1,7 @@
-"""End to end: an outsider hits every port the workers listen on while `distpool run` serves."""
+"""End to end: an outsider hits every port the workers listen on while `distpool run` serves.
+
+The rendezvous stores exist only while the channels form, at startup: once requests flow, no worker
+port answers as a store."""
 
 from __future__ import annotations
 
@@ -15,15 +18,30 @@ import time
 import pytest
 import torch.distributed as dist
 
-from transfer.protocol import bell_key, generation_counter_key, reply_key
+from transfer.protocol import bell_key, current_generation_key, reply_key
 
 pytestmark = pytest.mark.ray
 
 
-def worker_ports() -> set[int]:
-    """TCP ports that prefill and decode worker processes listen on now."""
-    pids = subprocess.run(["pgrep", "-f", "ray::(Prefill|Decode)Worker"], capture_output=True, text=True)
-    wanted = set(pids.stdout.split())
+def worker_ports(run_pid: int) -> set[int]:
+    """TCP ports that the prefill and decode workers of the run `run_pid` listen on now (not those
+    of any other Ray cluster on this machine)."""
+    table = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    parent, workers = {}, set()
+    for line in table.splitlines():
+        pid, ppid, *args = line.split(None, 2)
+        parent[pid] = ppid
+        if re.search(r"ray::(Prefill|Decode)Worker", " ".join(args)):
+            workers.add(pid)
+
+    def in_run(pid: str) -> bool:
+        while pid in parent and pid != "1":
+            if pid == str(run_pid):
+                return True
+            pid = parent[pid]
+        return False
+
+    wanted = {pid for pid in workers if in_run(pid)}
     listing = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
     ports = set()
     for line in listing.splitlines():
@@ -40,7 +58,7 @@ def attack(port: int) -> bool:
         store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=1))
         for key in [bell_key(s) for s in range(8)] + [reply_key(s) for s in range(8)]:
             store.set(key, b"\x81\xa4kind\xa6header" + os.urandom(32))
-        store.add(generation_counter_key("prefill-0->decode-0"), 1)
+        store.set(current_generation_key("prefill-0->decode-0"), b"99")
         spoke_store = True
     except Exception:  # not a store (Ray's own servers), or it hung up on us: fine
         pass
@@ -59,34 +77,48 @@ def test_hostile_outsider_on_every_worker_port_during_a_run(tmp_path):
     run = subprocess.Popen(
         [*cmd, "--json", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    attacked, stores = set(), set()
-    stop = threading.Event()
+    attacked, stores, late_stores = set(), set(), set()
+    serving, stop, lines = threading.Event(), threading.Event(), []
 
-    def attack_and_note(port: int) -> None:
+    def attack_and_note(port: int, late: bool) -> None:
         if attack(port):
-            stores.add(port)
+            (late_stores if late else stores).add(port)
 
     def attacker() -> None:  # every port at once, round after round, until the run ends
         while not stop.is_set():
-            ports = worker_ports()
+            late = serving.is_set()  # the channels formed before the first request was served
+            ports = worker_ports(run.pid)
             attacked.update(ports)
-            threads = [threading.Thread(target=attack_and_note, args=(p,), daemon=True) for p in ports]
+            threads = [threading.Thread(target=attack_and_note, args=(p, late), daemon=True) for p in ports]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(timeout=10)
             time.sleep(0.05)
 
+    def read_output() -> None:
+        for line in iter(run.stdout.readline, b""):
+            lines.append(line)
+            if b"progress:" in line:
+                serving.set()
+
     thread = threading.Thread(target=attacker, daemon=True)
+    reader = threading.Thread(target=read_output, daemon=True)
     thread.start()
+    reader.start()
     try:
-        output, _ = run.communicate(timeout=240)
+        run.wait(timeout=240)
     finally:
         stop.set()
         run.kill()
     thread.join(timeout=30)
+    reader.join(timeout=30)
+    output = b"".join(lines).decode()
     report = json.loads(out.read_text())
-    assert run.returncode == 0, output.decode()[-3000:]
+    assert run.returncode == 0, output[-3000:]
     assert (report["completed"], report["failed"]) == (160, 0)
     assert (report["leaked_pages"], report["leaked_slots"], report["parity_mismatches"]) == (0, 0, 0)
-    assert stores, f"the attack never reached a rendezvous store (ports tried: {sorted(attacked)})"
+    assert serving.is_set() and attacked, f"no worker port was attacked while serving:\n{output[-2000:]}"
+    # Regression: the stores stayed up all run long, and any local process could fill a worker's
+    # memory through them.
+    assert not late_stores, f"stores answered while serving: {sorted(late_stores)}\n{output[-3000:]}"
