@@ -4,8 +4,9 @@ Two spawned processes hold the two ends of one channel (rank 0 hosts the rendezv
 plays the outsider, who can reach the rank-0 port but holds no secret, and reads rank 0's resident
 memory (VmRSS) as it goes:
 
-  formed    after the channel formed: connect to the rendezvous port and set `--keys` keys of
-            `--value-kib` KiB each (what grew the worker by ~550 MB when the store stayed up)
+  formed    after the channel formed: connect to the rendezvous port, set `--keys` keys of
+            `--value-kib` KiB each (what grew the worker by ~550 MB when the store stayed up), and
+            pour random bytes down raw connections to it
   rebuilds  `--rebuilds` reconnects of the channel, rank 1 arriving `--late-s` late each time (the
             store is open that long): the outsider writes as fast as it can, throughout
   listeners every other port rank 0 listens on (Gloo's) gets `--junk-mib` MiB of random bytes
@@ -82,18 +83,26 @@ def listening_ports(pid: int) -> set[int]:
 
 
 class Outsider:
-    """Writes keys into whatever store answers on `port`, until stopped; notes what it got in."""
+    """Until stopped: sets keys into whatever store answers on `port`, and pours `value_bytes` of
+    random bytes down a raw connection to it; notes what it got in."""
 
     def __init__(self, port: int, keys: int, value_bytes: int) -> None:
         self.port, self.keys, self.value = port, keys, os.urandom(value_bytes)
-        self.most_keys, self.connections, self.sets = 0, 0, 0
+        self.most_keys, self.connections, self.sets, self.raw_bytes = 0, 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.1) as raw:
+                    raw.settimeout(1.0)
+                    self.raw_bytes += raw.send(self.value)
+                    self.raw_bytes += raw.send(self.value)
+            except OSError:  # refused, or hung up on
+                time.sleep(0.001)
+                continue
+            try:
                 store = dist.TCPStore("127.0.0.1", self.port, None, False, datetime.timedelta(seconds=1))
                 self.connections += 1
                 for i in range(self.keys):
@@ -104,7 +113,7 @@ class Outsider:
                     if i % 16 == 15:
                         self.most_keys = max(self.most_keys, store.num_keys())
                 self.most_keys = max(self.most_keys, store.num_keys())
-            except Exception:  # refused, timed out, or cut off when the store went
+            except Exception:  # not a store, or cut off when the store went
                 time.sleep(0.001)
 
     def start(self) -> Outsider:
@@ -142,6 +151,7 @@ def phase(pid: int, port: int, action, *, keys: int, value_bytes: int) -> dict:
     return {
         "outsider_connections": outsider.connections,
         "outsider_sets": outsider.sets,
+        "outsider_raw_mb": round(outsider.raw_bytes / 1e6, 1),
         "outsider_most_keys": outsider.most_keys,
         "rss_growth_peak_mb": round(peak[0] - before, 1),
         "rss_growth_after_mb": round(rss_mb(pid) - before, 1),
@@ -226,13 +236,13 @@ def main() -> int:
         r = report[name]
         print(
             f"{name:<9} keys in (most at once) {r['outsider_most_keys']:>5}  sets {r['outsider_sets']:>5}  "
+            f"raw {r['outsider_raw_mb']:>6} MB sent  "
             f"RSS +{r['rss_growth_peak_mb']} MB at peak, +{r['rss_growth_after_mb']} MB after  "
             f"port listening after: {r['port_listening_after']}"
         )
     r = report["rebuilds"]
-    print(
-        f"rebuilds  {r['rebuilds_ok']}/{r['rebuilds']} ok in {r['seconds']} s (rank 1 late {r['late_s']} s each)"
-    )
+    late = f"rank 1 late {r['late_s']} s each"
+    print(f"rebuilds  {r['rebuilds_ok']}/{r['rebuilds']} ok in {r['seconds']} s ({late})")
     junk = report["listeners"]
     print(
         f"listeners {junk['ports']}: RSS +{junk['rss_growth_mb']} MB after {args.junk_mib} MiB of junk each"

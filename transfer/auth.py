@@ -1,14 +1,16 @@
-"""Who may steer a channel: a per-deployment secret, unguessable store keys, and a MAC on every message.
+"""Who may steer a channel: a per-deployment secret, proved at the rendezvous, and a MAC on every message.
 
-The rendezvous store of a channel is reachable by anyone who can reach its port. So every key a
-channel uses (rendezvous, hello, bells, replies, ends, statuses, and the prefix Gloo's own keys live
-under) is named by an HMAC of the secret: an outsider cannot find, pre-claim or overwrite what it
-cannot name. Every value a channel reads is sealed with an HMAC over the value and the full key it
-was written under (channel, generation, kind and sequence are all part of that name), so a forged
-message and a replay of an authentic one into another key are both refused, counted and dropped.
+An end takes part in a channel's rendezvous only once it proved it holds the secret (`proof`, over
+fresh nonces from both ends; see `transfer.rendezvous`), so nothing but the peer writes into the
+generation's store, where the groups exchange the addresses they connect to. Beyond that, every
+value a channel reads (the hello, every control message) is sealed with an HMAC over the value and
+the full name it was written under (channel, generation, the writer's rank, kind and sequence), so
+that a forged message, and a replay of an authentic one under any other name, is refused, counted
+and dropped should anything but the peer ever reach the link.
 
     key(name)        = "dp/" + HMAC(secret, "key|" + channel + "|" + name)[:32 hex]
     seal(key, value) = value + HMAC(secret, "mac|" + key + "|" + value)      (32 bytes)
+    proof(role, a, b) = HMAC(secret, "proof|" + channel + "|" + role + "|" + a + "|" + b)
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ class ControlAuth:
     def key(self, name: str) -> str:
         """The store key for the protocol's `name` ("gen", "g3/bell/7", ...) on this channel."""
         return "dp/" + self._mac(b"key", self.channel.encode(), name.encode()).hex()[:32]
+
+    def proof(self, role: str, first: bytes, second: bytes) -> bytes:
+        """The MAC the end playing `role` ("client" | "server") shows over two nonces."""
+        return self._mac(b"proof", self.channel.encode(), role.encode(), first, second)
+
+    def proves(self, role: str, first: bytes, second: bytes, mac: bytes) -> bool:
+        return hmac.compare_digest(mac, self.proof(role, first, second))
 
     def seal(self, key: str, value: bytes) -> bytes:
         return value + self._mac(b"mac", key.encode(), value)

@@ -1,9 +1,10 @@
 """A channel: the two-rank process group joining one prefill worker (rank 0) and one decode worker (rank 1).
 
-Each channel forms through a rendezvous store at `host:port` that exists only while it forms (rank
-0 serves it; see `transfer.rendezvous`), and gets its own process group (Gloo for CPU arenas, NCCL
-for CUDA arenas), never the global default group, so one process may hold many channels. Every
-(re)connect is a new generation, with a fresh store and fresh groups.
+Each channel forms through a rendezvous at `host:port` (rank 0 listens there only while it waits
+for rank 1, and both prove the deployment's secret; see `transfer.rendezvous`), and gets its own
+process group (Gloo for CPU arenas, NCCL for CUDA arenas), never the global default group, so one
+process may hold many channels. Every (re)connect is a new generation: a fresh rendezvous, whose
+store (`transfer.pair_store`) lasts only while the groups form, and fresh groups.
 
 The handshake exchanges layout fingerprints before any group exists; a mismatch raises
 `FingerprintMismatch` on both ends, naming the differing fields. A failed wait marks the channel
@@ -14,7 +15,6 @@ Small control messages go over the pair's own Gloo link (`channel.control`, see
 
 from __future__ import annotations
 
-import datetime
 import time
 from typing import Any
 
@@ -25,18 +25,11 @@ from distpool.memory.tp_layout import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
+from transfer.groups import close_links, gloo_group, nccl_group
 from transfer.handshake import exchange_hello, make_hello
-from transfer.protocol import TAG_CLOSE, TAG_DATA, bell_key
-from transfer.rendezvous import (
-    RendezvousPort,
-    StoreLease,
-    claim_generation,
-    delta,
-    generation_store,
-    is_loopback,
-    join_store,
-    open_generation,
-)
+from transfer.pair_store import PairStore
+from transfer.protocol import GENERATION_KEY, TAG_DATA, bell_key
+from transfer.rendezvous import RendezvousPort, delta, is_loopback, join_peer
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
 CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
@@ -138,33 +131,29 @@ class Channel:
     # ---- lifecycle ----------------------------------------------------------------------------
     def connect(self, timeout_s: float | None = None) -> None:
         """Rendezvous, handshake and build the groups; raise ChannelError / FingerprintMismatch.
-        The rendezvous store is gone when this returns, whatever the outcome."""
+        The rendezvous is over when this returns, whatever the outcome."""
         self._teardown()
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        store = lease = None
+        store = None
         try:
             if self.rank == SENDER_RANK:
                 if self._port is None:
                     self._port = RendezvousPort(self.host, self.port)
-                store = self._port.open_store(deadline)
+                peer = self._port.accept_peer(self.auth, deadline)
             else:
-                store = join_store(self.host, self.port, deadline)
-            # Everything else sees the store through a lease, released below: no frame a traceback
-            # keeps, and no group, can keep the store (and rank 0's server) alive past this call.
-            lease = StoreLease(store)
-            if self.rank == SENDER_RANK:
-                generation = self.generation + 1
-                open_generation(lease, auth=self.auth, generation=generation)
-            else:
-                generation = claim_generation(lease, auth=self.auth, deadline=deadline)
-            gen_store = generation_store(lease, auth=self.auth, generation=generation)
+                peer = join_peer(self.host, self.port, self.auth, deadline)
+            store = PairStore(peer, name=self.name, timeout_s=deadline - time.monotonic())
+            generation = self._agree_generation(store)
+            gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
-            self._pg = self._make_group(gen_store, deadline)
-            control_group = self._pg
+            loopback = is_loopback(self.host)
             if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
-                control_group = self._control_pg = self._make_gloo(
-                    dist.PrefixStore("control/", gen_store), deadline, num_devices=1
-                )
+                self._pg = nccl_group(gen_store, self.rank, self.device)
+                control_store = dist.PrefixStore("control/", gen_store)
+                self._control_pg = gloo_group(control_store, self.rank, deadline, 1, loopback=loopback)
+            else:
+                self._pg = gloo_group(gen_store, self.rank, deadline, self.num_streams, loopback=loopback)
+            control_group = self._control_pg or self._pg
             self.generation, self.transfer_seq = generation, 0
             self._control = ControlPlane(
                 control_group,
@@ -186,13 +175,18 @@ class Channel:
                 f"{self.host}:{self.port}: {type(exc).__name__}: {exc}"
             ) from None
         finally:
-            # Drop every reference to the store (a traceback may keep this frame): rank 0's server
-            # goes with its keys and connections, and the port stops listening.
-            if lease is not None:
-                lease.release()
-            store = lease = None
-            if self._port is not None:
-                self._port.stop_listening()
+            if store is not None:  # the groups formed (or never will): the rendezvous is over
+                store.close()
+
+    def _agree_generation(self, store: PairStore) -> int:
+        """Rank 0 numbers the generation (its own count, one up), rank 1 takes its number."""
+        if self.rank == SENDER_RANK:
+            store.set(GENERATION_KEY, str(self.generation + 1).encode())
+            return self.generation + 1
+        number = store.get(GENERATION_KEY).decode(errors="replace")
+        if not number.isdigit():
+            raise ChannelError(f"channel {self.name}: the peer numbered its generation {number!r}")
+        return int(number)
 
     def close(self) -> None:
         """Tear down the groups and give the port up; the channel cannot be used again."""
@@ -237,29 +231,6 @@ class Channel:
             timeout=timeout,
             tp=self.tp,
         )
-
-    def _make_group(self, store: dist.Store, deadline: float) -> dist.ProcessGroup:
-        if self.backend == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-            # Our waits carry the deadlines (work.wait(timeout)); NCCL's watchdog would tear the
-            # whole process down when its own timeout fires, so it gets one far beyond any deadline.
-            options._timeout = datetime.timedelta(days=1)
-            torch.cuda.set_device(self.device)
-            return dist.ProcessGroupNCCL(store, self.rank, 2, options)
-        return self._make_gloo(store, deadline, num_devices=self.num_streams)
-
-    def _make_gloo(self, store: dist.Store, deadline: float, *, num_devices: int) -> dist.ProcessGroup:
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = delta(deadline - time.monotonic())
-        gloo = dist.ProcessGroupGloo
-        make_device = (
-            (lambda: gloo.create_device(hostname="127.0.0.1"))
-            if is_loopback(self.host)
-            else (gloo.create_default_device)
-        )
-        # One device per stream: Gloo picks the connection for a message by tag % number of devices.
-        options._devices = [make_device() for _ in range(num_devices)]
-        return gloo(store, self.rank, 2, options)
 
     def _ping(self, deadline: float) -> None:
         """One round trip: proves both ranks hold the same generation (and inits NCCL eagerly)."""
@@ -340,16 +311,3 @@ class Channel:
             return None
         self.transfer_seq += 1
         return seq, value
-
-
-def close_links(group: dist.ProcessGroup, peer_rank: int, num_devices: int) -> None:
-    """Close a Gloo group's connections on each of its devices now, waking whatever waits on them
-    (here and at the peer). Gloo closes a context's connections when a wait on it times out, and
-    offers no other way that wakes a blocked receive: a receive nothing is ever sent to, on each
-    device, given a millisecond."""
-    for device in range(num_devices):
-        try:
-            probe = torch.empty(1, dtype=torch.uint8)
-            group.recv([probe], peer_rank, TAG_CLOSE + device).wait(delta(0.001))
-        except Exception:  # the expected outcome, or a link that was closed already
-            pass

@@ -50,12 +50,6 @@ def exchange_hello(
     store.set(ours_key, auth.seal(ours_key, hello))
     store.wait([theirs_key], timeout)
     blob = auth.open(theirs_key, store.get(theirs_key))
-    # Rank 1 says it read rank 0's hello, as its last word in the store; rank 0 waits for that
-    # word before it can take the store down.
-    if rank == 1:
-        store.set(theirs_key + "/read", b"")
-    else:
-        store.wait([ours_key + "/read"], timeout)
     if blob is None:
         raise ChannelError(
             f"channel {auth.channel}: the peer's hello is not sealed with this deployment's secret"

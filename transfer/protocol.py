@@ -72,7 +72,7 @@ TAG_LINK_GO, TAG_LINK_PAYLOAD = (1 << 20) - 1, 1 << 20
 TAG_CLOSE = 1 << 21
 
 
-# ---- message names (and rendezvous store keys): every one the protocol uses lives here ----------
+# ---- message names and rendezvous store keys: every one the protocol uses lives here -----------
 def bell_key(seq: int) -> str:
     return f"bell/{seq}"
 
@@ -93,22 +93,12 @@ def withdraw_key(seq: int) -> str:
     return f"withdraw/{seq}"
 
 
+# Rendezvous store keys: the generation rank 0 numbered, and each end's hello.
+GENERATION_KEY = "generation"
+
+
 def hello_key(rank: int) -> str:
     return f"hello/{rank}"
-
-
-# Rendezvous store keys, under the channel's name: the generation rank 0 opened, and rank 1's
-# claim on it.
-def current_generation_key(channel: str) -> str:
-    return f"{channel}/gen_current"
-
-
-def join_key(channel: str, generation: int) -> str:
-    return f"{channel}/join/{generation}"
-
-
-def generation_prefix(channel: str, generation: int) -> str:
-    return f"{channel}/g{generation}/"
 
 
 def encode_message(kind: str, **fields: Any) -> bytes:

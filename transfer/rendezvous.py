@@ -1,17 +1,18 @@
-"""Rendezvous: where the two ends of a channel meet to form a generation, and only while they do.
+"""Rendezvous: how the two ends of a channel find each other, prove the secret, and form a generation.
 
 Rank 0 owns the channel's port for the channel's life (`RendezvousPort`): bound, so nothing else
-takes it between rebuilds, but listening only while a generation forms. Each connect starts a fresh
-TCPStore on it; once both ends hold their process groups, every reference to the store is dropped
-(the groups hold it through a `StoreLease`, released then): the server goes with every key and
-connection it held, and the port stops listening. An outsider reaches a store only during that
-window, and nothing it wrote there outlives it.
+takes it between rebuilds, but listening only while it waits for rank 1 in a connect. Whoever
+connects must prove the deployment's secret within `PROOF_S`, on fresh nonces both ways:
 
-    rank 0: listen; set(gen_current, sealed(gen))       gen: rank 0's own count of generations
-    rank 1: join; read gen_current (an authentic value only); claim it with add(join/{gen}, 1) == 1
-    both:   hello, groups, ping (transfer.channel); release the store; rank 0 stops listening
+    rank 0 -> rank 1:  nonce0                                      (32 bytes)
+    rank 1 -> rank 0:  nonce1, proof("client", nonce0, nonce1)     (64 bytes)
+    rank 0 -> rank 1:  proof("server", nonce1, nonce0)             (32 bytes)
 
-Every key is named by `transfer.auth` (an HMAC of the deployment's secret) and every value sealed.
+Rank 0 reads at most 64 bytes from a connection before it has proved itself, keeps at most
+`MAX_UNPROVEN` such connections (a new one displaces the oldest), and drops any that fails; it
+stops listening as soon as rank 1 proved itself. The one connection left carries the generation's
+store (`transfer.pair_store`) while the groups form, and is closed then. So an outsider who reaches
+the port while it listens costs a socket and 64 bytes, and nothing it sends is stored or acted on.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import selectors
 import socket
 import time
 
-import torch.distributed as dist
-
-from transfer.auth import ControlAuth
+from transfer.auth import MAC_BYTES, ControlAuth
 from transfer.errors import ChannelError
-from transfer.protocol import current_generation_key, generation_prefix, join_key
 
 POLL_S = 0.05
+NONCE_BYTES = 32
+PROOF_S = 2.0  # how long a connection may take to prove the secret
+MAX_UNPROVEN = 64  # connections proving themselves at once
 
 
 def is_loopback(host: str) -> bool:
@@ -39,7 +41,7 @@ def is_loopback(host: str) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now (for a rank-0 store to bind next)."""
+    """A port free on `host` now (for a rank-0 end to bind next)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -51,8 +53,7 @@ def delta(seconds: float) -> datetime.timedelta:
 
 class RendezvousPort:
     """Rank 0's port: bound to `host:port` only (the address its peer uses, not every interface)
-    from the first connect to `close()`, and listening only between `open_store` and
-    `stop_listening`."""
+    from the first connect to `close()`, and listening only inside `accept_peer`."""
 
     def __init__(self, host: str, port: int) -> None:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -72,25 +73,79 @@ class RendezvousPort:
         # other socket may share the port while ours is not listening.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(on))
 
-    def open_store(self, deadline: float) -> dist.TCPStore:
-        """Listen, and serve a fresh store (and this process's client of it) on the port."""
+    def accept_peer(self, auth: ControlAuth, deadline: float) -> socket.socket:
+        """Listen until a connection proves the secret (returned, blocking) or the deadline passes
+        (ChannelError); the port stops listening either way."""
         self._reuse(self._socket, True)
-        self._socket.listen(128)
-        listen_fd = os.dup(self._socket.fileno())  # the store closes its copy when it goes
+        self._socket.listen(MAX_UNPROVEN)
+        self._socket.setblocking(False)
+        unproven: dict[socket.socket, tuple[bytes, bytearray, float]] = {}  # nonce0, read, expiry
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._socket, selectors.EVENT_READ)
+            try:
+                while (remaining := deadline - time.monotonic()) > 0:
+                    for key, _ in selector.select(min(remaining, POLL_S)):
+                        if key.fileobj is self._socket:
+                            self._admit(selector, unproven)
+                        elif (peer := self._hear(key.fileobj, selector, unproven, auth)) is not None:
+                            return peer
+                    for sock, (_, _, expiry) in list(unproven.items()):
+                        if time.monotonic() > expiry:
+                            _drop(sock, selector, unproven)
+                raise ChannelError(
+                    f"no rank-1 peer proved the secret at {self.host}:{self.port}: it never showed up"
+                )
+            finally:
+                for sock in list(unproven):
+                    _drop(sock, selector, unproven)
+                self.stop_listening()
+
+    def _admit(self, selector: selectors.BaseSelector, unproven: dict) -> None:
         try:
-            return dist.TCPStore(
-                self.host,
-                self.port,
-                None,
-                True,
-                delta(deadline - time.monotonic()),
-                wait_for_workers=False,
-                master_listen_fd=listen_fd,
-            )
-        except BaseException:
-            os.close(listen_fd)
-            self.stop_listening()
-            raise
+            sock, _ = self._socket.accept()
+        except OSError:  # the connection went before we took it
+            return
+        if len(unproven) >= MAX_UNPROVEN:  # the oldest makes room: stalled ones cannot keep the peer out
+            _drop(next(iter(unproven)), selector, unproven)
+        nonce = os.urandom(NONCE_BYTES)
+        try:
+            sock.setblocking(False)
+            sock.send(nonce)  # 32 bytes into a fresh connection's empty buffer
+        except OSError:
+            sock.close()
+            return
+        unproven[sock] = (nonce, bytearray(), time.monotonic() + PROOF_S)
+        selector.register(sock, selectors.EVENT_READ)
+
+    def _hear(
+        self, sock, selector: selectors.BaseSelector, unproven: dict, auth: ControlAuth
+    ) -> socket.socket | None:
+        """Read what a connection sent (at most its 64 bytes); the connection once it proved the
+        secret, else None (it is dropped if it failed)."""
+        nonce, got, _ = unproven[sock]
+        try:
+            chunk = sock.recv(NONCE_BYTES + MAC_BYTES - len(got))
+        except OSError:
+            chunk = b""
+        if not chunk:
+            _drop(sock, selector, unproven)
+            return None
+        got += chunk
+        if len(got) < NONCE_BYTES + MAC_BYTES:
+            return None
+        theirs, mac = bytes(got[:NONCE_BYTES]), bytes(got[NONCE_BYTES:])
+        if not auth.proves("client", nonce, theirs, mac):
+            _drop(sock, selector, unproven)
+            return None
+        selector.unregister(sock)
+        del unproven[sock]
+        sock.setblocking(True)
+        try:
+            sock.sendall(auth.proof("server", theirs, nonce))
+        except OSError as exc:
+            sock.close()
+            raise ChannelError(f"the rank-1 peer went during the rendezvous: {exc}") from None
+        return sock
 
     def stop_listening(self) -> None:
         """Stop accepting (connections still queued are reset); the port stays bound to us."""
@@ -104,94 +159,45 @@ class RendezvousPort:
         self._socket.close()
 
 
-class StoreLease(dist.Store):
-    """The store as the process groups see it: theirs while the generation forms, then released
-    (`release`), so that the groups, which keep their store for life, do not keep the server."""
-
-    def __init__(self, store: dist.Store) -> None:
-        super().__init__()
-        self._store: dist.Store | None = store
-
-    def release(self) -> None:
-        self._store = None
-
-    def _held(self) -> dist.Store:
-        if self._store is None:
-            raise ChannelError("the rendezvous store is gone: the channel formed, and left it")
-        return self._store
-
-    def set(self, key, value):
-        return self._held().set(key, value)
-
-    def get(self, key):
-        return self._held().get(key)
-
-    def add(self, key, amount):
-        return self._held().add(key, amount)
-
-    def compare_set(self, key, expected, desired):
-        return self._held().compare_set(key, expected, desired)
-
-    def wait(self, keys, timeout=None):
-        return self._held().wait(keys) if timeout is None else self._held().wait(keys, timeout)
-
-    def check(self, keys):
-        return False if self._store is None else self._store.check(keys)
-
-    def delete_key(self, key):
-        return self._held().delete_key(key)
-
-    def num_keys(self):
-        return self._held().num_keys()
-
-    def set_timeout(self, timeout):
-        return self._held().set_timeout(timeout)
+def _drop(sock, selector: selectors.BaseSelector, unproven: dict) -> None:
+    selector.unregister(sock)
+    del unproven[sock]
+    sock.close()
 
 
-def join_store(host: str, port: int, deadline: float) -> dist.TCPStore:
-    """A client of rank 0's store, or ChannelError if none listens by the deadline.
-
-    TCPStore's own client retries on a back-off that can overshoot its timeout by seconds; probing
-    the port first keeps "the peer never showed up" within the channel's timeout.
-    """
+def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socket.socket:
+    """Rank 1: connect to rank 0's port and prove the secret both ways; the connection (blocking),
+    or ChannelError when no rank 0 of this deployment answers by the deadline."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ChannelError(f"no rendezvous store at {host}:{port}: the rank-0 peer never showed up")
+            raise ChannelError(f"no rendezvous at {host}:{port}: the rank-0 peer never showed up")
         try:
-            socket.create_connection((host, port), timeout=min(remaining, 0.5)).close()
+            sock = socket.create_connection((host, port), timeout=min(remaining, 0.5))
             break
         except OSError:
             time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
-    return dist.TCPStore(host, port, None, False, delta(deadline - time.monotonic()))
+    try:
+        sock.settimeout(max(min(PROOF_S, deadline - time.monotonic()), 0.001))
+        theirs = _receive(sock, NONCE_BYTES)
+        nonce = os.urandom(NONCE_BYTES)
+        sock.sendall(nonce + auth.proof("client", theirs, nonce))
+        if not auth.proves("server", nonce, theirs, _receive(sock, MAC_BYTES)):
+            raise ChannelError(f"whatever listens at {host}:{port} does not hold this deployment's secret")
+        sock.settimeout(None)
+        return sock
+    except (OSError, ChannelError) as exc:
+        sock.close()
+        if isinstance(exc, ChannelError):
+            raise
+        raise ChannelError(f"the rendezvous at {host}:{port} failed: {exc}") from None
 
 
-def open_generation(store: dist.Store, *, auth: ControlAuth, generation: int) -> None:
-    """Rank 0: announce the generation this connect builds."""
-    current = auth.key(current_generation_key(auth.channel))
-    store.set(current, auth.seal(current, str(generation).encode()))
-
-
-def claim_generation(store: dist.Store, *, auth: ControlAuth, deadline: float) -> int:
-    """Rank 1: the generation rank 0 announced, claimed so that no other rank 1 joins it. A value
-    that does not open (an outsider's, raced in first) is read again until the real one is there."""
-    name = auth.channel
-    current = auth.key(current_generation_key(name))
-    while True:
-        store.wait([current], delta(deadline - time.monotonic()))
-        opened = auth.open(current, store.get(current))
-        if opened is not None and opened.isdigit():
-            break
-        if time.monotonic() + POLL_S > deadline:
-            raise ChannelError(f"channel {name}: the rendezvous was not written by this deployment")
-        time.sleep(POLL_S)
-    generation = int(opened)
-    if store.add(auth.key(join_key(name, generation)), 1) != 1:
-        raise ChannelError(f"channel {name}: generation {generation} was claimed by another receiver")
-    return generation
-
-
-def generation_store(store: dist.Store, *, auth: ControlAuth, generation: int) -> dist.PrefixStore:
-    """The store of one generation: the hello and Gloo's (or NCCL's) own keys live under a prefix
-    only holders of the secret can name."""
-    return dist.PrefixStore(auth.key(generation_prefix(auth.channel, generation)) + "/", store)
+def _receive(sock: socket.socket, nbytes: int) -> bytes:
+    got = b""
+    while len(got) < nbytes:
+        chunk = sock.recv(nbytes - len(got))
+        if not chunk:
+            raise ChannelError("the rank-0 peer hung up during the rendezvous")
+        got += chunk
+    return got

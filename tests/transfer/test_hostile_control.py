@@ -1,9 +1,10 @@
-"""Outsiders against a channel: its store is gone once it formed, and what reaches the link is dropped.
+"""Outsiders against a channel: its port listens only while it forms, and proves who may join.
 
-The rendezvous store listens only while a channel forms. These scenarios play the outsider: one
-that finds the port after the channel formed (nothing listens), one that writes into the store
-while a rebuild has it open (nothing it wrote survives the rebuild), and one that holds the pair's
-link itself but not the secret (its forged and replayed control messages are dropped and counted).
+These scenarios play the outsider: one that finds the port after the channel formed (nothing
+listens), one that reaches it while a rebuild waits for rank 1 (whatever it sends, or withholds,
+gets it dropped, and the rebuild goes on), one that listens on the port in rank 0's place (rank 1
+refuses it), and one that holds the pair's link itself but not the secret (its forged and replayed
+control messages are dropped and counted).
 """
 
 from __future__ import annotations
@@ -21,21 +22,20 @@ import torch.distributed as dist
 
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port, make_arena
-from transfer import Channel
+from transfer import Channel, ChannelError
 from transfer.protocol import (
     HEADER,
     PROTOCOL_VERSION,
     TAG_CONTROL,
     bell_key,
-    current_generation_key,
     encode_message,
-    join_key,
     reply_key,
 )
+from transfer.rendezvous import MAX_UNPROVEN
 
 
 def outsider(channel, timeout_s: float = 2.0) -> dist.TCPStore:
-    """A client of the channel's rendezvous store that holds no secret."""
+    """A TCPStore client at the channel's port, as against the store it once served."""
     return dist.TCPStore(channel.host, channel.port, None, False, datetime.timedelta(seconds=timeout_s))
 
 
@@ -75,16 +75,8 @@ def assert_unharmed(sender, receiver) -> None:
     assert sender._thread.is_alive() and receiver._thread.is_alive()
 
 
-def rebuild(sender, receiver) -> None:
-    other = threading.Thread(target=receiver.connect)
-    other.start()
-    sender.connect()
-    other.join()
-
-
 def test_once_a_channel_formed_nothing_listens_on_its_port(pair):
-    """Regression: the store stayed up for the channel's life, and any local process could fill the
-    prefill worker's memory through it (512 keys of 1 MiB: +550 MB, never freed)."""
+    """Regression: the rendezvous store stayed up for the channel's life."""
     sender, receiver = pair
     assert listening(sender.channel.port) == []
     with pytest.raises(Exception, match="(?i)connect|refused|timed? ?out"):
@@ -93,43 +85,113 @@ def test_once_a_channel_formed_nothing_listens_on_its_port(pair):
     assert_unharmed(sender, receiver)
 
 
-def test_what_an_outsider_writes_during_a_rebuild_is_gone_with_it(pair):
-    """The store is open while a rebuild forms the next generation. An outsider that writes there,
-    guessable protocol names included, neither stops the rebuild nor leaves a key behind, and its
-    connection goes with the store."""
+def rebuild_with_rank1_late(sender, receiver, late_s: float) -> None:
+    """Rebuild the channel, rank 1 arriving `late_s` late: rank 0 listens all that time."""
+    late = threading.Thread(target=lambda: (time.sleep(late_s), receiver.connect()))
+    late.start()
+    sender.connect()
+    late.join()
+
+
+def test_whatever_an_outsider_sends_during_a_rebuild_gets_it_dropped(pair):
+    """Regression: the rendezvous stored whatever anyone wrote (512 keys of 1 MiB: +550 MB, never
+    freed). Now a connection must prove the secret within its first 64 bytes: the store's protocol,
+    a wrong proof, a megabyte of junk, or silence all end in the connection being closed."""
     sender, receiver = pair
-    name = sender.channel.name
-    written, stop = [], threading.Event()
+    port, nonces, closed = sender.channel.port, [], []
 
-    def flood() -> None:  # keeps connecting and writing, as fast as the port lets it
-        while not stop.is_set():
+    def outsider_connection(send: bytes | None) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            nonces.append(sock.recv(64))
             try:
-                socket.create_connection((sender.channel.host, sender.channel.port), timeout=0.1).close()
-                store = outsider(sender.channel, timeout_s=0.5)
-                for key in (bell_key(0), reply_key(0), current_generation_key(name), join_key(name, 3)):
-                    store.set(key, b"\x93garbage" + os.urandom(64))
-                for i in range(64):
-                    store.set(f"junk/{i}", os.urandom(64 << 10))
-                    written.append(store.num_keys())
-            except Exception:  # refused, or cut off when the store went: try again
-                time.sleep(0.001)
+                if send is not None:
+                    sock.sendall(send)
+                closed.append(sock.recv(64) == b"")  # rank 0 hangs up rather than answer
+            except OSError:  # reset: hung up on, with our bytes unread
+                closed.append(True)
 
-    attacker = threading.Thread(target=flood, daemon=True)
+    def attack() -> None:
+        time.sleep(0.1)  # rank 0 listens by now
+        guesses = [
+            None,  # says nothing: dropped after PROOF_S
+            os.urandom(64),  # a proof made up
+            os.urandom(1 << 20),  # junk, far more than a proof
+            b"\x00" * 8 + b"validate" + os.urandom(48),  # something like the TCPStore protocol
+        ]
+        threads = [threading.Thread(target=outsider_connection, args=(g,)) for g in guesses]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    attacker = threading.Thread(target=attack)
     attacker.start()
-    for _ in range(3):
-        # Rank 1 comes late: the store waits for it, open to the outsider all that time.
-        late = threading.Thread(target=lambda: (time.sleep(0.5), receiver.connect()))
-        late.start()
-        sender.connect()
-        late.join()
-        assert listening(sender.channel.port) == []
-    stop.set()
+    rebuild_with_rank1_late(sender, receiver, late_s=0.5)
     attacker.join(timeout=10)
-    assert written, "the outsider never reached the store while it was open"
-    # Every window had a fresh store: what the outsider saw never grew past one window's writes.
-    assert max(written) <= 64 + 16
+    assert len(nonces) == 4 and all(len(n) == 32 for n in nonces)  # each got a fresh challenge...
+    assert len(set(nonces)) == 4
+    assert closed == [True] * 4  # ...and was hung up on
+    assert listening(port) == []
     move_three(sender, receiver, "rebuilt")
     assert_unharmed(sender, receiver)
+
+
+def test_stalled_outsiders_cannot_keep_rank_1_out(pair):
+    """More connections than rank 0 keeps while they prove themselves, all silent: the oldest make
+    room, and rank 1 joins."""
+    sender, receiver = pair
+    held: list[socket.socket] = []
+
+    def crowd() -> None:
+        time.sleep(0.1)
+        for _ in range(2 * MAX_UNPROVEN):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", sender.channel.port), timeout=1))
+            except OSError:  # rank 0 stopped listening: rank 1 is in
+                return
+
+    crowding = threading.Thread(target=crowd)
+    crowding.start()
+    rebuild_with_rank1_late(sender, receiver, late_s=0.4)
+    crowding.join(timeout=10)
+    assert len(held) > MAX_UNPROVEN
+    for sock in held:
+        sock.close()
+    move_three(sender, receiver, "crowded")
+    assert_unharmed(sender, receiver)
+
+
+def test_rank_1_refuses_a_rank_0_that_does_not_hold_the_secret():
+    """An outsider listening on the port in rank 0's place cannot show the proof."""
+    port = free_port()
+    impostor = socket.create_server(("127.0.0.1", port))
+
+    def pose() -> None:
+        conn, _ = impostor.accept()
+        with conn:
+            conn.sendall(os.urandom(32))
+            conn.recv(64)
+            conn.sendall(os.urandom(32))  # a made-up proof
+            time.sleep(1)
+
+    posing = threading.Thread(target=pose)
+    posing.start()
+    channel = Channel(
+        rank=1,
+        host="127.0.0.1",
+        port=port,
+        device="cpu",
+        fingerprint=FINGERPRINT,
+        layout=LAYOUT,
+        timeout_s=3,
+        secret=SECRET,
+        name="i",
+    )
+    with pytest.raises(ChannelError, match="does not hold this deployment's secret"):
+        channel.connect()
+    posing.join()
+    impostor.close()
+    channel.close()
 
 
 def test_the_store_listens_only_on_the_address_its_peer_uses_and_only_while_forming():

@@ -1,0 +1,53 @@
+"""The process groups of one channel: how they are made, and how a Gloo group's links are closed.
+
+Payload goes over Gloo (CPU arenas, `num_streams` devices: Gloo picks a message's connection by
+tag % number of devices) or NCCL (CUDA arenas); control messages go over Gloo always (the payload
+group itself on CPU, a one-device group beside NCCL's on CUDA; see `transfer.control`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from transfer.protocol import TAG_CLOSE
+from transfer.rendezvous import delta
+
+
+def gloo_group(
+    store: dist.Store, rank: int, deadline: float, num_devices: int, *, loopback: bool
+) -> dist.ProcessGroup:
+    """A two-rank Gloo group with `num_devices` connections, formed by the deadline."""
+    gloo = dist.ProcessGroupGloo
+    options = gloo._Options()
+    options._timeout = delta(deadline - time.monotonic())
+    make_device = (
+        (lambda: gloo.create_device(hostname="127.0.0.1")) if loopback else gloo.create_default_device
+    )
+    options._devices = [make_device() for _ in range(num_devices)]
+    return gloo(store, rank, 2, options)
+
+
+def nccl_group(store: dist.Store, rank: int, device: torch.device) -> dist.ProcessGroup:
+    options = dist.ProcessGroupNCCL.Options()
+    # Our waits carry the deadlines (work.wait(timeout)); NCCL's watchdog would tear the whole
+    # process down when its own timeout fires, so it gets one far beyond any deadline.
+    options._timeout = datetime.timedelta(days=1)
+    torch.cuda.set_device(device)
+    return dist.ProcessGroupNCCL(store, rank, 2, options)
+
+
+def close_links(group: dist.ProcessGroup, peer_rank: int, num_devices: int) -> None:
+    """Close a Gloo group's connections on each of its devices now, waking whatever waits on them
+    (here and at the peer). Gloo closes a context's connections when a wait on it times out, and
+    offers no other way that wakes a blocked receive: a receive nothing is ever sent to, on each
+    device, given a millisecond."""
+    for device in range(num_devices):
+        try:
+            probe = torch.empty(1, dtype=torch.uint8)
+            group.recv([probe], peer_rank, TAG_CLOSE + device).wait(delta(0.001))
+        except Exception:  # the expected outcome, or a link that was closed already
+            pass
