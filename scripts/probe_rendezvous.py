@@ -182,7 +182,7 @@ def main() -> int:
     )
     parser.add_argument("--keys", type=int, default=512)
     parser.add_argument("--value-kib", type=int, default=1024)
-    parser.add_argument("--rebuilds", type=int, default=5)
+    parser.add_argument("--rebuilds", type=int, default=20)
     parser.add_argument("--late-s", type=float, default=0.5)
     parser.add_argument("--junk-mib", type=int, default=4)
     parser.add_argument("--json", default=None)

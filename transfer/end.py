@@ -95,7 +95,7 @@ class ChannelEnd(abc.ABC):
         for job in pending:
             job.transfer.conclude(TransferError(job.transfer.request_id, f"the {self.role} was closed"))
         with self.io_lock:
-            self.channel.close()  # also wakes a worker blocked on the store
+            self.channel.close()  # also wakes a worker waiting for the next control message
         if self._thread.is_alive():
             self._thread.join(timeout=self.channel.timeout_s)
 

@@ -1,6 +1,6 @@
 """A worker's channels, one per peer: what prefill and decode workers call to move envelopes.
 
-Prefill workers hold the sending end (rank 0, which also hosts the rendezvous store) of a channel
+Prefill workers hold the sending end (rank 0, which also holds the rendezvous port) of a channel
 to every decode worker; decode workers hold the receiving end of one channel per prefill worker.
 """
 
@@ -60,7 +60,7 @@ class PeerChannels:
         if end is not None and (end.channel.host, end.channel.port) == (host, port):
             end.connect()
             return
-        if end is not None:  # the peer's store moved (it restarted): a new channel, not a new generation
+        if end is not None:  # the peer's port moved (it restarted): a new channel, not a new generation
             self.drop(peer)
         names = (self.own_name, peer) if self.rank == SENDER_RANK else (peer, self.own_name)
         channel = Channel(

@@ -134,7 +134,7 @@ class Deployment:
             await ref
 
     def _open(self, prefill_name: str, decode_name: str, host: str, port: int) -> list[ray.ObjectRef]:
-        # The prefill end hosts the rendezvous store on its node and keeps it across rebuilds.
+        # The prefill end holds the rendezvous port on its node and keeps it across rebuilds.
         p_life, d_life = self.lives.get(prefill_name, 0), self.lives.get(decode_name, 0)
         return [
             self.prefill[prefill_name].open_channel.remote(decode_name, host, port, d_life),

@@ -79,21 +79,21 @@ class WorkerBase:
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
     def rendezvous_address(self, peer: str | None = None) -> tuple[str, int]:
-        """Where the channel to `peer` meets (prefill ends host the store): the channel's own address
-        when it exists (a rebuild keeps the store and starts a new generation), else a free port on
+        """Where the channel to `peer` meets (prefill ends hold the port): the channel's own address
+        when it exists (a rebuild keeps the port and forms a new generation), else a free port on
         this node."""
         import ray
 
         if peer is not None and (address := self.channels.address_of(peer)) is not None:
             return address
-        host = "127.0.0.1"  # one node: the store listens on loopback only
+        host = "127.0.0.1"  # one node: the rendezvous listens on loopback only
         if ray.is_initialized() and sum(node["Alive"] for node in ray.nodes()) > 1:
             host = ray.util.get_node_ip_address()  # the address peers on other nodes reach
         return host, free_port(host)
 
     def open_channel(self, peer: str, host: str, port: int, peer_life: int = 0) -> None:
         """Open (or rebuild) the channel to `peer` in its `peer_life` (restarts so far); the peer must
-        do the same concurrently. The prefill end hosts the rendezvous store at `host:port`."""
+        do the same concurrently. The prefill end holds the rendezvous port `host:port`."""
         self.channels.open(peer, host=host, port=port, peer_life=peer_life)
 
     def channel_broken(self, peer: str) -> bool:
