@@ -20,6 +20,7 @@ class DecodeRequest:
     transfer: Transfer | None = None
     error: str | None = None  # set when decode gave it up after receiving it
     corrupt: bool = False  # its bytes failed verification
+    verified: bool = False  # its bytes were checked on arrival (and are again at release)
 
     @property
     def prompt_len(self) -> int:
@@ -28,8 +29,9 @@ class DecodeRequest:
     def result(self) -> dict:
         """What `next_finished` hands out: {"tokens", "decode_s" (first token to last), "admit_s"
         (landed to verified and in the batch), "runs" (byte runs the transfer wrote into),
-        "prefix_hit_tokens" (prompt tokens in pages held here already)}, or
-        {"error", "corrupt"}."""
+        "prefix_hit_tokens" (prompt tokens in pages held here already), "verified" (every byte
+        checked on arrival and at release)}, or {"error", "corrupt"}. The driver counts from these:
+        a worker's own counters go with it when it dies."""
         if self.error is not None:
             return {"error": self.error, "corrupt": self.corrupt}
         return {
@@ -38,6 +40,7 @@ class DecodeRequest:
             "admit_s": self.admitted_at - self.landed_at,
             "runs": self.runs,
             "prefix_hit_tokens": self.held_tokens,
+            "verified": self.verified,
         }
 
 

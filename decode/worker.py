@@ -154,6 +154,7 @@ class DecodeWorker(WorkerBase):
                 self._fail_corrupt(rid, req, f"received {mismatch}")
                 continue
             self.verified_envelopes += int(self.model.verifies)
+            req.verified = self.model.verifies
             req.admitted_at = time.monotonic()
             if len(req.tokens) >= req.max_new_tokens:
                 self._finish(rid, req)

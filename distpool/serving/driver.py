@@ -73,6 +73,7 @@ class Server:
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
         self.closing = False  # set once every request is done: the result streams stop
+        self.outcomes: list[Outcome] = []  # of the current `serve`, as its requests end
         self.retried = 0
         self.done = 0
         self.total = 0  # requests given to `serve`, and the follow-ups they unlocked
@@ -84,7 +85,7 @@ class Server:
         `follow_up(request, outcome)`, called as each request ends, may return a request that outcome
         unlocks (a conversation's next turn): it is queued behind those already waiting."""
         queue: asyncio.Queue[Request | None] = asyncio.Queue()  # the workers bound what runs at once
-        outcomes: list[Outcome] = []
+        outcomes = self.outcomes = []
         unfinished = len(requests)  # queued or being served, follow-ups included
         self.total, self.closing = len(requests), False
         self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]

@@ -13,6 +13,7 @@ class Outcome:
     error: str | None = None
     attempts: int = 0
     corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
+    verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
     # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
     queue_s: float = 0.0  # submit -> the decode reserve that succeeded was asked for
     reserve_s: float = 0.0  # that reserve's round trip
@@ -47,6 +48,7 @@ class Outcome:
         self.first_token_s = result["admit_s"]
         self.source_runs, self.destination_runs = sent["runs"], result["runs"]
         self.decode_prefix_hit_tokens = result["prefix_hit_tokens"]
+        self.verified = result["verified"]
         self.pair = pair
         self.tokens, self.decode_s, self.error = result["tokens"], result["decode_s"], None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from distpool.serving.outcome import Outcome
+from distpool.worker.base import BANDS
 
 TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
 
@@ -37,6 +38,18 @@ def link_summary(done: list[Outcome], link_s: dict[tuple[str, str], float], nbyt
     }
 
 
+def leak_counts(worker_stats: list[dict], *, unchecked: dict[str, str] | None = None) -> dict:
+    """Pages and slots still held after the run drained, summed over the workers; None (unknown,
+    not zero) when some worker's could not be read: `leaks_unchecked` maps each such worker to why
+    (`unchecked`, and every worker listed as dead: its memory went with it, unread)."""
+    unread = dict(unchecked or {})
+    unread |= {s["name"]: "dead" for s in worker_stats if s.get("state") == "dead"}
+    counts = {
+        f"leaked_{band}": None if unread else sum(s[f"{band}_used"] for s in worker_stats) for band in BANDS
+    }
+    return {**counts, "leaks_unchecked": unread}
+
+
 def summarize(
     outcomes: list[Outcome],
     *,
@@ -49,8 +62,11 @@ def summarize(
     cache: str = "reference",
     link: dict | None = None,
     multi_turn: dict | None = None,
+    unchecked: dict[str, str] | None = None,
 ) -> dict:
-    """The run's figures; `multi_turn` (`TurnFeed.summary`) adds its conversations and turns."""
+    """The run's figures; `multi_turn` (`TurnFeed.summary`) adds its conversations and turns.
+    Counts that must survive a worker come from the outcomes (what each result reported), not from
+    the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`)."""
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
@@ -70,8 +86,9 @@ def summarize(
         "workers_restarted": workers_restarted,
         "parity_checked": parity[0],
         "parity_mismatches": parity[1],
-        "verified_envelopes": sum(s.get("verified_envelopes", 0) for s in worker_stats),
-        "corrupt_envelopes": sum(s.get("corrupt_envelopes", 0) for s in worker_stats),
+        # what each completed request's decode result said: a restarted worker forgets its own counts
+        "verified_envelopes": sum(o.verified for o in done),
+        "corrupt_envelopes": sum(o.corrupt for o in outcomes),
         "transfer_bytes": moved,
         # prefill's prefix cache: prompt tokens found cached, and those prefill computed
         "prefix_hit_tokens": sum(o.prompt_tokens - o.prefill_tokens_computed for o in done),
@@ -99,12 +116,23 @@ def summarize(
         "wall_s": wall_s,
         # `worker_stats` is read after the run drained and each prefix cache dropped (run.py): anything
         # still held then belongs to no request and to no cache.
-        "leaked_pages": sum(s["pages_used"] for s in worker_stats),
-        "leaked_slots": sum(s["slots_used"] for s in worker_stats),
+        **leak_counts(worker_stats, unchecked=unchecked),
         "workers": worker_stats,
         "errors": sorted({o.error for o in outcomes if o.tokens is None and o.error})[:10],
         **({"multi_turn": multi_turn} if multi_turn is not None else {}),
     }
+
+
+def _known(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _leaks(report: dict) -> str:
+    unchecked = report["leaks_unchecked"]
+    if not unchecked:
+        return f"{report['leaked_pages']} / {report['leaked_slots']}"
+    why = ", ".join(f"{name}: {reason}" for name, reason in sorted(unchecked.items()))
+    return f"unknown (not read: {why})"
 
 
 def _mib(n: float) -> str:
@@ -168,7 +196,7 @@ def format_summary(report: dict) -> str:
         ("cache evictions", str(report["evictions"])),
         ("transfer / raw link", utilization),
         ("tokens generated", f"{report['tokens_generated']} in {report['wall_s']:.1f} s"),
-        ("leaked pages / slots", f"{report['leaked_pages']} / {report['leaked_slots']}"),
+        ("leaked pages / slots", _leaks(report)),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "distpool PD run summary", "-" * (width + 40)]
@@ -176,8 +204,8 @@ def format_summary(report: dict) -> str:
     lines.append("-" * (width + 40))
     lines.append(f"{'worker':<12}{'pages used/peak/cap':>24}{'slots used/peak/cap':>24}{'cached/ckpts':>14}")
     for s in report["workers"]:
-        pages = f"{s['pages_used']}/{s['pages_peak']}/{s['pages_capacity']}"
-        slots = f"{s['slots_used']}/{s['slots_peak']}/{s['slots_capacity']}"
+        pages = "/".join(_known(s[f"pages_{what}"]) for what in ("used", "peak", "capacity"))
+        slots = "/".join(_known(s[f"slots_{what}"]) for what in ("used", "peak", "capacity"))
         cached = f"{s.get('cached_pages', 0)}/{s.get('checkpoints', 0)}"
         dead = "  (dead)" if s.get("state") == "dead" else ""
         lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{dead}")

@@ -27,15 +27,15 @@ from distpool.worker.base import BANDS
 
 def worker_stats(deployment: Deployment) -> list[dict]:
     """Every worker's stats, asked of all at once; a worker that cannot answer is listed as dead,
-    with nothing counted."""
+    its figures unknown (None), not zero."""
     refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
     stats = []
     for name, ref in refs.items():
         try:
             stats.append({**ray.get(ref, timeout=30), "state": "alive"})
         except Exception as exc:  # dead, or stuck: the summary is written all the same
-            zeros = {f"{band}_{what}": 0 for band in BANDS for what in ("used", "peak", "capacity")}
-            stats.append({"name": name, "state": "dead", "error": one_line(exc), **zeros})
+            unknown = {f"{band}_{what}": None for band in BANDS for what in ("used", "peak", "capacity")}
+            stats.append({"name": name, "state": "dead", "error": one_line(exc), **unknown})
     return stats
 
 
@@ -176,12 +176,16 @@ def exit_status(report: dict) -> int:
     """0: every request completed, parity held, every envelope verified (synthetic cache), nothing
     leaked and no worker was lost; 1: a request failed (or a multi-turn turn was skipped after one),
     a token differed, an envelope was corrupt or memory leaked; 3: everything completed, but a
-    worker died on the way."""
+    worker died on the way (or could not be read at the end: its leaks are unknown)."""
     skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
     healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0
     if report["cache"] == "synthetic":
         healthy = healthy and report["verified_envelopes"] >= report["completed"]
-    if not (healthy and report["leaked_pages"] == 0 and report["leaked_slots"] == 0):
+    # Leaks: the totals, or (when some worker could not be read) what the workers that were read hold.
+    held = [report["leaked_pages"], report["leaked_slots"]]
+    if None in held:
+        held = [s[f"{band}_used"] or 0 for s in report["workers"] for band in BANDS]
+    if not healthy or any(held):
         return 1
-    return 3 if report["workers_lost"] else 0
+    return 3 if report["workers_lost"] or report["leaks_unchecked"] else 0

@@ -145,3 +145,51 @@ def test_a_killed_worker_process_is_restarted_and_the_run_ends_honestly(
     got = {o.request_id: o.tokens for o in completed}
     expected = colocated_tokens(spec, [r for r in requests if r.request_id in got][:20])
     assert all(got[rid] == tokens for rid, tokens in expected.items())
+
+
+def test_a_restarted_decode_workers_first_life_still_counts_in_the_summary(ray_session):
+    """Regression: kill -9 of a decode worker that had verified envelopes; Ray restarted it with its
+    counters at zero, and the summary (which summed the workers' own counters) read "verified 176"
+    of 200 completed and exited 1 instead of 3. The driver now counts what each result reported."""
+    import os
+    import signal
+
+    import ray
+
+    from distpool.serving.report import summarize
+    from distpool.serving.run import exit_status
+    from tests.serving.test_pd_synthetic import synthetic_spec
+
+    spec = synthetic_spec(num_prefill=1, num_decode=2)
+    requests = mixed_requests(60, max_new_tokens=6, seed=31, max_prompt=120)
+    deployment = Deployment.start(spec)
+    server = Server(deployment, ServeOptions(progress=False, max_attempts=6))
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", asyncio.run(server.serve(requests))))
+    try:
+        pid = ray.get(deployment.handles()["decode-0"].pid.remote())
+        thread.start()
+        while sum(o.pair == ("prefill-0", "decode-0") for o in server.outcomes) < 5 and thread.is_alive():
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "serving hung after a worker died"
+        stats = worker_stats(deployment)
+    finally:
+        deployment.shutdown()
+    assert server.recovery.lost == ["decode-0"]
+    report = summarize(
+        result["out"],
+        retried=server.retried,
+        worker_stats=stats,
+        parity=(0, 0),
+        wall_s=1.0,
+        workers_lost=len(server.recovery.lost),
+        workers_restarted=len(server.recovery.restarted),
+        cache="synthetic",
+    )
+    assert report["completed"] == len(requests), report["errors"]
+    # The workers' own counters lost decode-0's first life; the summary did not.
+    assert sum(s.get("verified_envelopes") or 0 for s in stats) < report["completed"]
+    assert report["verified_envelopes"] == report["completed"]
+    assert exit_status(report) == 3
