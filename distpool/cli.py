@@ -292,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # refusals and bad input: the message is the whole story
         print(f"distpool: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run started (a run writes its own summary, then exits 130)
+        print("distpool: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -179,5 +179,10 @@ class TurnFeed:
             "turns_planned": planned,
             "turns_served": len(self.served),
             "turns_completed": sum(self._completed.values()),
-            "turns_skipped": planned - len(self.served),  # after a failed turn of their conversation
+            # after a failed turn of their conversation (an interrupted run leaves others unserved)
+            "turns_skipped": sum(
+                len(c.messages) - self.failed_at[c.conversation_id] - 1
+                for c in conversations
+                if c.conversation_id in self.failed_at
+            ),
         }

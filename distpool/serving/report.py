@@ -63,10 +63,13 @@ def summarize(
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
+    interrupted: bool = False,
+    unfinished: int = 0,
 ) -> dict:
     """The run's figures; `multi_turn` (`TurnFeed.summary`) adds its conversations and turns.
     Counts that must survive a worker come from the outcomes (what each result reported), not from
-    the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`)."""
+    the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`).
+    `interrupted`: Ctrl-C ended the run, with `unfinished` requests not ended yet."""
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
@@ -78,7 +81,9 @@ def summarize(
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     return {
         "cache": cache,
-        "requests": len(outcomes),
+        "interrupted": interrupted,
+        "requests": len(outcomes) + unfinished,
+        "unfinished": unfinished,
         "completed": len(done),
         "failed": len(outcomes) - len(done),
         "retried": retried,
@@ -165,6 +170,7 @@ def format_summary(report: dict) -> str:
     rows = [
         ("cache", report["cache"]),
         ("requests", report["requests"]),
+        *([("interrupted: not finished", report["unfinished"])] if report["interrupted"] else []),
         ("completed", report["completed"]),
         ("failed", report["failed"]),
         ("retried", report["retried"]),

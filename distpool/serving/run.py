@@ -25,14 +25,14 @@ from distpool.serving.workload import Request
 from distpool.worker.base import BANDS
 
 
-def worker_stats(deployment: Deployment) -> list[dict]:
-    """Every worker's stats, asked of all at once; a worker that cannot answer is listed as dead,
-    its figures unknown (None), not zero."""
+def worker_stats(deployment: Deployment, *, timeout_s: float = 30.0) -> list[dict]:
+    """Every worker's stats, asked of all at once; a worker that cannot answer within `timeout_s`
+    is listed as dead, its figures unknown (None), not zero."""
     refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
-    stats = []
+    deadline, stats = time.monotonic() + timeout_s, []
     for name, ref in refs.items():
         try:
-            stats.append({**ray.get(ref, timeout=30), "state": "alive"})
+            stats.append({**ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1)), "state": "alive"})
         except Exception as exc:  # dead, or stuck: the summary is written all the same
             unknown = {f"{band}_{what}": None for band in BANDS for what in ("used", "peak", "capacity")}
             stats.append({"name": name, "state": "dead", "error": one_line(exc), **unknown})
@@ -83,15 +83,31 @@ def measure_links(deployment: Deployment, outcomes: list[Outcome]) -> dict:
     return link_summary(done, seconds, nbytes)
 
 
-def serve_workload(
-    server: Server, requests: list[Request] | MultiTurn
-) -> tuple[list[Outcome], TurnFeed | None]:
-    """Serve a list of requests, or a multi-turn workload turn by turn (its feed holds the prompts
-    each turn was served with)."""
-    if not isinstance(requests, MultiTurn):
-        return asyncio.run(server.serve(requests)), None
-    feed = TurnFeed(requests)
-    return asyncio.run(server.serve(feed.first_turns(), feed.next_turn)), feed
+def serve_workload(server: Server, requests: list[Request] | MultiTurn, feed: TurnFeed | None) -> None:
+    """Serve a list of requests, or a multi-turn workload turn by turn through `feed` (which keeps
+    the prompts each turn was served with); the outcomes gather in `server.outcomes`."""
+    if feed is None:
+        asyncio.run(server.serve(requests))
+    else:
+        asyncio.run(server.serve(feed.first_turns(), feed.next_turn))
+
+
+def start_ray(
+    spec: DeploymentSpec, address: str | None, num_cpus: int | None, metrics_port: int | None
+) -> None:
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    ray.init(  # "local": a new cluster, even when another one runs on this machine
+        address="local",
+        num_cpus=num_cpus or spec.num_prefill + spec.num_decode + 1,
+        include_dashboard=False,
+        log_to_driver=False,
+        **ray_init_options(metrics_port),
+    )
+
+
+INTERRUPTED_STATS_S = 5.0  # after Ctrl-C, how long the summary waits for a worker's figures
 
 
 def run(
@@ -107,7 +123,8 @@ def run(
     metrics_port: int | None = None,
 ) -> int:
     """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
-    summary is always printed and written, also when workers died."""
+    summary is always printed and written, also when workers died, and after Ctrl-C (of the
+    requests that ended by then: no link measurement, no parity check, leaks unknown)."""
     where = address or "an embedded local Ray cluster"
     cache = spec.worker.cache
     what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
@@ -116,46 +133,52 @@ def run(
     if metrics_port is not None and not ray.is_initialized() and not address:
         print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            cpus = num_cpus or spec.num_prefill + spec.num_decode + 1
-            ray.init(  # "local": a new cluster, even when another one runs on this machine
-                address="local",
-                num_cpus=cpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                **ray_init_options(metrics_port),
-            )
-    deployment = None
+    feed = TurnFeed(requests) if isinstance(requests, MultiTurn) else None
+    deployment = server = None
+    started, wall_s, interrupted, drained = time.monotonic(), 0.0, False, False
+    link, stats, parity = link_summary([], {}, 0), [], (0, 0)
     try:
-        deployment = Deployment.start(spec)
-        started = time.monotonic()
-        server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
-        outcomes, feed = serve_workload(server, requests)
-        wall_s = time.monotonic() - started
-        link = measure_links(deployment, outcomes)
-        stats = worker_stats(deployment)
-        drop_prefix_caches(deployment, stats)
         try:
-            # multi-turn: the prompts each turn was actually served with, later turns first
-            realized = feed.latest_turns_first() if feed is not None else requests
-            parity = check_parity(spec, realized, outcomes, parity_sample)
-        except Exception as exc:  # the run's own figures stand without it: say so, keep the summary
-            print(f"distpool: warning: parity check not run: {one_line(exc)}", flush=True)
-            parity = (0, 0)
+            if owns_ray:
+                start_ray(spec, address, num_cpus, metrics_port)
+            deployment = Deployment.start(spec)
+            started = time.monotonic()
+            server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
+            serve_workload(server, requests, feed)
+            wall_s = time.monotonic() - started
+            outcomes = sorted(server.outcomes, key=lambda o: o.request_id)
+            link = measure_links(deployment, outcomes)
+            stats = worker_stats(deployment)
+            drop_prefix_caches(deployment, stats)
+            drained = True
+            parity = parity_of(spec, feed.latest_turns_first() if feed else requests, outcomes, parity_sample)
+        except KeyboardInterrupt:
+            interrupted, wall_s = True, time.monotonic() - started
+            print("distpool: interrupted: the summary covers the requests that ended", flush=True)
+            try:
+                if deployment is not None and not stats:
+                    stats = worker_stats(deployment, timeout_s=INTERRUPTED_STATS_S)
+            except KeyboardInterrupt:  # twice: the summary goes without the workers' figures
+                pass
+        outcomes = sorted(server.outcomes, key=lambda o: o.request_id) if server is not None else []
+        total = server.total if server is not None and server.total else initial_count(requests)
         report = summarize(
             outcomes,
-            retried=server.retried,
+            retried=server.retried if server is not None else 0,
             worker_stats=stats,
             parity=parity,
             wall_s=wall_s,
-            workers_lost=len(server.recovery.lost),
-            workers_restarted=len(server.recovery.restarted),
+            workers_lost=len(server.recovery.lost) if server is not None else 0,
+            workers_restarted=len(server.recovery.restarted) if server is not None else 0,
             cache=cache,
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
+            # Memory held by requests still in flight is no leak: before the drain, leaks go unread.
+            unchecked=dict.fromkeys([s["name"] for s in stats] or ["every worker"], "interrupted")
+            if interrupted and not drained
+            else None,
+            interrupted=interrupted,
+            unfinished=max(total - len(outcomes), 0) if interrupted else 0,
         )
     finally:
         if deployment is not None:
@@ -172,11 +195,31 @@ def run(
     return exit_status(report)
 
 
+def initial_count(requests: list[Request] | MultiTurn) -> int:
+    """Requests a run starts with: the list, or a multi-turn workload's first turns."""
+    return len(requests.conversations) if isinstance(requests, MultiTurn) else len(requests)
+
+
+def parity_of(
+    spec: DeploymentSpec, realized: list[Request], outcomes: list[Outcome], sample: int
+) -> tuple[int, int]:
+    """`check_parity` (multi-turn: `realized` holds the prompts each turn was served with, later turns
+    first), or (0, 0) with a warning when it cannot run: the run's own figures stand without it."""
+    try:
+        return check_parity(spec, realized, outcomes, sample)
+    except Exception as exc:
+        print(f"distpool: warning: parity check not run: {one_line(exc)}", flush=True)
+        return 0, 0
+
+
 def exit_status(report: dict) -> int:
     """0: every request completed, parity held, every envelope verified (synthetic cache), nothing
     leaked and no worker was lost; 1: a request failed (or a multi-turn turn was skipped after one),
     a token differed, an envelope was corrupt or memory leaked; 3: everything completed, but a
-    worker died on the way (or could not be read at the end: its leaks are unknown)."""
+    worker died on the way (or could not be read at the end: its leaks are unknown); 130: the run
+    was interrupted (Ctrl-C) before every request ended."""
+    if report["interrupted"]:
+        return 130
     skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
     healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0
