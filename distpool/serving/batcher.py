@@ -35,7 +35,8 @@ class Batcher:
             try:
                 out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
                 for item, future in batch:
-                    future.set_result(out[item[0]])
+                    if not future.done():  # else its request gave up waiting (a silent worker)
+                        future.set_result(out[item[0]])
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():

@@ -4,10 +4,10 @@ Per request, three driver <-> actor calls: reserve a destination on a decode wor
 the one caching the longest prefix of the prompt first (it then expects the envelope from the
 chosen prefill worker) -> batched prefill + whole-envelope send
 on that prefill worker (the transfer header carries the first token) -> the result, which arrives
-through one long-poll per decode worker (`next_finished`). A failed transfer, a dead actor or no
-room frees both sides and retries the request on another pair (at most `max_attempts` tries);
-anything else is a bug and fails the request at once. Requests wait in a queue; `queue_bound` of
-them are in the pipeline at once.
+through one long-poll per decode worker (`next_finished`). A failed transfer, a dead or silent actor
+(`serving.recovery`) or no room frees both sides and retries the request on another pair (at most
+`max_attempts` tries); anything else is a bug and fails the request at once. Requests wait in a
+queue; `queue_bound` of them are in the pipeline at once.
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ray.exceptions import RayActorError
-
 from distpool.memory.pool import DoesNotFit
 from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
-from distpool.serving.recovery import Recovery
+from distpool.serving.recovery import Recovery, WorkerLost
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from transfer import ChannelError
@@ -42,6 +40,9 @@ class ServeOptions:
     max_attempts: int = 4
     queue_bound: int = 64  # requests admitted into the pipeline at once
     admission_timeout_s: float = 60.0
+    # A call unanswered this long gets its worker pinged; no answer, and the worker is lost
+    # (serving.recovery). None: the transfer timeout.
+    silence_s: float | None = None
     seed: int = 0
     progress: bool = True
 
@@ -69,7 +70,10 @@ class Server:
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
-        self.recovery = Recovery(deployment, self.router, on_return=self._on_return)
+        self.recovery = Recovery(
+            deployment, self.router, on_lost=self._fail_results_on, on_return=self._on_return
+        )
+        self.silence_s = options.silence_s or deployment.spec.worker.transfer.timeout_s
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
         self.closing = False  # set once every request is done: the result streams stop
@@ -227,6 +231,7 @@ class Server:
                     self.router.end(name)
                 except (_Retry, ChannelError):  # that worker died, or its channel to the prefill did
                     self.router.end(name)
+                    avoid.add(name)  # a silent one may still hold this reservation when it resumes
                 except BaseException:
                     self.router.end(name)
                     raise
@@ -235,18 +240,17 @@ class Server:
             await asyncio.sleep(ADMISSION_POLL_S)
 
     async def _call(self, name: str, awaitable):
-        called_at = time.monotonic()
+        """Await a call to worker `name`; _Retry when the worker died or stopped answering."""
         try:
-            return await awaitable
-        except RayActorError as exc:
-            self.recovery.lose(name, called_at)
-            self._fail_results_on(name)
-            raise _Retry(f"{name} died") from exc
+            return await self.recovery.call(name, awaitable, silence_s=self.silence_s)
+        except WorkerLost as exc:
+            raise _Retry(str(exc)) from exc
 
     async def _quiet(self, ref) -> None:
+        """Await a call whose outcome does not matter, as long as its worker answers in time."""
         try:
-            await ref
-        except Exception:  # the peer is gone or never held it: nothing left to free there
+            await asyncio.wait_for(ref, self.silence_s)
+        except Exception:  # the peer is gone, silent, or never held it: nothing left to free there
             pass
 
     async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:
@@ -258,9 +262,8 @@ class Server:
         lock = self.rebuild_locks.setdefault((prefill_name, decode_name), asyncio.Lock())
         async with lock:
             try:
-                broken = await asyncio.gather(
-                    p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name)
-                )
+                asked = (p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name))
+                broken = await asyncio.wait_for(asyncio.gather(*asked), self.silence_s)
                 if any(broken):
                     await self.dep.connect_async(prefill_name, decode_name)
             except Exception as exc:

@@ -2,12 +2,16 @@
 
 A call that raises `RayActorError` marks its worker lost at once: the router stops choosing it, the
 requests waiting on it fail (and are retried elsewhere), and its peers drop their channels to it so
-nothing of theirs waits on it. Ray restarts the actor (`max_restarts` in the deployment); this module
-waits for the new instance to answer, rebuilds its channels to every live peer, and gives it back to
-the router. A worker that does not come back within `REJOIN_TIMEOUT_S` stays lost.
+nothing of theirs waits on it. So does a worker that stops answering (`kill -STOP`, a hung node):
+every call goes through `call`, which pings the worker whenever the call has gone `silence_s`
+without an answer; no answer to the ping within PING_TIMEOUT_S either, and the worker is lost (a
+worker that answers the ping is only slow, and its call is waited on further). Ray restarts a dead
+actor (`max_restarts` in the deployment); this module waits for the worker to answer again,
+rebuilds its channels to every live peer, and gives it back to the router. A worker that does not
+come back within `REJOIN_TIMEOUT_S` stays lost.
 
-    alive --(RayActorError)--> lost --(answers ping, channels rebuilt)--> alive (restarted)
-                                 \\----(no answer in time)--------------> lost for good
+    alive --(RayActorError, or silent)--> lost --(answers ping, channels rebuilt)--> alive (restarted)
+                                            \\----(no answer in time)--------------> lost for good
 """
 
 from __future__ import annotations
@@ -27,13 +31,26 @@ PING_INTERVAL_S = 0.25
 SETTLE_S = 15.0  # the longest a run's end waits for a restarting worker
 
 
-class Recovery:
-    """Tracks lost workers and brings restarted ones back. `on_return(name)` runs once a worker is
-    serving again (the driver restarts its result stream)."""
+class WorkerLost(Exception):
+    """A call's worker died or stopped answering; it is marked lost."""
 
-    def __init__(self, deployment: Deployment, router: Router, on_return: Callable[[str], None]) -> None:
-        self.dep, self.router, self.on_return = deployment, router, on_return
+
+class Recovery:
+    """Tracks lost workers and brings restarted ones back. `on_lost(name)` runs when a worker is
+    lost (the driver fails what waits on it), `on_return(name)` once it is serving again (the driver
+    restarts its result stream)."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        router: Router,
+        *,
+        on_lost: Callable[[str], None],
+        on_return: Callable[[str], None],
+    ) -> None:
+        self.dep, self.router, self.on_lost, self.on_return = deployment, router, on_lost, on_return
         self.lost: list[str] = []  # every loss, in order (a worker may be lost twice)
+        self.why: dict[str, str] = {}  # worker -> how it was lost last: "died", "stopped answering ..."
         self.restarted: list[str] = []
         self.rejoining: dict[str, asyncio.Task] = {}  # kept: a task nobody holds may be collected
         self.returned_at: dict[str, float] = {}  # monotonic time each restarted worker rejoined
@@ -50,13 +67,44 @@ class Recovery:
         if pending:
             await asyncio.wait(pending, timeout=SETTLE_S)
 
-    def lose(self, name: str, called_at: float) -> None:
-        """A call to `name` made at `called_at` found it dead: stop using it and wait for its return.
-        A call made before the worker last rejoined speaks of its previous life and is ignored."""
+    async def call(self, name: str, awaitable, *, silence_s: float):
+        """Await a call to worker `name`; raise WorkerLost (the worker is then lost) if it died, or
+        if the call went `silence_s` without an answer and the worker answers no ping either."""
+        called_at = time.monotonic()
+        call = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=silence_s)
+                if done:
+                    return call.result()
+                if not await self.answers(name):
+                    reason = f"stopped answering (a call {silence_s:g} s, a ping {PING_TIMEOUT_S:g} s)"
+                    self.lose(name, called_at, reason)
+                    raise WorkerLost(f"{name} {reason}")
+        except RayActorError as exc:
+            self.lose(name, called_at, "died")
+            raise WorkerLost(f"{name} died") from exc
+        finally:
+            call.cancel()  # given up (or done: then this changes nothing); the worker may still run it
+
+    async def answers(self, name: str) -> bool:
+        """Whether worker `name` answers a ping within PING_TIMEOUT_S."""
+        try:
+            await asyncio.wait_for(self.dep.handles()[name].ping.remote(), PING_TIMEOUT_S)
+            return True
+        except (RayActorError, TimeoutError):
+            return False
+
+    def lose(self, name: str, called_at: float, why: str = "died") -> None:
+        """A call to `name` made at `called_at` found it dead (or silent): stop using it and wait for
+        its return. A call made before the worker last rejoined speaks of its previous life and is
+        ignored."""
         if name in self.router.dead or called_at < self.returned_at.get(name, float("-inf")):
             return
         self.router.mark_dead(name)
         self.lost.append(name)
+        self.why[name] = why
+        self.on_lost(name)
         peers = self.dep.decode if name in self.dep.prefill else self.dep.prefill
         for peer, handle in peers.items():
             if peer not in self.router.dead:

@@ -41,9 +41,9 @@ def link_summary(done: list[Outcome], link_s: dict[tuple[str, str], float], nbyt
 def leak_counts(worker_stats: list[dict], *, unchecked: dict[str, str] | None = None) -> dict:
     """Pages and slots still held after the run drained, summed over the workers; None (unknown,
     not zero) when some worker's could not be read: `leaks_unchecked` maps each such worker to why
-    (`unchecked`, and every worker listed as dead: its memory went with it, unread)."""
+    (`unchecked`, and every worker listed dead or not answering: its memory went unread)."""
     unread = dict(unchecked or {})
-    unread |= {s["name"]: "dead" for s in worker_stats if s.get("state") == "dead"}
+    unread |= {s["name"]: s["state"] for s in worker_stats if s.get("state", "alive") != "alive"}
     counts = {
         f"leaked_{band}": None if unread else sum(s[f"{band}_used"] for s in worker_stats) for band in BANDS
     }
@@ -63,13 +63,15 @@ def summarize(
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
+    lost_why: dict[str, str] | None = None,
     interrupted: bool = False,
     unfinished: int = 0,
 ) -> dict:
     """The run's figures; `multi_turn` (`TurnFeed.summary`) adds its conversations and turns.
     Counts that must survive a worker come from the outcomes (what each result reported), not from
     the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`).
-    `interrupted`: Ctrl-C ended the run, with `unfinished` requests not ended yet."""
+    `lost_why`: how each lost worker was lost (died, stopped answering). `interrupted`: Ctrl-C ended
+    the run, with `unfinished` requests not ended yet."""
     done = [o for o in outcomes if o.tokens is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
@@ -89,6 +91,7 @@ def summarize(
         "retried": retried,
         "workers_lost": workers_lost,
         "workers_restarted": workers_restarted,
+        "workers_lost_why": dict(lost_why or {}),
         "parity_checked": parity[0],
         "parity_mismatches": parity[1],
         # what each completed request's decode result said: a restarted worker forgets its own counts
@@ -130,6 +133,11 @@ def summarize(
 
 def _known(value: int | None) -> str:
     return "?" if value is None else str(value)
+
+
+def _lost(report: dict) -> str:
+    why = "; ".join(f"{name}: {reason}" for name, reason in sorted(report["workers_lost_why"].items()))
+    return f"{report['workers_lost']} / {report['workers_restarted']}" + (f" ({why})" if why else "")
 
 
 def _leaks(report: dict) -> str:
@@ -175,7 +183,7 @@ def format_summary(report: dict) -> str:
         ("failed", report["failed"]),
         ("retried", report["retried"]),
         *_conversation_rows(report.get("multi_turn")),
-        ("workers lost / restarted", f"{report['workers_lost']} / {report['workers_restarted']}"),
+        ("workers lost / restarted", _lost(report)),
         ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
         ("envelopes verified / corrupt", verified),
         ("TTFT p50 / p99 (ms)", f"{report['ttft_ms_p50']:.1f} / {report['ttft_ms_p99']:.1f}"),
@@ -213,8 +221,8 @@ def format_summary(report: dict) -> str:
         pages = "/".join(_known(s[f"pages_{what}"]) for what in ("used", "peak", "capacity"))
         slots = "/".join(_known(s[f"slots_{what}"]) for what in ("used", "peak", "capacity"))
         cached = f"{s.get('cached_pages', 0)}/{s.get('checkpoints', 0)}"
-        dead = "  (dead)" if s.get("state") == "dead" else ""
-        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{dead}")
+        state = f"  ({s['state']})" if s.get("state", "alive") != "alive" else ""
+        lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{state}")
     for error in report["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)

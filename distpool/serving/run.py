@@ -20,22 +20,28 @@ from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.output import write_json
 from distpool.serving.parity import check_parity
+from distpool.serving.recovery import PING_TIMEOUT_S
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
 from distpool.worker.base import BANDS
 
 
-def worker_stats(deployment: Deployment, *, timeout_s: float = 30.0) -> list[dict]:
+def worker_stats(
+    deployment: Deployment, *, timeout_s: float = 30.0, lost: set[str] = frozenset()
+) -> list[dict]:
     """Every worker's stats, asked of all at once; a worker that cannot answer within `timeout_s`
-    is listed as dead, its figures unknown (None), not zero."""
+    (`PING_TIMEOUT_S` for one known `lost`) is listed as dead or not answering, its figures unknown
+    (None), not zero."""
     refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
     deadline, stats = time.monotonic() + timeout_s, []
     for name, ref in refs.items():
+        wait_s = PING_TIMEOUT_S if name in lost else max(deadline - time.monotonic(), 0.1)
         try:
-            stats.append({**ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1)), "state": "alive"})
+            stats.append({**ray.get(ref, timeout=wait_s), "state": "alive"})
         except Exception as exc:  # dead, or stuck: the summary is written all the same
+            state = "not answering" if isinstance(exc, ray.exceptions.GetTimeoutError) else "dead"
             unknown = {f"{band}_{what}": None for band in BANDS for what in ("used", "peak", "capacity")}
-            stats.append({"name": name, "state": "dead", "error": one_line(exc), **unknown})
+            stats.append({"name": name, "state": state, "error": one_line(exc), **unknown})
     return stats
 
 
@@ -58,15 +64,15 @@ def drop_prefix_caches(deployment: Deployment, stats: list[dict]) -> None:
 LINK_REPEATS = 5  # raw messages per channel; the median counts
 
 
-def measure_links(deployment: Deployment, outcomes: list[Outcome]) -> dict:
+def measure_links(deployment: Deployment, outcomes: list[Outcome], lost: set[str] = frozenset()) -> dict:
     """Each channel's raw link at the run's median envelope size, one channel at a time, after the
-    run drained (nothing else competes for the cores or the link)."""
+    run drained (nothing else competes for the cores or the link); none with a worker `lost`."""
     done = [o for o in outcomes if o.tokens is not None and o.transfer_bytes]
     if not done:
         return link_summary([], {}, 0)
     nbytes = int(percentile([float(o.transfer_bytes) for o in done], 50))
     seconds: dict[tuple[str, str], float] = {}
-    for pair in sorted({o.pair for o in done if o.pair is not None}):
+    for pair in sorted({o.pair for o in done if o.pair is not None and not set(o.pair) & lost}):
         prefill, decode = pair
         try:
             sent, received = ray.get(
@@ -147,8 +153,8 @@ def run(
             serve_workload(server, requests, feed)
             wall_s = time.monotonic() - started
             outcomes = sorted(server.outcomes, key=lambda o: o.request_id)
-            link = measure_links(deployment, outcomes)
-            stats = worker_stats(deployment)
+            link = measure_links(deployment, outcomes, server.router.dead)
+            stats = worker_stats(deployment, lost=server.router.dead)
             drop_prefix_caches(deployment, stats)
             drained = True
             parity = parity_of(spec, feed.latest_turns_first() if feed else requests, outcomes, parity_sample)
@@ -170,6 +176,7 @@ def run(
             wall_s=wall_s,
             workers_lost=len(server.recovery.lost) if server is not None else 0,
             workers_restarted=len(server.recovery.restarted) if server is not None else 0,
+            lost_why=server.recovery.why if server is not None else None,
             cache=cache,
             link=link,
             multi_turn=feed.summary() if feed is not None else None,

@@ -193,3 +193,41 @@ def test_a_restarted_decode_workers_first_life_still_counts_in_the_summary(ray_s
     assert sum(s.get("verified_envelopes") or 0 for s in stats) < report["completed"]
     assert report["verified_envelopes"] == report["completed"]
     assert exit_status(report) == 3
+
+
+def test_a_stopped_decode_worker_is_lost_and_routed_around(ray_session):
+    """Regression: kill -STOP of one decode worker of 2P2D stalled the run for ~110 s (its
+    reservations were awaited without a deadline), then a third of the requests failed "not
+    admitted within 60 s" while the other decode worker had room. Now its silence is noticed (a call
+    unanswered for `silence_s`, then a ping), it is lost like a dead one, and the run goes on."""
+    import os
+    import signal
+
+    import ray
+
+    spec = make_spec(num_prefill=2, num_decode=2)
+    requests = mixed_requests(100, max_new_tokens=16, seed=41)
+    deployment = Deployment.start(spec)
+    server = Server(deployment, ServeOptions(progress=False, max_attempts=6, silence_s=2.0))
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", asyncio.run(server.serve(requests))))
+    pid = ray.get(deployment.handles()["decode-1"].pid.remote())
+    try:
+        thread.start()
+        while (server.done < 10 or server.router.in_flight["decode-1"] == 0) and thread.is_alive():
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        thread.join(timeout=150)
+        assert not thread.is_alive(), "serving stalled behind the stopped worker"
+        after_stop_s = time.monotonic() - stopped
+        stats = worker_stats(deployment, lost=server.router.dead)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        deployment.shutdown()
+    failed = [o.error for o in result["out"] if o.tokens is None]
+    assert not failed, failed
+    assert server.recovery.lost == ["decode-1"]
+    assert server.recovery.why["decode-1"].startswith("stopped answering")
+    assert after_stop_s < 60  # detection takes silence_s + a ping; the rest is ordinary work
+    assert {s["name"]: s["state"] for s in stats}["decode-1"] == "not answering"
