@@ -220,7 +220,7 @@ def format_summary(report: dict) -> str:
     for s in report["workers"]:
         pages = "/".join(_known(s[f"pages_{what}"]) for what in ("used", "peak", "capacity"))
         slots = "/".join(_known(s[f"slots_{what}"]) for what in ("used", "peak", "capacity"))
-        cached = f"{s.get('cached_pages', 0)}/{s.get('checkpoints', 0)}"
+        cached = f"{_known(s.get('cached_pages'))}/{_known(s.get('checkpoints'))}"
         state = f"  ({s['state']})" if s.get("state", "alive") != "alive" else ""
         lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{state}")
     for error in report["errors"]:

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from transfer.protocol import bell_key, current_generation_key, reply_key
+from transfer.protocol import GENERATION_KEY, bell_key, reply_key
 
 pytestmark = pytest.mark.ray
 
@@ -58,7 +58,7 @@ def attack(port: int) -> bool:
         store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=1))
         for key in [bell_key(s) for s in range(8)] + [reply_key(s) for s in range(8)]:
             store.set(key, b"\x81\xa4kind\xa6header" + os.urandom(32))
-        store.set(current_generation_key("prefill-0->decode-0"), b"99")
+        store.set(GENERATION_KEY, b"99")
         spoke_store = True
     except Exception:  # not a store (Ray's own servers), or it hung up on us: fine
         pass
