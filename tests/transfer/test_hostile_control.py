@@ -20,8 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.transfer.test_channel import make_channel
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
-from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port, make_arena
+from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port, make_arena
 from transfer import Channel, ChannelError
 from transfer.protocol import (
     HEADER,
@@ -176,17 +177,7 @@ def test_rank_1_refuses_a_rank_0_that_does_not_hold_the_secret():
 
     posing = threading.Thread(target=pose)
     posing.start()
-    channel = Channel(
-        rank=1,
-        host="127.0.0.1",
-        port=port,
-        device="cpu",
-        fingerprint=FINGERPRINT,
-        layout=LAYOUT,
-        timeout_s=3,
-        secret=SECRET,
-        name="i",
-    )
+    channel = make_channel(1, port, timeout_s=3, name="i")
     with pytest.raises(ChannelError, match="does not hold this deployment's secret"):
         channel.connect()
     posing.join()
@@ -196,20 +187,7 @@ def test_rank_1_refuses_a_rank_0_that_does_not_hold_the_secret():
 
 def test_the_store_listens_only_on_the_address_its_peer_uses_and_only_while_forming():
     port = free_port()
-    ends = [
-        Channel(
-            rank=r,
-            host="127.0.0.1",
-            port=port,
-            device="cpu",
-            fingerprint=FINGERPRINT,
-            layout=LAYOUT,
-            timeout_s=5,
-            secret=SECRET,
-            name="l",
-        )
-        for r in (0, 1)
-    ]
+    ends = [make_channel(r, port, name="l") for r in (0, 1)]
     forming = threading.Thread(target=ends[0].connect)
     forming.start()  # rank 0 alone: its store waits for rank 1
     time.sleep(0.5)
