@@ -25,11 +25,11 @@ from distpool.memory.tp_layout import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
-from transfer.groups import close_links, gloo_group, nccl_group
+from transfer.groups import close_links, destroy_group, gloo_group, nccl_group
 from transfer.handshake import exchange_hello, make_hello
 from transfer.pair_store import PairStore
-from transfer.protocol import GENERATION_KEY, TAG_DATA, bell_key
-from transfer.rendezvous import RendezvousPort, delta, is_loopback, join_peer
+from transfer.protocol import TAG_DATA, bell_key
+from transfer.rendezvous import RendezvousPort, agree_generation, delta, is_loopback, join_peer
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
 CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
@@ -143,7 +143,7 @@ class Channel:
             else:
                 peer = join_peer(self.host, self.port, self.auth, deadline)
             store = PairStore(peer, name=self.name, timeout_s=deadline - time.monotonic())
-            generation = self._agree_generation(store)
+            generation = agree_generation(store, rank=self.rank, last=self.generation, name=self.name)
             gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
             loopback = is_loopback(self.host)
@@ -178,16 +178,6 @@ class Channel:
             if store is not None:  # the groups formed (or never will): the rendezvous is over
                 store.close()
 
-    def _agree_generation(self, store: PairStore) -> int:
-        """Rank 0 numbers the generation (its own count, one up), rank 1 takes its number."""
-        if self.rank == SENDER_RANK:
-            store.set(GENERATION_KEY, str(self.generation + 1).encode())
-            return self.generation + 1
-        number = store.get(GENERATION_KEY).decode(errors="replace")
-        if not number.isdigit():
-            raise ChannelError(f"channel {self.name}: the peer numbered its generation {number!r}")
-        return int(number)
-
     def close(self) -> None:
         """Tear down the groups and give the port up; the channel cannot be used again."""
         self._teardown("closed")
@@ -209,13 +199,7 @@ class Channel:
 
     def _destroy_group(self) -> None:
         if self._pg is not None:
-            if self.backend == "nccl":
-                try:
-                    self._pg.abort()
-                except Exception:  # a group already poisoned by its peer may refuse to abort cleanly
-                    pass
-            else:
-                close_links(self._pg, self.peer_rank, self.num_streams)
+            destroy_group(self._pg, self.backend, self.peer_rank, self.num_streams)
         self._pg = None
 
     # ---- connect steps ------------------------------------------------------------------------

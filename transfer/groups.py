@@ -40,6 +40,17 @@ def nccl_group(store: dist.Store, rank: int, device: torch.device) -> dist.Proce
     return dist.ProcessGroupNCCL(store, rank, 2, options)
 
 
+def destroy_group(group: dist.ProcessGroup, backend: str, peer_rank: int, num_devices: int) -> None:
+    """Take a channel's payload group down now: NCCL's aborted, Gloo's links closed."""
+    if backend == "nccl":
+        try:
+            group.abort()
+        except Exception:  # a group already poisoned by its peer may refuse to abort cleanly
+            pass
+    else:
+        close_links(group, peer_rank, num_devices)
+
+
 def close_links(group: dist.ProcessGroup, peer_rank: int, num_devices: int) -> None:
     """Close a Gloo group's connections on each of its devices now, waking whatever waits on them
     (here and at the peer). Gloo closes a context's connections when a wait on it times out, and

@@ -24,8 +24,11 @@ import selectors
 import socket
 import time
 
+import torch.distributed as dist
+
 from transfer.auth import MAC_BYTES, ControlAuth
 from transfer.errors import ChannelError
+from transfer.protocol import GENERATION_KEY
 
 POLL_S = 0.05
 NONCE_BYTES = 32
@@ -201,3 +204,15 @@ def _receive(sock: socket.socket, nbytes: int) -> bytes:
             raise ChannelError("the rank-0 peer hung up during the rendezvous")
         got += chunk
     return got
+
+
+def agree_generation(store: dist.Store, *, rank: int, last: int, name: str) -> int:
+    """The generation this connect forms: rank 0 numbers it (one past its `last`), rank 1 takes
+    rank 0's number from the store."""
+    if rank == 0:
+        store.set(GENERATION_KEY, str(last + 1).encode())
+        return last + 1
+    number = store.get(GENERATION_KEY).decode(errors="replace")
+    if not number.isdigit():
+        raise ChannelError(f"channel {name}: the peer numbered its generation {number!r}")
+    return int(number)

@@ -97,6 +97,7 @@ def test_kill_the_sender_mid_transfer(device):
     port, name = free_port(), "ks"
     doomed, replacement = Peer(), Peer()  # spawn both now: the replacement starts while we test
     try:
+        doomed.call("ready")  # two processes importing torch at once can take most of a connect timeout
         doomed.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
         receiver = make_engine(1, port, local_device, name=name, options=SMALL_CHUNKS)
         receiver.connect()
@@ -116,6 +117,7 @@ def test_kill_the_sender_mid_transfer(device):
         assert not receiver.channel.healthy
         doomed.kill()
 
+        replacement.call("ready")
         replacement.start("open", name=name, rank=0, port=port, device=peer_device, options=SMALL_CHUNKS)
         receiver.connect()
         assert replacement.result()["ok"]
@@ -139,6 +141,7 @@ def test_kill_the_receiver_mid_transfer(device):
     port, name = free_port(), "kr"
     doomed, replacement = Peer(), Peer()
     try:
+        doomed.call("ready")
         doomed.start("open", name=name, rank=1, port=port, device=peer_device)
         sender = make_engine(0, port, local_device, name=name, options=SMALL_CHUNKS)
         sender.connect()
@@ -156,6 +159,7 @@ def test_kill_the_receiver_mid_transfer(device):
         assert ledger.free_bytes == ARENA_BYTES
         doomed.kill()
 
+        replacement.call("ready")
         replacement.start("open", name=name, rank=1, port=port, device=peer_device)
         sender.connect()
         assert replacement.result()["ok"]

@@ -343,6 +343,11 @@ def _stop_for(state: dict, *, seconds: float) -> None:
     os.system(f"kill -STOP {os.getpid()}; sleep {seconds}; kill -CONT {os.getpid()}")
 
 
+def _ready(state: dict) -> bool:
+    """Answers once the peer has imported everything: a test's timeouts start after that."""
+    return True
+
+
 def _exit(state: dict) -> None:
     for engine in state["engines"].values():
         engine.close()
@@ -359,6 +364,7 @@ _HANDLERS = {
     "rebuild": _rebuild,
     "close": _close,
     "stop_for": _stop_for,
+    "ready": _ready,
     "exit": _exit,
 }
 
