@@ -191,7 +191,9 @@ class EnvelopeSender(ChannelEnd):
         receiver answers a withdrawal it sees in time with REFUSE; until an answer comes this end
         waits (at most the channel's timeout, holding no memory of the failed transfer), so that the
         channel stays in step. A READY that crossed the withdrawal is answered as an abort: the
-        stream goes unfilled, then ABORT (within a fresh timeout). No answer at all breaks the channel.
+        stream goes out as after one (nothing gathered; runs sent straight from the arena carry
+        whatever it holds now, which the receiver discards), then ABORT, within a fresh timeout.
+        No answer at all breaks the channel.
         """
         channel, transfer = self.channel, job.transfer
         key = reply_key(seq)

@@ -393,3 +393,26 @@ def test_done_callbacks_have_run_by_the_time_a_waiter_wakes():
     late = []
     transfer.add_done_callback(late.append)  # after the conclusion: runs at once
     assert late == [transfer]
+
+
+def test_a_ready_that_crossed_the_withdrawal_is_answered_as_an_abort(pair, monkeypatch):
+    """The sender's deadline passes while the receiver waits for the reservation; the receiver then
+    answers READY without seeing the withdrawal (as when the two messages cross). The sender, failed
+    already, sends the stream as after an abort and ends it with ABORT: both ends fail, the channel
+    stays in step."""
+    sender, receiver = pair
+    receiver.unexpected_wait_s = 3.0
+    monkeypatch.setattr(receiver.channel.control, "holds", lambda name: False)
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 21), make_arena(ARENA_BYTES, 22)
+    src, dst = tables(seed=51)
+    outside = digest_outside(dst_arena, dst)
+    outgoing = sender.submit(envelope_for("crossed", src, has_slot=True), src_arena, src, deadline_s=0.3)
+    with pytest.raises(TransferError, match="did not answer the header before the deadline"):
+        outgoing.wait()
+    incoming = receiver.expect(envelope_for("crossed", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    with pytest.raises(TransferError, match="sender aborted: the sender withdrew the transfer"):
+        incoming.wait()
+    assert digest_outside(dst_arena, dst) == outside
+    assert sender.channel.healthy and receiver.channel.healthy
+    again = (make_arena(ARENA_BYTES, 23), src), (make_arena(ARENA_BYTES, 24), dst)
+    round_trip(sender, receiver, "after-crossed", *again, has_slot=True)
