@@ -14,6 +14,7 @@ from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
 from distpool.serving.report import format_summary, summarize
 from distpool.serving.run import exit_status
+from transfer import TransferOptions
 
 NEW_TOKENS = 16
 VOCAB = 1000
@@ -107,7 +108,7 @@ class ScriptedServer(Server):
     function of the prompt, `fail` lists request ids that fail."""
 
     def __init__(self, *, fail: frozenset[str] = frozenset(), queue_bound: int = 64) -> None:
-        worker = SimpleNamespace(pool_args=PoolArgs())
+        worker = SimpleNamespace(pool_args=PoolArgs(), transfer=TransferOptions())
         deployment = SimpleNamespace(
             prefill={"prefill-0": None},
             decode={"decode-0": _NoResults()},
