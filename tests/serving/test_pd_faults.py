@@ -189,7 +189,7 @@ def test_a_stopped_decode_worker_is_lost_and_routed_around(ray_session):
     admitted within 60 s" while the other decode worker had room. Now its silence is noticed (a call
     unanswered for `silence_s`, then a ping), it is lost like a dead one, and the run goes on."""
     spec = make_spec(num_prefill=2, num_decode=2)
-    requests = mixed_requests(100, max_new_tokens=16, seed=41)
+    requests = mixed_requests(60, max_new_tokens=12, seed=41)
     stopped = []
 
     def stop(deployment) -> None:
