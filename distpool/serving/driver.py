@@ -40,9 +40,7 @@ class ServeOptions:
     max_attempts: int = 4
     queue_bound: int = 64  # requests admitted into the pipeline at once
     admission_timeout_s: float = 60.0
-    # A call unanswered this long gets its worker pinged; no answer, and the worker is lost
-    # (serving.recovery). None: the transfer timeout.
-    silence_s: float | None = None
+    silence_s: float | None = None  # unanswered this long: ping it (serving.recovery); None: transfer timeout
     seed: int = 0
     progress: bool = True
 
@@ -112,7 +110,10 @@ class Server:
             queue.put_nowait(req)
         workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
         try:
-            await asyncio.gather(*workers)
+            # Not a gather: after Ctrl-C its future would end unread and log a traceback.
+            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a worker that raised: a bug, raised here
             await self.recovery.settle()  # a worker restarting now is reported as it ends up
             # Let each long-poll return before the loop ends: a call left behind would take the
             # results of the next `serve` on this deployment and hand them to nobody.
