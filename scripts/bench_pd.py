@@ -75,7 +75,7 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
         budget = int(args.memory_gib * GIB)
     else:  # what `distpool run` would take: 4 requests at the longest length, within this machine
         budget = default_budget_bytes(spec, pool_args, "synthetic", num_workers=2)
-    return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, cache="synthetic")
+    return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, model_impl="synthetic")
 
 
 def bench(args: argparse.Namespace) -> list[dict]:
@@ -127,7 +127,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 worker_stats=worker_stats(deployment),
                 parity=(0, 0),
                 wall_s=0.0,
-                cache="synthetic",
+                model_impl="synthetic",
                 link=link,
             )
             if report["failed"] or report["corrupt_envelopes"]:

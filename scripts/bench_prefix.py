@@ -110,7 +110,7 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
     if failed:
         raise RuntimeError(f"{name}: {len(failed)} requests failed: {failed[:3]}")
     mismatches = 0
-    if config.cache == "reference":  # token parity with the no-cache oracle
+    if config.model_impl == "reference":  # token parity with the no-cache oracle
         oracle = ReferenceModel(config.spec, seed=config.seed)
         expected = {r.request_id: oracle.generate_nocache(r.prompt, r.max_new_tokens) for r in requests}
         mismatches = sum(expected[rid] != o.tokens for rid, o in by_id.items())

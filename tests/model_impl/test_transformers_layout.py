@@ -37,7 +37,7 @@ def test_the_pools_hold_what_the_modules_keep_in_transformers_convention(hf_chec
     assert (impl.spec.full_attention_layers, impl.spec.mamba_layers) == ((1,), (0, 2))
     model = load_model(impl.hf, device="cpu", seed=0, attention="sdpa")
     tensors = [*model.parameters(), *model.buffers()]  # float64 weights, the rotary table's buffer
-    assert impl.weight_bytes == sum(t.numel() * t.element_size() for t in tensors) > 8 * 35_000
+    assert impl.hf.weight_bytes == sum(t.numel() * t.element_size() for t in tensors) > 8 * 35_000
     # Jamba's Mamba1 scan keeps its state in the compute dtype when that is wider than float32.
     jamba = resolve_implementation(hf_checkpoints["jamba"] / "config.json", "transformers", dtype="float64")
     assert jamba.spec.mamba.tensors[1] == StateTensorSpec(name="ssm", shape=(64, 8), dtype="float64")

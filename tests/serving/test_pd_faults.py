@@ -94,9 +94,9 @@ def test_refusals_exit_2_before_any_actor_exists(config, expected):
 )
 def test_models_the_reference_model_cannot_run_are_refused_before_ray_starts(config, expected):
     fixture = FIXTURES / config
-    proc = run_cli("--model", str(fixture), "--memory-gib", "2", "--cache", "reference")
+    proc = run_cli("--model", str(fixture), "--memory-gib", "2", "--model-impl", "reference")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert expected in proc.stderr and "--cache synthetic" in proc.stderr
+    assert expected in proc.stderr and "--model-impl synthetic" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "Started a local Ray" not in proc.stdout + proc.stderr
 

@@ -27,6 +27,7 @@ class HFSource:
     path: str  # the folder holding config.json (and the weights), or a config file (dummy weights)
     load_format: str  # "safetensors" | "dummy"
     dtype: str  # float64 | float32 | bfloat16 | float16
+    weight_bytes: int = 0  # one copy of the weights in `dtype` (what each process that loads it holds)
 
     def __post_init__(self) -> None:
         assert self.load_format in LOAD_FORMATS[1:], self.load_format
