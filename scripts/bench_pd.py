@@ -85,6 +85,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
     from distpool.serving.deployment import Deployment, DeploymentSpec
     from distpool.serving.driver import ServeOptions, Server
     from distpool.serving.output import check_output_path
+    from distpool.serving.parity import Parity
     from distpool.serving.preflight import check_fits_this_machine
     from distpool.serving.report import summarize
     from distpool.serving.run import measure_links, worker_stats
@@ -125,7 +126,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 outcomes,
                 retried=server.retried,
                 worker_stats=worker_stats(deployment),
-                parity=(0, 0),
+                parity=Parity(),
                 wall_s=0.0,
                 model_impl="synthetic",
                 link=link,

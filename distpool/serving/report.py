@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from distpool.serving.outcome import Outcome
+from distpool.serving.parity import Parity
 
 TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
 
@@ -42,11 +43,12 @@ def summarize(
     *,
     retried: int,
     worker_stats: list[dict],
-    parity: tuple[int, int],
+    parity: Parity,
     wall_s: float,
     workers_lost: int = 0,
     workers_restarted: int = 0,
-    cache: str = "reference",
+    model_impl: str = "reference",
+    dtype: str = "float64",
     link: dict | None = None,
     multi_turn: dict | None = None,
 ) -> dict:
@@ -61,15 +63,17 @@ def summarize(
     transfer_gbps = moved / seconds / 1e9 if seconds else 0.0
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     return {
-        "cache": cache,
+        "model_impl": model_impl,
+        "dtype": dtype,
         "requests": len(outcomes),
         "completed": len(done),
         "failed": len(outcomes) - len(done),
         "retried": retried,
         "workers_lost": workers_lost,
         "workers_restarted": workers_restarted,
-        "parity_checked": parity[0],
-        "parity_mismatches": parity[1],
+        "parity_checked": parity.checked,
+        "parity_mismatches": parity.mismatches,
+        "parity_near_ties": parity.near_ties,  # differed where the oracle's top-2 margin was < 1e-4
         "verified_envelopes": sum(s.get("verified_envelopes", 0) for s in worker_stats),
         "corrupt_envelopes": sum(s.get("corrupt_envelopes", 0) for s in worker_stats),
         "transfer_bytes": moved,
@@ -102,7 +106,7 @@ def summarize(
         "leaked_pages": sum(s["pages_used"] for s in worker_stats),
         "leaked_slots": sum(s["slots_used"] for s in worker_stats),
         "workers": worker_stats,
-        "errors": sorted({o.error for o in outcomes if o.tokens is None and o.error})[:10],
+        "errors": [*parity.notes, *sorted({o.error for o in outcomes if o.tokens is None and o.error})][:10],
         **({"multi_turn": multi_turn} if multi_turn is not None else {}),
     }
 
@@ -127,22 +131,26 @@ def format_summary(report: dict) -> str:
     breakdown = report["ttft_breakdown_ms"]
     verified = (
         f"{report['verified_envelopes']} / {report['corrupt_envelopes']}"
-        if report["cache"] == "synthetic"
-        else "- (reference model: parity instead)"
+        if report["model_impl"] == "synthetic"
+        else f"- ({report['model_impl']}: parity instead)"
     )
     utilization = (
         f"{report['transfer_gbps']:.2f} / {report['link_gbps']:.2f} GB/s = {report['link_utilization']:.2f} "
         f"(raw: {_mib(report['link_message_bytes'])} messages)"
     )
     rows = [
-        ("cache", report["cache"]),
+        ("model implementation", f"{report['model_impl']}, {report['dtype']}"),
         ("requests", report["requests"]),
         ("completed", report["completed"]),
         ("failed", report["failed"]),
         ("retried", report["retried"]),
         *_conversation_rows(report.get("multi_turn")),
         ("workers lost / restarted", f"{report['workers_lost']} / {report['workers_restarted']}"),
-        ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
+        (
+            "parity checked / mismatches",
+            f"{report['parity_checked']} / {report['parity_mismatches']}"
+            f" ({report['parity_near_ties']} near ties)",
+        ),
         ("envelopes verified / corrupt", verified),
         ("TTFT p50 / p99 (ms)", f"{report['ttft_ms_p50']:.1f} / {report['ttft_ms_p99']:.1f}"),
         *(

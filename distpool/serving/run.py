@@ -8,6 +8,7 @@ command line and validates everything before calling `run`.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 
@@ -18,8 +19,8 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
-from distpool.serving.output import write_json
-from distpool.serving.parity import check_parity
+from distpool.serving.output import write_json, write_text
+from distpool.serving.parity import Parity, check_parity
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
 from distpool.worker.base import BANDS
@@ -104,13 +105,19 @@ def run(
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
+    outputs_path: str | None = None,
     metrics_port: int | None = None,
 ) -> int:
     """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
-    summary is always printed and written, also when workers died."""
+    summary is always printed and written, also when workers died; `outputs_path` gets one JSON line
+    per completed request (`outputs_text`)."""
     where = address or "an embedded local Ray cluster"
-    cache = spec.worker.cache
-    what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
+    model_impl, dtype = spec.worker.model_impl, spec.worker.dtype
+    what = {
+        "synthetic": "synthetic cache, every envelope byte-verified",
+        "reference": "reference model",
+        "transformers": f"transformers runner ({spec.worker.hf.path if spec.worker.hf else ''})",
+    }[model_impl] + f", {dtype}"
     served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
     print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {served}; {what}", flush=True)
     if metrics_port is not None and not ray.is_initialized() and not address:
@@ -138,13 +145,14 @@ def run(
         link = measure_links(deployment, outcomes)
         stats = worker_stats(deployment)
         drop_prefix_caches(deployment, stats)
+        # multi-turn: the prompts each turn was actually served with, later turns first
+        realized = feed.latest_turns_first() if feed is not None else requests
+        outputs = outputs_text(feed.served if feed is not None else requests, outcomes)
         try:
-            # multi-turn: the prompts each turn was actually served with, later turns first
-            realized = feed.latest_turns_first() if feed is not None else requests
             parity = check_parity(spec, realized, outcomes, parity_sample)
         except Exception as exc:  # the run's own figures stand without it: say so, keep the summary
             print(f"distpool: warning: parity check not run: {one_line(exc)}", flush=True)
-            parity = (0, 0)
+            parity = Parity()
         report = summarize(
             outcomes,
             retried=server.retried,
@@ -153,7 +161,8 @@ def run(
             wall_s=wall_s,
             workers_lost=len(server.recovery.lost),
             workers_restarted=len(server.recovery.restarted),
-            cache=cache,
+            model_impl=model_impl,
+            dtype=dtype,
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
         )
@@ -163,13 +172,29 @@ def run(
         if owns_ray:
             ray.shutdown()
     print(format_summary(report), flush=True)
-    if json_path:
+    written = [(json_path, "--json", lambda path: write_json(path, report))]
+    written.append((outputs_path, "--outputs", lambda path: write_text(path, outputs)))
+    for path, flag, write in written:
+        if not path:
+            continue
         try:
-            write_json(json_path, report)
+            write(path)
         except OSError as exc:  # checked before the run (output.py); the disk may have filled since
-            print(f"distpool: error: --json {json_path} not written: {exc.strerror or exc}", file=sys.stderr)
+            print(f"distpool: error: {flag} {path} not written: {exc.strerror or exc}", file=sys.stderr)
             return 1
     return exit_status(report)
+
+
+def outputs_text(served: list[Request], outcomes: list[Outcome]) -> str:
+    """`--outputs`: one JSON line per completed request, in the order served: its id, the prompt
+    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only."""
+    tokens = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
+    lines = (
+        json.dumps({"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]})
+        for r in served
+        if r.request_id in tokens
+    )
+    return "".join(f"{line}\n" for line in lines)
 
 
 def exit_status(report: dict) -> int:
@@ -180,7 +205,7 @@ def exit_status(report: dict) -> int:
     skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
     healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0
-    if report["cache"] == "synthetic":
+    if report["model_impl"] == "synthetic":
         healthy = healthy and report["verified_envelopes"] >= report["completed"]
     if not (healthy and report["leaked_pages"] == 0 and report["leaked_slots"] == 0):
         return 1

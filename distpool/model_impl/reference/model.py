@@ -132,6 +132,10 @@ class ReferenceModel(PoolModel):
             kv = {i: (torch.cat([k, rest[i][0]]), torch.cat([v, rest[i][1]])) for i, (k, v) in kv.items()}
         return logits, kv, states, snapshot
 
+    def next_token_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The logits (vocab,) after `tokens`, from zero state and no cache: the oracle's view."""
+        return self._forward_sequence(tokens)[0]
+
     def generate_nocache(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
         """The oracle: full recompute from zero state for every new token, no cache at all."""
         tokens = list(prompt)
