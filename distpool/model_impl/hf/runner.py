@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.hf.layout import check_allocation, runner_spec
 from distpool.model_impl.hf.loader import cache_argument, load_model
 from distpool.model_impl.hf.paged_attention import PAGED_ATTENTION, PagedBatch, paged_forward
@@ -100,10 +101,6 @@ class TransformersRunner(PoolModel):
         assert_states_kept(cache, states)
         return out.logits[:, -1].float()
 
-    def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
-        if any(not 0 <= t < self.vocab_size for t in tokens):
-            raise ValueError(f"{what} has token ids outside [0, {self.vocab_size}): {list(tokens)}")
-
     # ---- prefill ------------------------------------------------------------------------------
     def prefill(
         self,
@@ -128,7 +125,7 @@ class TransformersRunner(PoolModel):
             num_slots=next(iter(slots.segments.values())).shape[0],
         )
         for job in jobs:
-            self._check_tokens(job.prompt, "prompt")
+            check_token_ids(job.prompt, self.vocab_size, "prompt")
         firsts = [self._prefill_one(pool, slots, job) for job in jobs]
         self.last_prefill_computed = tuple(job.num_computed for job in jobs)
         return firsts
@@ -161,24 +158,10 @@ class TransformersRunner(PoolModel):
     def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
         """One greedy token for each request, as one batch. Each request was prefilled and then
         extended by one token (`pool.extend(rid, 1)`) for the token it is fed (`last_tokens`)."""
-        if len(request_ids) != len(last_tokens):
-            raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
-        if len(set(request_ids)) != len(request_ids):
-            raise ValueError(f"a decode batch names a request twice: {list(request_ids)}")
-        if not request_ids:
+        job = plan_decode(pool, request_ids, last_tokens, self.vocab_size)
+        if job is None:
             return []
-        self._check_tokens(last_tokens, "last_tokens")
-        num_tokens = torch.tensor([pool.num_tokens(r) for r in request_ids])
-        if bool((num_tokens < 2).any()):
-            raise ValueError(
-                f"decode_step needs prefilled requests extended by one token; {list(request_ids)} hold"
-                f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step"
-            )
-        tables = [pool.page_ids(r).cpu() for r in request_ids]
-        width = max(len(t) for t in tables)
-        # (B, width), padded with each request's own first page: padded keys are masked, ids stay valid.
-        page_table = torch.stack([torch.cat([t, t[:1].expand(width - len(t))]) for t in tables])
-        positions = (num_tokens - 1)[:, None]
+        page_table, positions = job.page_table, job.positions[:, None]
         tokens = torch.tensor(list(last_tokens))[:, None]
         slots = SlotStates(pool, self.spec, self.copies)
         slot_ids = [pool.slot_id(r) for r in request_ids]
