@@ -97,3 +97,14 @@ print("LOADED", loaded)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "LOADED []" in proc.stdout
+
+
+def test_outputs_is_checked_before_the_run_and_never_replaces_an_input(capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    assert main(["run", "--prompts", str(prompts), "--outputs", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert "--outputs" in err and "would destroy the input" in err
+    assert prompts.read_text() == '{"prompt_ids": [1, 2, 3]}\n'
+    assert main(["run", "--prompts", str(prompts), "--outputs", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err

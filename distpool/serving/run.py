@@ -19,7 +19,7 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
-from distpool.serving.output import write_json, write_text
+from distpool.serving.output import write_text
 from distpool.serving.parity import Parity, check_parity
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
@@ -116,7 +116,7 @@ def run(
     what = {
         "synthetic": "synthetic cache, every envelope byte-verified",
         "reference": "reference model",
-        "transformers": f"transformers runner ({spec.worker.hf.path if spec.worker.hf else ''})",
+        "transformers": f"transformers runner ({spec.worker.hf and spec.worker.hf.path})",
     }[model_impl] + f", {dtype}"
     served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
     print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {served}; {what}", flush=True)
@@ -172,13 +172,14 @@ def run(
         if owns_ray:
             ray.shutdown()
     print(format_summary(report), flush=True)
-    written = [(json_path, "--json", lambda path: write_json(path, report))]
-    written.append((outputs_path, "--outputs", lambda path: write_text(path, outputs)))
-    for path, flag, write in written:
+    for flag, path, text in (
+        ("--json", json_path, json.dumps(report, indent=2)),
+        ("--outputs", outputs_path, outputs),
+    ):
         if not path:
             continue
         try:
-            write(path)
+            write_text(path, text)
         except OSError as exc:  # checked before the run (output.py); the disk may have filled since
             print(f"distpool: error: {flag} {path} not written: {exc.strerror or exc}", file=sys.stderr)
             return 1
