@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from distpool.memory.describe import format_sizes
 from distpool.memory.sizing import GIB, PoolArgs
 from distpool.memory.tp_sizes import size_tp_pools
-from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import format_presets, preset_rows, resolve_model
+from distpool.model_impl.flags import add_model_impl_arguments, implementation_from
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.model_impl.select import CACHES, choose_cache
+from distpool.model_impl.select import compute_dtype
 from distpool.serving import request_flags
 from distpool.serving.conversation import DEFAULT_TURNS
 from distpool.serving.request_flags import RequestFlags
@@ -93,10 +93,18 @@ def _tp_size(value: str) -> int:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    spec = spec_from_hf(resolve_model(ns.config))
+    # `check` sizes the engine convention (spec_from_hf) unless asked for the transformers runner's.
+    impl = implementation_from(ns, ns.config, auto_transformers=False)
+    args = pool_args_from(ns, ns.disaggregation_mode)
     # --tp N: one rank's pool of an N-rank group, within --memory-gib per rank (N = 1: the one pool)
-    tp = size_tp_pools(spec, pool_args_from(ns, ns.disaggregation_mode), int(ns.memory_gib * GIB), ns.tp)
-    print(json.dumps(tp.summary()) if ns.json else format_sizes(tp.rank, tp))
+    tp = size_tp_pools(impl.spec, args, int(ns.memory_gib * GIB), ns.tp)
+    dtype = compute_dtype(impl.spec, impl.name, impl.hf, args.kv_dtype)
+    summary = {**tp.summary(), "model_impl": impl.name, "dtype": dtype}
+    print(
+        json.dumps(summary)
+        if ns.json
+        else f"{format_sizes(tp.rank, tp)}\nimplementation {impl.name}, {dtype}"
+    )
     return 0
 
 
@@ -122,17 +130,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
     config_path = resolve_model(ns.model)
-    if ns.json is not None:
-        check_output_path(ns.json, "--json", {"--prompts": ns.prompts, "--model": config_path})
-    model = spec_from_hf(config_path)
-    # auto: the reference model where it can run the config, else the synthetic cache (the
-    # configurator's refusals still come first: DeploymentSpec checks the cache after them)
-    cache = choose_cache(model, "auto") if ns.cache == "auto" else ns.cache
+    for path, flag in ((ns.json, "--json"), (ns.outputs, "--outputs")):
+        if path is not None:
+            check_output_path(path, flag, {"--prompts": ns.prompts, "--model": config_path})
+    impl = implementation_from(ns, ns.model, auto_transformers=True)
+    model = impl.spec  # the transformers runner's: from the model's modules
     pool_args = pool_args_from(ns, None)
     budget = (
         int(ns.memory_gib * GIB)
         if ns.memory_gib is not None
-        else default_budget_bytes(model, pool_args, cache, ns.prefill + ns.decode)
+        else default_budget_bytes(model, pool_args, impl.name, ns.prefill + ns.decode)
     )
     worker = WorkerConfig(
         spec=model,
@@ -141,7 +148,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         transfer=transfer,
         device=ns.device,
         seed=ns.seed,
-        cache=cache,
+        model_impl=impl.name,
+        hf=impl.hf,
     )
     unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
     spec = DeploymentSpec.build(
@@ -170,6 +178,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
+        outputs_path=ns.outputs,
         metrics_port=ns.metrics_port,
     )
 
@@ -240,14 +249,6 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds (0.1-3600); default 10 or DISTPOOL_TRANSFER_TIMEOUT_S",
     )
     run.add_argument(
-        "--cache",
-        choices=CACHES,
-        default="auto",
-        help="what fills the pools: the reference model (real tokens, small configs), the synthetic "
-        "cache (any config at its true sizes, every byte verified at decode), or auto: the reference "
-        "model when it can run the config, else synthetic",
-    )
-    run.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -255,7 +256,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", default=None, metavar="PATH", help="write the summary as JSON")
+    run.add_argument(
+        "--outputs",
+        default=None,
+        metavar="PATH.jsonl",
+        help="write each served request's prompt and output ids",
+    )
     add_pool_arguments(run)
+    add_model_impl_arguments(run)
     run.set_defaults(handler=cmd_run)
 
 
@@ -275,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tp", type=_tp_size, default=1, help="tensor-parallel ranks: each rank's page and slot bytes"
     )
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--device", default="auto", help=argparse.SUPPRESS)  # --dtype auto reads it
     add_pool_arguments(check)
+    add_model_impl_arguments(check)
     check.set_defaults(handler=cmd_check)
 
     presets = sub.add_parser("presets", help="list the bundled model presets with their per-request memory")

@@ -75,7 +75,7 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
         budget = int(args.memory_gib * GIB)
     else:  # what `distpool run` would take: 4 requests at the longest length, within this machine
         budget = default_budget_bytes(spec, pool_args, "synthetic", num_workers=2)
-    return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, cache="synthetic")
+    return WorkerConfig(spec=spec, pool_args=pool_args, budget_bytes=budget, model_impl="synthetic")
 
 
 def bench(args: argparse.Namespace) -> list[dict]:
@@ -85,6 +85,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
     from distpool.serving.deployment import Deployment, DeploymentSpec
     from distpool.serving.driver import ServeOptions, Server
     from distpool.serving.output import check_output_path
+    from distpool.serving.parity import Parity
     from distpool.serving.preflight import check_fits_this_machine
     from distpool.serving.report import summarize
     from distpool.serving.run import measure_links, worker_stats
@@ -125,9 +126,9 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 outcomes,
                 retried=server.retried,
                 worker_stats=worker_stats(deployment),
-                parity=(0, 0),
+                parity=Parity(),
                 wall_s=0.0,
-                cache="synthetic",
+                model_impl="synthetic",
                 link=link,
             )
             if report["failed"] or report["corrupt_envelopes"]:

@@ -44,8 +44,8 @@ from distpool.worker.config import WorkerConfig  # noqa: E402
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
 MAX_NEW_TOKENS = 16  # `distpool run`'s default
-SHARED = {"model": "nemotron-h-8b", "requests": 16, "memory_gib": 3.0, "cache": "synthetic"}
-IDENTICAL = {"requests": 48, "prompt_tokens": 64, "memory_gib": 0.25, "cache": "reference"}
+SHARED = {"model": "nemotron-h-8b", "requests": 16, "memory_gib": 3.0, "model_impl": "synthetic"}
+IDENTICAL = {"requests": 48, "prompt_tokens": 64, "memory_gib": 0.25, "model_impl": "reference"}
 
 
 def shared_prefix_case() -> tuple[WorkerConfig, list[Request]]:
@@ -54,7 +54,7 @@ def shared_prefix_case() -> tuple[WorkerConfig, list[Request]]:
         spec=spec,
         pool_args=PoolArgs(enable_unified_memory=True),  # what `run` resolves for hybrid Mamba
         budget_bytes=int(SHARED["memory_gib"] * GIB),
-        cache=SHARED["cache"],
+        model_impl=SHARED["model_impl"],
         seed=SEED,
     )
     requests = workload.generate(
@@ -73,7 +73,7 @@ def identical_case() -> tuple[WorkerConfig, list[Request]]:
         spec=spec,
         pool_args=PoolArgs(enable_unified_memory=True),
         budget_bytes=int(IDENTICAL["memory_gib"] * GIB),
-        cache=IDENTICAL["cache"],
+        model_impl=IDENTICAL["model_impl"],
         seed=SEED,
     )
     prompt = [(7 * t + 3) % spec.vocab_size for t in range(IDENTICAL["prompt_tokens"])]
@@ -110,7 +110,7 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
     if failed:
         raise RuntimeError(f"{name}: {len(failed)} requests failed: {failed[:3]}")
     mismatches = 0
-    if config.cache == "reference":  # token parity with the no-cache oracle
+    if config.model_impl == "reference":  # token parity with the no-cache oracle
         oracle = ReferenceModel(config.spec, seed=config.seed)
         expected = {r.request_id: oracle.generate_nocache(r.prompt, r.max_new_tokens) for r in requests}
         mismatches = sum(expected[rid] != o.tokens for rid, o in by_id.items())

@@ -46,7 +46,7 @@ POOL_CASES = {
 }
 TOKEN_PROMPT_LENS, TOKEN_MAX_NEW, TOKEN_POOL_BYTES = (3, 17, 40, 97), 12, 16 * MIB
 GATHER_PIECE_BYTES, TIMING_REPEATS = 64 * 1024, 5  # 4096 pieces by default: 256 MiB; median of 5 runs
-PD_ARGS = "--model nemotron-h-8b --cache synthetic --device cuda --requests 6 --memory-gib 4".split()
+PD_ARGS = "--model nemotron-h-8b --model-impl synthetic --device cuda --requests 6 --memory-gib 4".split()
 PD_FIELDS = ("completed", "verified_envelopes", "corrupt_envelopes", "transfer_gbps", "link_utilization")
 PD_TIMEOUT_S, GPU2_TIMEOUT_S = 100, 150
 MIN_SUBPROCESS_S = 20  # a subprocess check with less time left fails as out of time

@@ -20,3 +20,12 @@ def ray_session():
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory) -> dict:
+    """A tiny seeded checkpoint folder per architecture the transformers runner serves (float32)."""
+    from tests.hf_checkpoints import ARCHITECTURES, save_checkpoint
+
+    root = tmp_path_factory.mktemp("hf_checkpoints")
+    return {name: save_checkpoint(name, root / name) for name in ARCHITECTURES}

@@ -284,7 +284,7 @@ def test_run_memory_adds_staging_per_peer_the_link_message_the_model_and_the_pro
         spec=spec,
         pool_args=args,
         budget_bytes=3 << 30,
-        cache="synthetic",
+        model_impl="synthetic",
         transfer=TransferOptions(chunk_bytes=16 << 20),
     )
     memory = RunMemory.of(worker, num_prefill=2, num_decode=3)

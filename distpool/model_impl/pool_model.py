@@ -1,5 +1,5 @@
-"""What a worker runs on its pool (the reference model or the synthetic cache), and the generate loop
-both share."""
+"""What a worker runs on its pool (the transformers runner, the reference model or the synthetic
+cache), and the generate loop they share."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Mismatch:
 class PoolModel(ABC):
     """Prefill and decode through a `Pool`; `admit` / `check` verify envelopes where the model can."""
 
-    name: str  # "reference" | "synthetic"
+    name: str  # "transformers" | "reference" | "synthetic"
     verifies: bool  # whether admit / check look at the bytes at all
     # Tokens each request of the last `prefill` call computed (len(prompt) - cached), in batch order.
     last_prefill_computed: tuple[int, ...] = ()

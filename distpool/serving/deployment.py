@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode.worker import DecodeWorker
 from distpool.memory.sizing import size_pools
 from distpool.model.spec import HYBRID_MAMBA
-from distpool.model_impl.select import choose_cache
+from distpool.model_impl.select import choose_model_impl
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 
@@ -46,7 +46,8 @@ class DeploymentSpec:
             )
         for role in ("prefill", "decode"):
             size_pools(self.worker.spec, self.worker.for_role(role), self.worker.budget_bytes)
-        choose_cache(self.worker.spec, self.worker.cache)  # the reference model refuses what it cannot run
+        # the reference model and the transformers runner refuse what they cannot run
+        choose_model_impl(self.worker.spec, self.worker.model_impl, has_weights=self.worker.hf is not None)
 
     @classmethod
     def build(cls, worker: WorkerConfig, *, unified: bool | None = None, **counts) -> DeploymentSpec:

@@ -1,4 +1,4 @@
-"""Files a run writes (`--json`): checked before Ray starts, written whole at the end.
+"""Files a run writes (`--json`, `--outputs`): checked before Ray starts, written whole at the end.
 
 A run takes minutes; a path it cannot write must be refused before it starts, not after it
 finished. And an output must never replace one of the run's own inputs.
@@ -59,14 +59,19 @@ def check_output_path(path: str, flag: str, inputs: Mapping[str, str | Path | No
 
 
 def write_json(path: str | Path, data: object) -> None:
-    """Write `data` as indented JSON: to a new file beside `path`, renamed over it once complete, so
-    a failed write (a full disk) leaves no half file behind. Makes missing folders. Raises OSError."""
+    """Write `data` as indented JSON (`write_text`). Raises OSError."""
+    write_text(path, json.dumps(data, indent=2))
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write `text` to a new file beside `path`, renamed over it once complete, so a failed write (a
+    full disk) leaves no half file behind. Makes missing folders. Raises OSError."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         with open(temporary, "x") as f:  # "x": the usual permissions, and never someone else's file
-            f.write(json.dumps(data, indent=2))
+            f.write(text)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):

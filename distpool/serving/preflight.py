@@ -15,11 +15,12 @@ DEFAULT_SHARE_OF_MEMORY = 0.4  # of this machine's available memory, over all wo
 HOST_SHARE_OF_MEMORY = 0.9  # a run may take this much of the available memory, everything counted
 
 
-def default_budget_bytes(spec: ModelSpec, pool_args: PoolArgs, cache: str, num_workers: int) -> int:
+def default_budget_bytes(spec: ModelSpec, pool_args: PoolArgs, model_impl: str, num_workers: int) -> int:
     """`--memory-gib` when none is given: 256 MiB for the reference model; for the synthetic cache
-    (a real model's sizes), room for 4 requests at full context, in 256 MiB steps, but at most 40% of
-    this machine's available memory split over the workers (and never under 256 MiB)."""
-    if cache != "synthetic":
+    and the transformers runner (a real model's sizes), room for 4 requests at full context, in
+    256 MiB steps, but at most 40% of this machine's available memory split over the workers (and
+    never under 256 MiB)."""
+    if model_impl == "reference":
         return DEFAULT_BUDGET_BYTES
     args = dataclasses.replace(pool_args, disaggregation_mode="decode")
     one = size_pools(spec, args, 1 << 50).request_bytes_at_full_context

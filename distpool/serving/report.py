@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from distpool.serving.outcome import Outcome
+from distpool.serving.parity import Parity
 from distpool.worker.base import BANDS
 
 TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
@@ -55,11 +56,12 @@ def summarize(
     *,
     retried: int,
     worker_stats: list[dict],
-    parity: tuple[int, int],
+    parity: Parity,
     wall_s: float,
     workers_lost: int = 0,
     workers_restarted: int = 0,
-    cache: str = "reference",
+    model_impl: str = "reference",
+    dtype: str = "float64",
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
@@ -82,7 +84,8 @@ def summarize(
     transfer_gbps = moved / seconds / 1e9 if seconds else 0.0
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     return {
-        "cache": cache,
+        "model_impl": model_impl,
+        "dtype": dtype,
         "interrupted": interrupted,
         "requests": len(outcomes) + unfinished,
         "unfinished": unfinished,
@@ -92,8 +95,9 @@ def summarize(
         "workers_lost": workers_lost,
         "workers_restarted": workers_restarted,
         "workers_lost_why": dict(lost_why or {}),
-        "parity_checked": parity[0],
-        "parity_mismatches": parity[1],
+        "parity_checked": parity.checked,
+        "parity_mismatches": parity.mismatches,
+        "parity_near_ties": parity.near_ties,  # differed where the oracle's top-2 margin was < 1e-4
         # what each completed request's decode result said: a restarted worker forgets its own counts
         "verified_envelopes": sum(o.verified for o in done),
         "corrupt_envelopes": sum(o.corrupt for o in outcomes),
@@ -126,7 +130,7 @@ def summarize(
         # still held then belongs to no request and to no cache.
         **leak_counts(worker_stats, unchecked=unchecked),
         "workers": worker_stats,
-        "errors": sorted({o.error for o in outcomes if o.tokens is None and o.error})[:10],
+        "errors": [*parity.notes, *sorted({o.error for o in outcomes if o.tokens is None and o.error})][:10],
         **({"multi_turn": multi_turn} if multi_turn is not None else {}),
     }
 
@@ -168,15 +172,15 @@ def format_summary(report: dict) -> str:
     breakdown = report["ttft_breakdown_ms"]
     verified = (
         f"{report['verified_envelopes']} / {report['corrupt_envelopes']}"
-        if report["cache"] == "synthetic"
-        else "- (reference model: parity instead)"
+        if report["model_impl"] == "synthetic"
+        else f"- ({report['model_impl']}: parity instead)"
     )
     utilization = (
         f"{report['transfer_gbps']:.2f} / {report['link_gbps']:.2f} GB/s = {report['link_utilization']:.2f} "
         f"(raw: {_mib(report['link_message_bytes'])} messages)"
     )
     rows = [
-        ("cache", report["cache"]),
+        ("model implementation", f"{report['model_impl']}, {report['dtype']}"),
         ("requests", report["requests"]),
         *([("interrupted: not finished", report["unfinished"])] if report["interrupted"] else []),
         ("completed", report["completed"]),
@@ -184,7 +188,11 @@ def format_summary(report: dict) -> str:
         ("retried", report["retried"]),
         *_conversation_rows(report.get("multi_turn")),
         ("workers lost / restarted", _lost(report)),
-        ("parity checked / mismatches", f"{report['parity_checked']} / {report['parity_mismatches']}"),
+        (
+            "parity checked / mismatches",
+            f"{report['parity_checked']} / {report['parity_mismatches']}"
+            f" ({report['parity_near_ties']} near ties)",
+        ),
         ("envelopes verified / corrupt", verified),
         ("TTFT p50 / p99 (ms)", f"{report['ttft_ms_p50']:.1f} / {report['ttft_ms_p99']:.1f}"),
         *(

@@ -8,6 +8,7 @@ command line and validates everything before calling `run`.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 
@@ -18,8 +19,8 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
-from distpool.serving.output import write_json
-from distpool.serving.parity import check_parity
+from distpool.serving.output import write_text
+from distpool.serving.parity import Parity, check_parity
 from distpool.serving.recovery import PING_TIMEOUT_S
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
 from distpool.serving.workload import Request
@@ -126,14 +127,20 @@ def run(
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
+    outputs_path: str | None = None,
     metrics_port: int | None = None,
 ) -> int:
     """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
     summary is always printed and written, also when workers died, and after Ctrl-C (of the
-    requests that ended by then: no link measurement, no parity check, leaks unknown)."""
+    requests that ended by then: no link measurement, no parity check, leaks unknown);
+    `outputs_path` gets one JSON line per completed request (`outputs_text`)."""
     where = address or "an embedded local Ray cluster"
-    cache = spec.worker.cache
-    what = "synthetic cache, every envelope byte-verified" if cache == "synthetic" else "reference model"
+    model_impl, dtype = spec.worker.model_impl, spec.worker.dtype
+    what = {
+        "synthetic": "synthetic cache, every envelope byte-verified",
+        "reference": "reference model",
+        "transformers": f"transformers runner ({spec.worker.hf and spec.worker.hf.path})",
+    }[model_impl] + f", {dtype}"
     served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
     print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {served}; {what}", flush=True)
     if metrics_port is not None and not ray.is_initialized() and not address:
@@ -142,7 +149,7 @@ def run(
     feed = TurnFeed(requests) if isinstance(requests, MultiTurn) else None
     deployment = server = None
     started, wall_s, interrupted, drained = time.monotonic(), 0.0, False, False
-    link, stats, parity = link_summary([], {}, 0), [], (0, 0)
+    link, stats, parity = link_summary([], {}, 0), [], Parity()
     try:
         try:
             if owns_ray:
@@ -168,6 +175,7 @@ def run(
                 pass
         outcomes = sorted(server.outcomes, key=lambda o: o.request_id) if server is not None else []
         total = server.total if server is not None and server.total else initial_count(requests)
+        outputs = outputs_text(feed.served if feed is not None else requests, outcomes)
         report = summarize(
             outcomes,
             retried=server.retried if server is not None else 0,
@@ -177,7 +185,8 @@ def run(
             workers_lost=len(server.recovery.lost) if server is not None else 0,
             workers_restarted=len(server.recovery.restarted) if server is not None else 0,
             lost_why=server.recovery.why if server is not None else None,
-            cache=cache,
+            model_impl=model_impl,
+            dtype=dtype,
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
             # Memory held by requests still in flight is no leak: before the drain, leaks go unread.
@@ -193,11 +202,16 @@ def run(
         if owns_ray:
             ray.shutdown()
     print(format_summary(report), flush=True)
-    if json_path:
+    for flag, path, text in (
+        ("--json", json_path, json.dumps(report, indent=2)),
+        ("--outputs", outputs_path, outputs),
+    ):
+        if not path:
+            continue
         try:
-            write_json(json_path, report)
+            write_text(path, text)
         except OSError as exc:  # checked before the run (output.py); the disk may have filled since
-            print(f"distpool: error: --json {json_path} not written: {exc.strerror or exc}", file=sys.stderr)
+            print(f"distpool: error: {flag} {path} not written: {exc.strerror or exc}", file=sys.stderr)
             return 1
     return exit_status(report)
 
@@ -207,16 +221,26 @@ def initial_count(requests: list[Request] | MultiTurn) -> int:
     return len(requests.conversations) if isinstance(requests, MultiTurn) else len(requests)
 
 
-def parity_of(
-    spec: DeploymentSpec, realized: list[Request], outcomes: list[Outcome], sample: int
-) -> tuple[int, int]:
+def parity_of(spec: DeploymentSpec, realized: list[Request], outcomes: list[Outcome], sample: int) -> Parity:
     """`check_parity` (multi-turn: `realized` holds the prompts each turn was served with, later turns
-    first), or (0, 0) with a warning when it cannot run: the run's own figures stand without it."""
+    first), or no figures with a warning when it cannot run: the run's own figures stand without it."""
     try:
         return check_parity(spec, realized, outcomes, sample)
     except Exception as exc:
         print(f"distpool: warning: parity check not run: {one_line(exc)}", flush=True)
-        return 0, 0
+        return Parity()
+
+
+def outputs_text(served: list[Request], outcomes: list[Outcome]) -> str:
+    """`--outputs`: one JSON line per completed request, in the order served: its id, the prompt
+    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only."""
+    tokens = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
+    lines = (
+        json.dumps({"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]})
+        for r in served
+        if r.request_id in tokens
+    )
+    return "".join(f"{line}\n" for line in lines)
 
 
 def exit_status(report: dict) -> int:
@@ -230,7 +254,7 @@ def exit_status(report: dict) -> int:
     skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
     healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0
-    if report["cache"] == "synthetic":
+    if report["model_impl"] == "synthetic":
         healthy = healthy and report["verified_envelopes"] >= report["completed"]
     # Leaks: the totals, or (when some worker could not be read) what the workers that were read hold.
     held = [report["leaked_pages"], report["leaked_slots"]]

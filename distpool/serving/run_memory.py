@@ -7,8 +7,9 @@ counts all of it (upper bounds, from the sizes alone):
             + transfer staging: PIPELINE_DEPTH chunk buffers per channel end (one end per peer)
             + the raw link measurement: one envelope-sized message at each end of a channel, one
               channel at a time (at most a request at --context-len)
-            + what its model holds: the reference model's float64 weights, or the synthetic
-              cache's base patterns (a slot's worth of state words and one token of KV per layer)
+            + what its model holds: the transformers runner's weights (one copy per process), the
+              reference model's float64 weights, or the synthetic cache's base patterns (a slot's
+              worth of state words and one token of KV per layer)
             + the arena's compaction staging (SLIDE_STAGING_BYTES)
             + the process itself (Python, torch, Ray's core worker)
     driver  = the parity pool (one request at --context-len: parity.parity_pool_sizes)
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from distpool.memory.arena import SLIDE_STAGING_BYTES
 from distpool.memory.sizing import GIB, size_pools
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.hf.source import HFSource
 from distpool.model_impl.reference.support import approx_params
 from distpool.serving.parity import parity_pool_sizes
 from distpool.worker.config import WorkerConfig
@@ -33,11 +35,17 @@ from transfer.staging import PIPELINE_DEPTH
 PROCESS_BYTES = 400 << 20  # a worker's or the driver's own RSS beside its buffers: ~330 MB measured
 RAY_BYTES = 768 << 20  # the embedded cluster's own processes: 580-710 MB measured
 REFERENCE_WEIGHT_BYTES = 8  # the reference model keeps its weights in float64
+# transformers and a model's modeling code, imported by each process of a transformers run: ~135 MB
+# measured (RSS after building a tiny runner, against a worker's imports alone)
+TRANSFORMERS_BYTES = 192 << 20
 
 
-def model_bytes(spec: ModelSpec, cache: str) -> int:
-    """What the model of `cache` holds in a process beside the pool."""
-    if cache == "reference":
+def model_bytes(spec: ModelSpec, model_impl: str, hf: HFSource | None = None) -> int:
+    """What the model implementation holds in a process beside the pool (the driver's parity
+    oracle of the transformers runner holds one more copy of its weights)."""
+    if hf is not None:
+        return hf.weight_bytes + TRANSFORMERS_BYTES
+    if model_impl == "reference":
         return approx_params(spec) * REFERENCE_WEIGHT_BYTES
     return spec.slot_bytes + spec.full_kv_bytes_per_token + spec.swa_kv_bytes_per_token
 
@@ -59,7 +67,7 @@ class RunMemory:
     ) -> RunMemory:
         spec = worker.spec
         envelope = size_pools(spec, worker.for_role("decode"), 1 << 50).request_bytes_at_full_context
-        model = model_bytes(spec, worker.cache)
+        model = model_bytes(spec, worker.model_impl, worker.hf)
         common = worker.budget_bytes + envelope + model + SLIDE_STAGING_BYTES + PROCESS_BYTES
         staging = PIPELINE_DEPTH * worker.transfer.chunk_bytes  # per channel end
         parity = parity_pool_sizes(worker, worker.pool_args.context_len).budget_bytes

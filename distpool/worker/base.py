@@ -1,4 +1,4 @@
-"""What prefill and decode workers share: one pool, the cache model, channels to peers, stats.
+"""What prefill and decode workers share: one pool, the model implementation, channels to peers, stats.
 
 Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
 """
@@ -14,7 +14,7 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
 from distpool.memory.sizing import size_pools
-from distpool.model_impl.select import build_cache
+from distpool.model_impl.select import build_model_impl
 from distpool.worker.config import WorkerConfig
 from distpool.worker.metrics import WorkerMetrics
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
@@ -46,8 +46,10 @@ class WorkerBase:
         self.name = name
         self.config = config
         self.device = resolve_device(config.device)
-        # What fills the pool: the reference model (real tokens) or the synthetic cache (real sizes).
-        self.model = build_cache(config.spec, cache=config.cache, seed=config.seed, device=self.device)
+        # What computes in the pool: transformers' modeling code, the reference model or the synthetic cache.
+        self.model = build_model_impl(
+            config.spec, model_impl=config.model_impl, seed=config.seed, device=self.device, hf=config.hf
+        )
         self.sizes = size_pools(config.spec, config.for_role(self.role), config.budget_bytes)
         built = build_pool(self.sizes, self.device)
         self.pool: Pool = built

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import ModelSpec
-from distpool.model_impl.select import CACHES
+from distpool.model_impl.hf.source import HFSource
+from distpool.model_impl.select import MODEL_IMPLS, compute_dtype
 from transfer import TransferOptions
 
 DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here
 DEVICES = ("auto", "cpu", "cuda")
-RESOLVED_CACHES = tuple(c for c in CACHES if c != "auto")  # what a worker runs: auto is chosen earlier
+RESOLVED_MODEL_IMPLS = MODEL_IMPLS[1:]  # what a worker runs: auto is chosen earlier
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class WorkerConfig:
     transfer: TransferOptions = field(default_factory=TransferOptions)
     device: str = "auto"  # auto: a GPU when the worker has one
     seed: int = 0
-    cache: str = "reference"  # what fills the pools (RESOLVED_CACHES): real tokens, or any size
+    model_impl: str = "reference"  # what computes in the pools (RESOLVED_MODEL_IMPLS)
+    hf: HFSource | None = None  # the transformers runner's weights (each worker loads its own copy)
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
@@ -39,8 +41,13 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
-        if self.cache not in RESOLVED_CACHES:
-            raise ValueError(f"the cache must be one of {', '.join(RESOLVED_CACHES)}; got {self.cache!r}")
+        if self.model_impl not in RESOLVED_MODEL_IMPLS:
+            raise ValueError(
+                f"the model implementation must be one of {', '.join(RESOLVED_MODEL_IMPLS)}; "
+                f"got {self.model_impl!r}"
+            )
+        if (self.model_impl == "transformers") != (self.hf is not None):
+            raise ValueError("the transformers runner, and it alone, needs the source of its weights (hf)")
         kind, colon, index = self.device.partition(":")
         if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
             # torch accepts cpu:1, but a CPU pool has no index to place by: every request would fail
@@ -49,6 +56,11 @@ class WorkerConfig:
                 f"--device must be one of {', '.join(DEVICES)} (cuda:N too; a CPU has no index); "
                 f"got {self.device!r}"
             )
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the model implementation computes in (what the summary reports)."""
+        return compute_dtype(self.spec, self.model_impl, self.hf, self.pool_args.kv_dtype)
 
     def for_role(self, role: str | None) -> PoolArgs:
         """The pool arguments of a worker in `role` ("prefill", "decode", or None: colocated)."""

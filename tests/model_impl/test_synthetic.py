@@ -15,7 +15,7 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import AttentionSpec, ModelSpec
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
-from distpool.model_impl.select import CACHES, build_cache, choose_cache
+from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
 from distpool.model_impl.synthetic.model import Mismatch, SyntheticCache
 from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes
 from tests.factories import FIXTURES, accounting, make_pool, make_spec
@@ -280,16 +280,17 @@ def test_generate_releases_and_forgets_when_a_step_fails() -> None:
         cache.check(pool, "synthetic-0")
 
 
-def test_the_cache_is_chosen_from_the_spec_and_the_name() -> None:
+def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
     hybrid, dense = spec_from_hf(REFERENCE_HYBRID_CONFIG), spec_from_hf(FIXTURES / "llama3.json")
-    assert choose_cache(hybrid, "auto") == "reference" and choose_cache(dense, "auto") == "synthetic"
-    assert choose_cache(hybrid, "synthetic") == choose_cache(dense, "synthetic") == "synthetic"
+    auto = (choose_model_impl(hybrid, "auto"), choose_model_impl(dense, "auto"))
+    assert auto == ("reference", "synthetic")
+    assert choose_model_impl(hybrid, "synthetic") == choose_model_impl(dense, "synthetic") == "synthetic"
     with pytest.raises(ValueError, match="hybrid Mamba2 models only"):
-        choose_cache(dense, "reference")
-    with pytest.raises(ValueError, match=", ".join(CACHES)):
-        choose_cache(hybrid, "real")
-    reference = build_cache(hybrid, cache="auto", seed=0, device="cpu")
-    synthetic = build_cache(dense, cache="auto", seed=3, device="cpu")
+        choose_model_impl(dense, "reference")
+    with pytest.raises(ValueError, match=", ".join(MODEL_IMPLS)):
+        choose_model_impl(hybrid, "real")
+    reference = build_model_impl(hybrid, model_impl="auto", seed=0, device="cpu")
+    synthetic = build_model_impl(dense, model_impl="auto", seed=3, device="cpu")
     assert (type(reference), reference.name, reference.verifies) == (ReferenceModel, "reference", False)
     assert (type(synthetic), synthetic.name, synthetic.verifies) == (SyntheticCache, "synthetic", True)
     assert synthetic.seed == 3 and synthetic.vocab_size == dense.vocab_size

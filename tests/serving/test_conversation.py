@@ -12,6 +12,7 @@ from distpool.memory.sizing import PoolArgs
 from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
+from distpool.serving.parity import Parity
 from distpool.serving.report import format_summary, summarize
 from distpool.serving.run import exit_status
 from transfer import TransferOptions
@@ -180,7 +181,7 @@ def test_a_failed_turn_ends_its_conversation_and_the_rest_is_reported_skipped():
     summary = feed.summary()
     assert (summary["conversations_completed"], summary["turns_completed"]) == (2, 9)
     assert (summary["turns_served"], summary["turns_skipped"]) == (10, 2)
-    report = summarize(outcomes, retried=0, worker_stats=[], parity=(0, 0), wall_s=1.0, multi_turn=summary)
+    report = summarize(outcomes, retried=0, worker_stats=[], parity=Parity(), wall_s=1.0, multi_turn=summary)
     assert (report["requests"], report["failed"]) == (10, 1)
     assert exit_status(report) == 1
     text = format_summary(report)
@@ -189,7 +190,7 @@ def test_a_failed_turn_ends_its_conversation_and_the_rest_is_reported_skipped():
 
 
 def test_a_skipped_turn_alone_fails_the_run():
-    report = summarize([], retried=0, worker_stats=[], parity=(0, 0), wall_s=1.0, multi_turn=None)
+    report = summarize([], retried=0, worker_stats=[], parity=Parity(), wall_s=1.0, multi_turn=None)
     assert exit_status(report) == 0 and "multi_turn" not in report
     report["multi_turn"] = {"turns_skipped": 1}
     assert exit_status(report) == 1

@@ -12,14 +12,22 @@ pytestmark = pytest.mark.ray
 
 
 def test_multi_turn_run_serves_every_turn_and_parity_holds(ray_session, tmp_path):
-    path = tmp_path / "run.json"
+    path, outputs = tmp_path / "run.json", tmp_path / "outputs.jsonl"
     status = main(
         ["run", "--workload", "multi-turn", "--requests", "4", "--turns", "2", "--max-new-tokens", "6"]
-        + ["--decode", "2"]
+        + ["--decode", "2", "--outputs", str(outputs)]
         + ["--context-len", "4096", "--memory-gib", "0.0625", "--parity-sample", "4", "--json", str(path)]
     )
     report = json.loads(path.read_text())
     assert status == 0, report["errors"]
+    # --outputs: every turn as served, its whole prompt (a later turn carries the earlier reply)
+    lines = {line["id"]: line for line in map(json.loads, outputs.read_text().splitlines())}
+    assert sorted(lines) == ["conv-00000-t000", "conv-00000-t001", "conv-00001-t000", "conv-00001-t001"]
+    for conversation in ("conv-00000", "conv-00001"):
+        first, second = lines[f"{conversation}-t000"], lines[f"{conversation}-t001"]
+        assert len(first["output_ids"]) == len(second["output_ids"]) == 6
+        turn_one = first["prompt_ids"] + first["output_ids"]
+        assert second["prompt_ids"][: len(turn_one)] == turn_one
     assert report["multi_turn"] == {
         "conversations": 2,
         "conversations_completed": 2,

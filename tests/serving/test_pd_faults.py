@@ -14,7 +14,7 @@ import pytest
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
-from distpool.serving.parity import colocated_tokens
+from distpool.serving.parity import Parity, colocated_tokens
 from distpool.serving.run import worker_stats
 from tests.factories import FIXTURES
 from tests.serving import helpers
@@ -112,9 +112,9 @@ def test_refusals_exit_2_before_any_actor_exists(config, expected):
 )
 def test_models_the_reference_model_cannot_run_are_refused_before_ray_starts(config, expected):
     fixture = FIXTURES / config
-    proc = run_cli("--model", str(fixture), "--memory-gib", "2", "--cache", "reference")
+    proc = run_cli("--model", str(fixture), "--memory-gib", "2", "--model-impl", "reference")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert expected in proc.stderr and "--cache synthetic" in proc.stderr
+    assert expected in proc.stderr and "--model-impl synthetic" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "Started a local Ray" not in proc.stdout + proc.stderr
 
@@ -170,11 +170,11 @@ def test_a_restarted_decode_workers_first_life_still_counts_in_the_summary(ray_s
         server.outcomes,
         retried=server.retried,
         worker_stats=stats,
-        parity=(0, 0),
+        parity=Parity(),
         wall_s=1.0,
         workers_lost=len(server.recovery.lost),
         workers_restarted=len(server.recovery.restarted),
-        cache="synthetic",
+        model_impl="synthetic",
     )
     assert report["completed"] == len(requests), report["errors"]
     # The workers' own counters lost decode-0's first life; the summary did not.

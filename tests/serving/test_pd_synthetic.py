@@ -37,7 +37,7 @@ def synthetic_spec(**counts) -> DeploymentSpec:
         pool_args=PoolArgs(page_size=16, context_len=512),
         budget_bytes=32 << 20,
         transfer=TransferOptions(timeout_s=10),
-        cache="synthetic",
+        model_impl="synthetic",
     )
     return DeploymentSpec.build(worker, **counts)
 
@@ -49,7 +49,7 @@ def test_run_reports_verification_link_utilization_and_ttft_parts(ray_session, t
     status = run(spec, requests, address=None, parity_sample=3, json_path=str(path))
     report = json.loads(path.read_text())
     assert status == exit_status(report) == 0, report["errors"]
-    assert report["cache"] == "synthetic"
+    assert report["model_impl"] == "synthetic"
     assert report["completed"] == 12 and report["verified_envelopes"] >= 12
     assert report["corrupt_envelopes"] == 0 and report["parity_mismatches"] == 0
     slot = size_pools(spec.worker.spec, spec.worker.for_role("decode"), spec.worker.budget_bytes).slot_bytes
@@ -113,7 +113,7 @@ def test_a_config_outside_the_presets_runs_at_its_true_size_with_metrics_served(
         assert f"ray_distpool_{name}" in seen, name
     report = json.loads(out.read_text())
     slot = size_pools(spec_from_hf(config), PoolArgs(disaggregation_mode="decode"), 1 << 30).slot_bytes
-    assert report["cache"] == "synthetic" and report["completed"] == 6
+    assert report["model_impl"] == "synthetic" and report["completed"] == 6
     assert report["verified_envelopes"] >= 6 and report["corrupt_envelopes"] == 0
     assert report["transfer_bytes_p50"] >= slot > 100 << 20
     assert report["link_utilization"] > 0
@@ -129,7 +129,7 @@ def test_the_parity_pool_holds_one_sampled_request_not_a_whole_worker_budget(uni
 
     spec = spec_from_hf(resolve_model("nemotron-h-56b"))
     args = PoolArgs(enable_unified_memory=unified, mamba_state_ratio=0.5)
-    worker = WorkerConfig(spec=spec, pool_args=args, budget_bytes=2 << 30, cache="synthetic")
+    worker = WorkerConfig(spec=spec, pool_args=args, budget_bytes=2 << 30, model_impl="synthetic")
     sizes = parity_pool_sizes(worker, longest_tokens=112)  # a mixed prompt of 96 and 16 new tokens
     assert sizes.requests_at_full_context >= 1 and sizes.args.context_len == 112
     one_request = spec.slot_bytes + 7 * sizes.page_stride_bytes  # 112 tokens: 7 pages of 16

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from distpool.serving.outcome import Outcome
+from distpool.serving.parity import Parity
 from distpool.serving.report import format_summary, summarize
 from distpool.serving.run import exit_status
 
@@ -37,11 +38,11 @@ def test_a_restarted_workers_verifications_are_counted_from_the_results():
         outcomes,
         retried=2,
         worker_stats=stats,
-        parity=(0, 0),
+        parity=Parity(),
         wall_s=1.0,
         workers_lost=1,
         workers_restarted=1,
-        cache="synthetic",
+        model_impl="synthetic",
     )
     assert report["verified_envelopes"] == report["completed"] == 6
     assert (report["leaked_pages"], report["leaked_slots"], report["leaks_unchecked"]) == (0, 0, {})
@@ -53,7 +54,13 @@ def test_the_leaks_of_a_worker_that_cannot_be_read_are_unknown_not_zero():
     outcomes = [completed("a"), completed("b")]
     stats = [alive("prefill-0", 0), alive("decode-0", 2), dead("decode-1")]
     report = summarize(
-        outcomes, retried=0, worker_stats=stats, parity=(0, 0), wall_s=1.0, workers_lost=1, cache="synthetic"
+        outcomes,
+        retried=0,
+        worker_stats=stats,
+        parity=Parity(),
+        wall_s=1.0,
+        workers_lost=1,
+        model_impl="synthetic",
     )
     assert (report["leaked_pages"], report["leaked_slots"]) == (None, None)
     assert report["leaks_unchecked"] == {"decode-1": "dead"}
@@ -66,6 +73,6 @@ def test_the_leaks_of_a_worker_that_cannot_be_read_are_unknown_not_zero():
 
 def test_a_leak_on_a_worker_that_was_read_fails_the_run_though_another_could_not_be():
     stats = [alive("decode-0", 1) | {"slots_used": 1}, dead("decode-1")]
-    report = summarize([completed("a")], retried=0, worker_stats=stats, parity=(0, 0), wall_s=1.0)
+    report = summarize([completed("a")], retried=0, worker_stats=stats, parity=Parity(), wall_s=1.0)
     assert report["leaked_slots"] is None  # the total is unknown, but decode-0 holds a slot
     assert exit_status(report) == 1

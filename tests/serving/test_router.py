@@ -6,6 +6,7 @@ import pytest
 
 from distpool.serving import workload
 from distpool.serving.outcome import Outcome
+from distpool.serving.parity import Parity
 from distpool.serving.report import percentile, summarize
 from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
 
@@ -194,7 +195,7 @@ def test_summary_counts_and_rates():
         Outcome(request_id="b", error="TransferError: boom"),
     ]
     worker = dict(pages_used=0, slots_used=1)  # still held after the drain: a leaked slot
-    report = summarize(outcomes, retried=2, worker_stats=[worker], parity=(1, 0), wall_s=1.0)
+    report = summarize(outcomes, retried=2, worker_stats=[worker], parity=Parity(checked=1), wall_s=1.0)
     assert (report["requests"], report["completed"], report["failed"], report["retried"]) == (2, 1, 1, 2)
     assert report["transfer_gbps"] == pytest.approx(1.0)
     assert report["tpot_ms_p50"] == pytest.approx(10.0)

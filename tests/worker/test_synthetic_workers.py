@@ -28,7 +28,7 @@ def synthetic_config(kind: str = HYBRID_MAMBA, *, unified: bool = True) -> Worke
         pool_args=PoolArgs(enable_unified_memory=unified, page_size=4, context_len=128),
         budget_bytes=2 << 20,
         transfer=TransferOptions(timeout_s=5),
-        cache="synthetic",
+        model_impl="synthetic",
     )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import PrefillJob, plan_prefill
 from distpool.model_impl.reference.layers import (
@@ -69,8 +70,7 @@ class ReferenceModel(PoolModel):
         return rms_norm(x, 1.0, self.eps) @ self.lm_head
 
     def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
-        if any(not 0 <= t < self.vocab_size for t in tokens):
-            raise ValueError(f"{what} has token ids outside [0, {self.vocab_size}): {list(tokens)}")
+        check_token_ids(tokens, self.vocab_size, what)
 
     def _forward_sequence(
         self, tokens: Sequence[int], past: Past | None = None
@@ -131,6 +131,10 @@ class ReferenceModel(PoolModel):
             logits, rest, states = self._forward_sequence(job.prompt[stop:], past)
             kv = {i: (torch.cat([k, rest[i][0]]), torch.cat([v, rest[i][1]])) for i, (k, v) in kv.items()}
         return logits, kv, states, snapshot
+
+    def next_token_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The logits (vocab,) after `tokens`, from zero state and no cache: the oracle's view."""
+        return self._forward_sequence(tokens)[0]
 
     def generate_nocache(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
         """The oracle: full recompute from zero state for every new token, no cache at all."""
@@ -214,30 +218,13 @@ class ReferenceModel(PoolModel):
         Each request must have been prefilled and then extended by one token (`pool.extend(rid, 1)`)
         for the token being fed (`last_tokens`); its K/V lands in that new position.
         """
-        if len(request_ids) != len(last_tokens):
-            raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
-        if len(set(request_ids)) != len(request_ids):
-            raise ValueError(f"a decode batch names a request twice: {list(request_ids)}")
-        if not request_ids:
+        job = plan_decode(pool, request_ids, last_tokens, self.vocab_size)
+        if job is None:
             return []
-        self._check_tokens(last_tokens, "last_tokens")
-        page_size = pool.page_size
-        num_tokens = torch.tensor([pool.num_tokens(r) for r in request_ids])
-        if bool((num_tokens < 2).any()):
-            raise ValueError(
-                f"decode_step needs prefilled requests extended by one token; {list(request_ids)} hold"
-                f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step"
-            )
-        tables = [pool.page_ids(r).cpu() for r in request_ids]
-        assert all(len(t) * page_size >= n for t, n in zip(tables, num_tokens.tolist(), strict=True)), (
-            "pool gave too few pages"
-        )
-        max_pages = max(len(t) for t in tables)
-        # (B, max_pages), padded with each request's own first page: padded keys are masked and
-        # the page id stays in range.
-        table = torch.stack([torch.cat([t, t[:1].expand(max_pages - len(t))]) for t in tables])
-        positions = num_tokens - 1
-        new_pages = table[torch.arange(len(tables)), positions // page_size]
+        page_size, table, num_tokens = pool.page_size, job.page_table, job.num_tokens
+        max_pages = table.shape[1]
+        positions = job.positions
+        new_pages = table[torch.arange(len(request_ids)), positions // page_size]
         new_rows = positions % page_size
         valid = torch.arange(max_pages * page_size)[None] < num_tokens[:, None]  # (B, S)
         valid = valid.to(self.device)

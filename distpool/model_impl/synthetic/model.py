@@ -24,6 +24,7 @@ import torch
 
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.decode_job import check_token_ids
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import plan_prefill
 from distpool.model_impl.synthetic.envelope import EnvelopePattern
@@ -227,8 +228,7 @@ class SyntheticCache(PoolModel):
             raise ValueError(f"a batch names a request twice: {list(request_ids)}")
 
     def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
-        if any(not 0 <= t < self.vocab_size for t in tokens):
-            raise ValueError(f"{what} has token ids outside [0, {self.vocab_size}): {list(tokens)}")
+        check_token_ids(tokens, self.vocab_size, what)
 
     def _check_prompt(self, pool: Pool, request_id: str, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:

@@ -1,0 +1,65 @@
+"""One batched decode step, checked once for every model: which requests, how long each is, and the
+page table their attention reads.
+
+Each request was prefilled and then extended by one token (`pool.extend(request_id, 1)`) for the
+token it is fed, so it holds `num_tokens` tokens and that token's K/V lands at position
+`num_tokens - 1`. The page table pads every row to the longest request with the request's own first
+page: padded keys are masked by length, and every id stays a valid page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from distpool.memory.pool import Pool
+
+
+def check_token_ids(tokens: Sequence[int], vocab_size: int, what: str) -> None:
+    """ValueError unless every id in `tokens` is in [0, vocab_size)."""
+    if any(not 0 <= t < vocab_size for t in tokens):
+        raise ValueError(f"{what} has token ids outside [0, {vocab_size}): {list(tokens)}")
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    """The requests of one decode step, as their pool holds them."""
+
+    num_tokens: torch.Tensor  # (B,) int64: tokens each request holds, the one fed now included
+    page_table: torch.Tensor  # (B, max_pages) int64 physical page ids, padded as the module says
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """(B,) the position of the token each request is fed."""
+        return self.num_tokens - 1
+
+
+def plan_decode(
+    pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int], vocab_size: int
+) -> DecodeJob | None:
+    """The job of `decode_step(pool, request_ids, last_tokens)` (None for an empty batch), or a
+    ValueError naming the fix."""
+    if len(request_ids) != len(last_tokens):
+        raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
+    if len(set(request_ids)) != len(request_ids):
+        raise ValueError(f"a decode batch names a request twice: {list(request_ids)}")
+    if not request_ids:
+        return None
+    check_token_ids(last_tokens, vocab_size, "last_tokens")
+    num_tokens = torch.tensor([pool.num_tokens(r) for r in request_ids])
+    if bool((num_tokens < 2).any()):
+        raise ValueError(
+            f"decode_step needs prefilled requests extended by one token; {list(request_ids)} hold"
+            f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step"
+        )
+    tables = [pool.page_ids(r).cpu() for r in request_ids]
+    assert all(len(t) * pool.page_size >= n for t, n in zip(tables, num_tokens.tolist(), strict=True)), (
+        "pool gave too few pages"
+    )
+    width = max(len(t) for t in tables)
+    page_table = torch.stack([torch.cat([t, t[:1].expand(width - len(t))]) for t in tables])
+    return DecodeJob(num_tokens=num_tokens, page_table=page_table)

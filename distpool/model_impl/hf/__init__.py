@@ -1,0 +1,7 @@
+"""The transformers runner: Hugging Face's own modeling code of hybrid architectures, its KV in our
+pages and its recurrent state in our slots.
+
+`support` and `source` say what it runs and where the weights come from without importing
+transformers (so `check`, `presets` and the reference model never pay for it); `loader`, `layout`,
+`paged_attention`, `state_cache`, `runner` and `oracle` import it.
+"""

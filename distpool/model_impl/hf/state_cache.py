@@ -1,0 +1,176 @@
+"""The cache a pooled forward hands to transformers: its conv and recurrent states are our slot's bytes.
+
+A Mamba layer's state tensors sit side by side in a slot (`memory/layout.py`), so each layer's state is
+one byte segment per slot. A forward of one request works on views of its slot, which transformers
+updates in place (`copy_`); a decode step of several requests gathers each layer's segments of every
+request at once (one indexed read per layer, into a `[B, ...]` tensor transformers updates) and
+scatters them back after the step (one indexed write per layer). `StateCopies` counts both.
+
+K/V never pass through the cache: its attention layers hand the new tokens' K/V to the registered
+attention function (`paged_attention.py`), which keeps them in pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    DummyLayer,
+    DynamicLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
+
+from distpool.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from distpool.memory.pool import Pool
+
+States = tuple[torch.Tensor, torch.Tensor]  # (conv, recurrent), each (B, *shape)
+# A segment is rounded up to this many bytes, so typed views over a gathered batch stay aligned: it
+# never reaches past the next tensor, which starts at least this aligned (memory/layout.py).
+_ALIGN = 64
+
+
+@dataclass
+class StateCopies:
+    """State moved between slots and batched tensors so far (a batch of one moves nothing)."""
+
+    gathers: int = 0  # indexed reads: one per Mamba layer per batched step
+    scatters: int = 0
+    bytes: int = 0  # read plus written
+    checkpoint_copies: int = 0  # slot-to-slot copies: a checkpoint read, a snapshot taken
+
+
+class SlotStates:
+    """Each Mamba layer's state as one byte segment per slot: views, gathers, scatters, copies."""
+
+    def __init__(self, pool: Pool, spec: ModelSpec, copies: StateCopies) -> None:
+        assert spec.mamba is not None
+        self.copies = copies
+        self.kernel = spec.mamba.tensors[0].shape[-1]  # conv columns: transformers' conv_kernel_size
+        self.segments: dict[int, torch.Tensor] = {}  # layer -> (num_slots, segment bytes) uint8
+        self.parts: dict[int, list[tuple[int, int, torch.dtype, torch.Size]]] = {}  # offset, bytes, ...
+        base = pool.buffer.data_ptr()
+        for layer in spec.mamba_layers:
+            views = pool.state_view(layer)  # (num_slots, *shape) each, one slot apart
+            stride = views[0].stride(0) * views[0].element_size()
+            assert all(v.stride(0) * v.element_size() == stride for v in views), "one slot stride"
+            starts = [v.data_ptr() - base for v in views]
+            first = min(starts)
+            end = max(s + v[0].numel() * v.element_size() for s, v in zip(starts, views, strict=True))
+            length = min(-(-(end - first) // _ALIGN) * _ALIGN, stride)
+            self.segments[layer] = pool.buffer.as_strided(
+                (views[0].shape[0], length), (stride, 1), pool.buffer.storage_offset() + first
+            )
+            self.parts[layer] = [
+                (s - first, v[0].numel() * v.element_size(), v.dtype, v.shape[1:])
+                for s, v in zip(starts, views, strict=True)
+            ]
+
+    def _carve(self, layer: int, segment: torch.Tensor) -> States:
+        """Typed `(B, *shape)` tensors over a `(B, segment bytes)` uint8 tensor (views, no copy)."""
+        out = [
+            segment[:, offset : offset + nbytes].view(dtype).view(segment.shape[0], *shape)
+            for offset, nbytes, dtype, shape in self.parts[layer]
+        ]
+        return out[0], out[1]
+
+    def views(self, slot: int) -> dict[int, States]:
+        """Per layer, `(1, *shape)` views of one slot's state: transformers updates them in place."""
+        return {layer: self._carve(layer, seg[slot : slot + 1]) for layer, seg in self.segments.items()}
+
+    def gather(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, States]]:
+        """Per layer, the segments of `slots` copied into one batch tensor, and its typed views."""
+        out = {}
+        for layer, seg in self.segments.items():
+            batch = seg[slots.to(seg.device)]  # (B, segment bytes): one indexed read
+            self.copies.gathers += 1
+            self.copies.bytes += batch.numel()
+            out[layer] = (batch, self._carve(layer, batch))
+        return out
+
+    def scatter(self, slots: torch.Tensor, gathered: dict[int, tuple[torch.Tensor, States]]) -> None:
+        """Write gathered segments (updated by a forward) back to their slots."""
+        for layer, (batch, _) in gathered.items():
+            self.segments[layer][slots.to(batch.device)] = batch  # one indexed write
+            self.copies.scatters += 1
+            self.copies.bytes += batch.numel()
+
+    def copy(self, src_slot: int, dst_slot: int) -> None:
+        """Every layer's state of `src_slot` into `dst_slot` (a checkpoint read, a snapshot taken)."""
+        for seg in self.segments.values():
+            seg[dst_slot].copy_(seg[src_slot])
+        self.copies.checkpoint_copies += 1
+
+
+class PagedKVLayer(DynamicLayer):
+    """An attention layer whose K/V live in pool pages: `update` passes the new tokens' K/V on to
+    the registered attention function, which writes and reads the pages."""
+
+    def __init__(self, num_past: int) -> None:
+        super().__init__()
+        self.is_initialized = True
+        self.num_past = num_past  # tokens before this forward (the longest request's)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.num_past
+
+
+class PagedHybridLayer(LinearAttentionAndFullAttentionLayer):
+    """Attention beside a recurrent mixer in one layer (Falcon-H1): paged K/V, slot state."""
+
+    def __init__(self, num_past: int) -> None:
+        super().__init__()
+        self.is_initialized = True
+        self.num_past = num_past
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.num_past
+
+
+def _attach(layer: LinearAttentionLayer, states: States, kernel: int, continuing: bool) -> None:
+    """Make `states` the layer's conv and recurrent state; `continuing`: they hold earlier tokens'
+    state (else transformers overwrites them from scratch, as at the start of a prompt)."""
+    conv, recurrent = states
+    layer.conv_states[0], layer.recurrent_states[0] = conv, recurrent
+    layer.is_conv_states_initialized[0] = layer.is_recurrent_states_initialized[0] = True
+    layer.conv_kernel_size[0] = kernel
+    layer.has_previous_state[0] = continuing
+    layer.device, layer.dtype = conv.device, conv.dtype
+
+
+def pooled_cache(spec: ModelSpec, states: dict[int, States], *, kernel: int, num_past: int) -> Cache:
+    """A transformers `Cache` over our memory for one forward: `states` per Mamba layer (views or
+    gathered tensors), continuing from earlier tokens when `num_past` > 0."""
+    layers: list = []
+    for index in range(spec.num_layers):
+        attention, mamba = index in spec.full_attention_layers, index in spec.mamba_layers
+        if attention and mamba:
+            layer = PagedHybridLayer(num_past)
+        elif attention:
+            layer = PagedKVLayer(num_past)
+        elif mamba:
+            layer = LinearAttentionLayer()
+        else:
+            layer = DummyLayer()
+        if mamba:
+            _attach(layer, states[index], kernel, continuing=num_past > 0)
+        layers.append(layer)
+    return Cache(layers=layers)
+
+
+def assert_states_kept(cache: Cache, states: dict[int, States]) -> None:
+    """After a forward: transformers updated our tensors in place rather than replacing them."""
+    for index, (conv, recurrent) in states.items():
+        layer = cache.layers[index]
+        assert layer.conv_states[0] is conv and layer.recurrent_states[0] is recurrent, index
