@@ -1,18 +1,15 @@
 """Request-level accounting over the arena's two bands: reserve / extend / release, pins, capacity
 queries and compaction plans. Owns ids, the virtual -> physical maps and pins; never touches bytes.
 
-Who owns which token range: a request of `n` tokens holds
-- one slot (hybrid Mamba: the low band's unit), whatever `n` is;
-- `ceil(n / page_size)` full-attention pages (the high band), page k holding tokens
-  [k * page_size, (k + 1) * page_size);
-- (hybrid SWA) the sliding-window pages (the low band's units) covering its last `sliding_window`
-  tokens; pages whose every token left the window are released as the request grows.
+What a request of n tokens holds is footprint.py's contract.
 Callers hold request ids; the allocator holds virtual ids per request (requests.py), so compaction
 rewrites only the band maps. Batch calls are all or nothing; their cost grows with the requests and
 the free runs they touch, never with the positions of a band. A decode step touches the bands only
 for requests that cross a page boundary: the others cost a few array operations for the whole batch.
-How much fits is the frontier's business (frontier.py), which positions new units take the
-placement's (placement.py), growth claims and compaction plans compaction.py's.
+The allocator composes its parts, each with its own state: the two bands' ids (band.py), how much
+fits (the frontier, frontier.py), which positions new units take (placement.py, over each band's
+free runs), the growth room each request expects (claims.py), pages with several holders and the
+cache's own units (the shared-page table, sharing.py) and compaction plans (compaction.py).
 """
 
 from __future__ import annotations
@@ -24,16 +21,19 @@ import torch
 
 from distpool.memory.arena import BandGeometry
 from distpool.memory.band import Band, require
-from distpool.memory.compaction import CompactionPlans
+from distpool.memory.claims import GrowthClaims
+from distpool.memory.compaction import CompactionPlanner
+from distpool.memory.footprint import Footprint
 from distpool.memory.free_runs import NO_POSITIONS
-from distpool.memory.frontier import Frontier
+from distpool.memory.frontier import CompactionMoves, Frontier
 from distpool.memory.layout import ceil_div
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
-from distpool.memory.pool import DuplicateRequest, NeedsCompaction
+from distpool.memory.pool import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
 from distpool.memory.requests import RequestTable, checked_batch, concat_ids
+from distpool.memory.sharing import SharedPages
 
 
-class Allocator(CompactionPlans):
+class Allocator:
     """Accounting of one arena. `low` holds slots or sliding-window pages, `high` full pages.
 
     `placement`: "extent" (each request's pages in as few ascending runs as possible) or
@@ -51,55 +51,47 @@ class Allocator(CompactionPlans):
         placement: str = "extent",
     ) -> None:
         self.low, self.high = low, high
-        self.page_size = page_size
-        self.sliding_window = sliding_window
         self.unified = unified
         self.low_band = Band(low.num_positions, grows_up=True) if low else Band(0, grows_up=True)
         self.high_band = Band(high.num_positions, grows_up=False) if high else Band(0, grows_up=False)
         self.has_slot = low is not None and low.name == "slots"
         self.has_swa = low is not None and low.name == "swa_pages"
+        self.footprint = Footprint(
+            page_size=page_size,
+            sliding_window=sliding_window,
+            has_pages=high is not None,
+            has_slot=self.has_slot,
+            has_swa=self.has_swa,
+        )
         self.frontier = Frontier(low, high, self.low_band, self.high_band, unified=unified)
         gap_keep = GAP_KEEP_LOW_UNITS * ceil_div(low.stride_bytes, high.stride_bytes) if low and high else 0
         self.placement = Placement(self.low_band, self.high_band, mode=placement, gap_keep=gap_keep)
         self.holdings = RequestTable()
-        # claims[p]: pages of growth still expected by the request whose last page sits at p - 1
-        # (0 elsewhere); placement keeps them free while anything else fits (placement.py).
-        self.claims = np.zeros(self.high_band.num_positions + 1, dtype=np.int64)
-        self._init_sharing()
+        self.claims = GrowthClaims(self.high_band, self.holdings)
+        self.sharing = SharedPages(self.low_band, self.high_band, self.holdings)
+        self.planner = CompactionPlanner(
+            self.frontier, self.holdings, self.claims, self.sharing, extent=placement == "extent"
+        )
 
-    # ---- what a request of n tokens holds ----------------------------------------------------
+    # ---- what a request of n tokens holds (footprint.py) ---------------------------------------
     def pages_for(self, num_tokens: int) -> int:
-        return ceil_div(num_tokens, self.page_size) if self.high else 0
+        return self.footprint.pages_for(num_tokens)
 
     def swa_range(self, num_tokens: int) -> tuple[int, int]:
-        """Token-page indices [first, end) of the window's pages (the last `sliding_window` tokens)."""
-        if not self.has_swa:
-            return 0, 0
-        kept_from = max(0, num_tokens - self.sliding_window) if self.sliding_window else 0
-        return kept_from // self.page_size, ceil_div(num_tokens, self.page_size)
+        return self.footprint.swa_range(num_tokens)
 
     def low_units_for(self, num_tokens: int) -> int:
-        first, end = self.swa_range(num_tokens)
-        return int(self.has_slot) + end - first
-
-    def _pages_for_array(self, num_tokens: np.ndarray) -> np.ndarray:
-        return -(-num_tokens // self.page_size) if self.high else np.zeros_like(num_tokens)
-
-    def _swa_range_array(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not self.has_swa:
-            return np.zeros_like(num_tokens), np.zeros_like(num_tokens)
-        window = self.sliding_window or 0
-        kept_from = np.maximum(num_tokens - window, 0) if window else np.zeros_like(num_tokens)
-        return kept_from // self.page_size, -(-num_tokens // self.page_size)
+        return self.footprint.low_units_for(num_tokens)
 
     # ---- capacity ------------------------------------------------------------------------------
     def available(self, *, after_compaction: bool = False) -> tuple[int, int]:
         """(low units, pages) that could be handed out now (or after `compact()`). Each figure counts
         the shared gap between the bands, so both cannot be taken at once."""
-        return self.frontier.available(*(self._runs_after_compaction() if after_compaction else (None, None)))
+        runs = self.planner.runs_after_compaction() if after_compaction else (None, None)
+        return self.frontier.available(*runs)
 
     def can_reserve(self, num_tokens: int, *, after_compaction: bool = False) -> bool:
-        runs = self._runs_after_compaction() if after_compaction else (None, None)
+        runs = self.planner.runs_after_compaction() if after_compaction else (None, None)
         return self.frontier.fits(self.low_units_for(num_tokens), self.pages_for(num_tokens), *runs)
 
     # ---- reserve / extend / release ------------------------------------------------------------
@@ -124,13 +116,13 @@ class Allocator(CompactionPlans):
             if rid in self.holdings:
                 raise DuplicateRequest(f"reserve: request {rid!r} is already reserved")
         counts = array.tolist()
-        rooms = self._rooms(ids, counts, final_tokens)
-        shared = self._prefix_pages(prefixes, counts)
+        rooms = self.footprint.growth_pages(ids, counts, final_tokens)
+        shared = self.sharing.checked_prefixes(prefixes, counts, self.footprint.page_size)
         low_counts = [self.low_units_for(n) for n in counts]
         high_counts = [self.pages_for(n) - len(prefix) for n, prefix in zip(counts, shared, strict=True)]
         if not self.frontier.fits(sum(low_counts), sum(high_counts)):
-            raise self._refuse(ids, sum(low_counts), sum(high_counts), max(high_counts, default=0))
-        if prefer_compaction and self._compaction_keeps_whole(high_counts):
+            raise self.planner.refusal(ids, sum(low_counts), sum(high_counts), max(high_counts, default=0))
+        if prefer_compaction and self.planner.gathers_whole(high_counts):
             raise NeedsCompaction(
                 ids[0],
                 "no free run holds its pages whole; a compaction would gather them",
@@ -140,7 +132,7 @@ class Allocator(CompactionPlans):
         low_pos = self.placement.low_positions(sum(low_counts))
         floor = self.frontier.high_floor(extra_low_top=int(low_pos[-1]) if low_pos.size else -1)
         low_v = self.low_band.assign(low_pos).tolist()
-        high_pos = self.placement.page_positions(high_counts, floor, rooms, self._live_claims())
+        high_pos = self.placement.page_positions(high_counts, floor, rooms, self.claims.live())
         high_v = self.high_band.assign(high_pos).tolist()
         low_at = high_at = 0
         slots = int(self.has_slot)
@@ -150,11 +142,11 @@ class Allocator(CompactionPlans):
             self.holdings.add(rid, n, vslot, prefix + high_v[high_at : high_at + nh], vswa)
             low_at, high_at = low_at + nl, high_at + nh
         if prefixes is not None:
-            self._share(concat_ids(shared))
+            self.sharing.share(concat_ids(shared))
         if any(rooms):
             rows = np.fromiter((self.holdings.rows[rid] for rid in ids), dtype=np.int64, count=len(ids))
             self.holdings.room[rows] = rooms
-            self._set_claims(rows)
+            self.claims.set(rows)
 
     def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
         """Grow each (request_id, num_new_tokens); releases sliding-window pages that left the
@@ -169,18 +161,15 @@ class Allocator(CompactionPlans):
             if self.high:
                 # -old % page_size: free tokens in the last page (0: full or none). Where the added
                 # tokens exceed them by `short` > 0, the request takes ceil(short / page_size) pages.
-                short = added - -old % self.page_size
+                page_size = self.footprint.page_size
+                short = added - -old % page_size
                 if np.maximum.reduce(short) > 0:  # one reduction on the common step that takes no page
                     growing = (short > 0).nonzero()[0]
                     some = slice(None) if growing.size == rows.size else growing  # all: views, no gathers
-                    self._grow(ids, rows[some], -(-short[some] // self.page_size))
+                    self._grow(ids, rows[some], -(-short[some] // page_size))
             table.num_tokens[rows] = new
             return
-        new_pages = self._pages_for_array(new) - self._pages_for_array(old)
-        held_first, held_end = self._swa_range_array(old)
-        first, end = self._swa_range_array(new)
-        new_swa = np.maximum(end - np.maximum(held_end, first), 0)
-        drops = np.minimum(np.maximum(first - held_first, 0), held_end - held_first)
+        new_pages, new_swa, drops = self.footprint.growth_array(old, new)
         changing = np.flatnonzero(new_pages | new_swa | drops)
         if changing.size:
             dropped = concat_ids(
@@ -208,7 +197,7 @@ class Allocator(CompactionPlans):
             low_runs = self.low_band.runs.copy()
             low_runs.give(self.low_band.physical(dropped_swa))
         if not self.frontier.fits(num_swa, num_pages, low_runs):
-            raise self._refuse(ids, num_swa, num_pages)
+            raise self.planner.refusal(ids, num_swa, num_pages)
         floor, swa_v = self.frontier.high_floor(), NO_POSITIONS
         if num_swa or dropped_swa.size:
             self.low_band.free(dropped_swa)
@@ -221,17 +210,13 @@ class Allocator(CompactionPlans):
             vlast = table.last_vpage[rows_paging]
             last = self.high_band.physical(vlast)
             last[vlast < 0] = -1  # no page yet (v2p[-1] above is meaningless)
-            claims = self._live_claims()  # None: no request expects growth, so none has a claim to move
-            rooms = None
-            if claims is not None and table.room[rows_paging].any():
-                self.claims[last + 1] = 0  # the old ends (-1: none, position 0 holds no claim)
-                rooms = np.maximum(table.room[rows_paging] - counts, 0)
-                table.room[rows_paging] = rooms
-                claims = self._live_claims()
-            positions = self.placement.growth_positions(last, counts, floor, rooms, claims, num_pages)
+            rooms = self.claims.take_room(rows_paging, last, counts)
+            positions = self.placement.growth_positions(
+                last, counts, floor, rooms, self.claims.live(), num_pages
+            )
             table.append_pages(rows_paging, counts, self.high_band.assign(positions))
             if rooms is not None:
-                self._set_claims(rows_paging)
+                self.claims.set(rows_paging)
         if new_swa is not None:
             table.slide_windows(rows, drops, new_swa, swa_v)
 
@@ -242,10 +227,10 @@ class Allocator(CompactionPlans):
         if not request_ids:
             return
         rows = self.holdings.unpinned_rows(request_ids, "release")
-        self._clear_claims(rows)
+        self.claims.clear(rows)
         low_ids, high_ids = self.holdings.held_ids(rows)
         self.low_band.free(low_ids)
-        self._let_go(high_ids)
+        self.high_band.free(self.sharing.let_go(high_ids))
         self.holdings.remove(request_ids)
 
     def pin(self, request_id: str) -> None:
@@ -274,7 +259,72 @@ class Allocator(CompactionPlans):
         vslot = int(self.holdings.vslot[self.holdings.row(request_id)])
         return int(self.low_band.v2p[vslot]) if vslot >= 0 else None
 
+    # ---- the prefix cache's holds and units (sharing.py) ----------------------------------------
+    @property
+    def cached(self) -> np.ndarray:
+        """Per high-band virtual id: whether the prefix cache holds the page."""
+        return self.sharing.cached
+
+    @property
+    def checkpoint(self) -> np.ndarray:
+        """Per low-band virtual id: whether the unit is one of the cache's checkpoints."""
+        return self.sharing.checkpoint
+
+    def hold_pages(self, vpages: Sequence[int]) -> None:
+        """The cache takes a hold on live pages (each at most once)."""
+        self.sharing.hold(np.asarray(vpages, dtype=np.int64))
+
+    def drop_pages(self, vpages: Sequence[int]) -> None:
+        """The cache lets go of pages it holds; a page nobody else holds is freed."""
+        self.high_band.free(self.sharing.drop(np.asarray(vpages, dtype=np.int64)))
+
+    def take_checkpoints(self, count: int) -> np.ndarray:
+        """`count` low-band units for the cache (placed like slots); raises DoesNotFit."""
+        if not self.frontier.fits(count, 0):
+            raise DoesNotFit("checkpoint", f"no room for {count} checkpoint(s) in the low band")
+        vids = self.low_band.assign(self.placement.low_positions(count))
+        self.sharing.adopt_checkpoints(vids)
+        return vids
+
+    def drop_checkpoints(self, vids: Sequence[int]) -> None:
+        vids = np.asarray(vids, dtype=np.int64)
+        self.sharing.release_checkpoints(vids)
+        self.low_band.free(vids)
+
+    def checkpoint_slot_id(self, vid: int) -> int:
+        """Physical slot id of checkpoint `vid` (valid until the next compaction)."""
+        return self.sharing.checkpoint_slot_id(vid)
+
+    # ---- compaction (plans: compaction.py) -----------------------------------------------------
+    def compaction_moves(
+        self, *, keep_room: bool = False, need: NeedsCompaction | None = None
+    ) -> CompactionMoves:
+        """See `CompactionPlanner.compaction_moves`."""
+        return self.planner.compaction_moves(keep_room=keep_room, need=need)
+
+    def apply_compaction(self, moves: CompactionMoves) -> None:
+        """Rewrite the maps once the moves' bytes have been copied."""
+        self.frontier.apply(moves)
+        self.claims.reset()
+
     # ---- accounting ----------------------------------------------------------------------------
+    def usage(self) -> dict[str, BandUsage]:
+        """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned and
+        cached (held by the prefix cache alone). A shared page counts once."""
+        pinned = self.holdings.held_ids(np.array(self.holdings.pinned_rows(), dtype=np.int64))
+        cached = self.sharing.cached_only()
+        out: dict[str, BandUsage] = {}
+        for i, geometry, band in ((1, self.high, self.high_band), (0, self.low, self.low_band)):
+            if geometry is not None:
+                out[geometry.name] = BandUsage(
+                    capacity=band.num_positions,
+                    free=band.num_positions - band.num_owned,
+                    held=band.num_owned,
+                    pinned=int(np.unique(pinned[i]).size),
+                    cached=cached[i],
+                )
+        return out
+
     def check_invariants(self) -> None:
         """Raise AssertionError naming the broken invariant (see `BandUsage` for the counts)."""
         self.low_band.check("low band")
@@ -285,15 +335,8 @@ class Allocator(CompactionPlans):
         table = self.holdings
         for band, ids in zip((self.low_band, self.high_band), table.held_ids(table.live_rows()), strict=True):
             require(bool((band.physical(ids) >= 0).all()), "every held virtual id maps to a physical id")
-        self._check_sharing()
+        self.sharing.check()
         table.check(require)
-        self._check_claims()
-        for rid, r in table.rows.items():
-            first, end = self.swa_range(int(table.num_tokens[r]))
-            require(
-                len(table.vpages[r]) == self.pages_for(int(table.num_tokens[r])),
-                f"{rid}: one page per page_size tokens",
-            )
-            require(int(table.vslot[r] >= 0) == int(self.has_slot), f"{rid}: one slot per request")
-            require(len(table.vswa[r]) == end - first, f"{rid}: window pages cover the window")
+        self.claims.check()
+        self.footprint.check(table)
         require(not self.frontier.bands_overlap(), "low and high band units never overlap in bytes")

@@ -1,4 +1,4 @@
-"""Pages with several holders (prefix caching), and the cache's own units: a part of `Allocator`.
+"""The shared-page table: pages with several holders (prefix caching), and the cache's own low units.
 
 A full page may be held by several requests and by the prefix cache at once: a full page is never
 written again, so sharing needs no copy. `extra_holders[v]` counts the holders of high-band virtual
@@ -17,81 +17,65 @@ recurrent state each (`take_checkpoints` / `drop_checkpoints`), placed like slot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.arena import BandGeometry
 from distpool.memory.band import Band, require
-from distpool.memory.frontier import Frontier
-from distpool.memory.placement import Placement
-from distpool.memory.pool import BandUsage, DoesNotFit
 from distpool.memory.requests import RequestTable
 
 
 class SharedPages:
-    """A base of `Allocator`: declares the allocator's state its parts (this one, compaction.py)
-    read; the allocator sets it."""
+    """Who holds the pages of `high_band` beyond their first holder, and which units of `low_band`
+    the cache owns. Reads the bands and the request table; changes only its own arrays (the
+    allocator assigns and frees the units)."""
 
-    low: BandGeometry | None
-    high: BandGeometry | None
-    page_size: int
-    unified: bool
-    low_band: Band
-    high_band: Band
-    frontier: Frontier
-    placement: Placement
-    holdings: RequestTable
-    pages_for: Callable[[int], int]  # full pages a request of n tokens holds
-
-    def _init_sharing(self) -> None:
-        self.extra_holders = np.zeros(self.high_band.num_positions, dtype=np.int64)
+    def __init__(self, low_band: Band, high_band: Band, table: RequestTable) -> None:
+        self.low_band, self.high_band, self.table = low_band, high_band, table
+        self.extra_holders = np.zeros(high_band.num_positions, dtype=np.int64)
         self.num_shared = 0  # virtual ids with extra holders
-        self.cached = np.zeros(self.high_band.num_positions, dtype=bool)  # pages the cache holds
-        self.checkpoint = np.zeros(self.low_band.num_positions, dtype=bool)  # low units the cache owns
+        self.cached = np.zeros(high_band.num_positions, dtype=bool)  # pages the cache holds
+        self.checkpoint = np.zeros(low_band.num_positions, dtype=bool)  # low units the cache owns
 
     # ---- holds on pages ----------------------------------------------------------------------
-    def hold_pages(self, vpages: Sequence[int]) -> None:
+    def hold(self, vids: np.ndarray) -> None:
         """The cache takes a hold on live pages (each at most once)."""
-        vids = np.asarray(vpages, dtype=np.int64)
         if not vids.size:
             return
         if not bool((self.high_band.v2p[vids] >= 0).all()) or self.cached[vids].any():
             raise ValueError("hold_pages: the cache holds only live pages, each once")
         self.cached[vids] = True
-        self._share(vids)
+        self.share(vids)
 
-    def drop_pages(self, vpages: Sequence[int]) -> None:
-        """The cache lets go of pages it holds; a page nobody else holds is freed."""
-        vids = np.asarray(vpages, dtype=np.int64)
+    def drop(self, vids: np.ndarray) -> np.ndarray:
+        """The cache lets go of pages it holds; returns those nobody holds any more."""
         if not bool(self.cached[vids].all()):
             raise ValueError("drop_pages: the cache does not hold every one of these pages")
         self.cached[vids] = False
-        self._let_go(vids)
+        return self.let_go(vids)
 
-    def _share(self, vids: np.ndarray) -> None:
+    def share(self, vids: np.ndarray) -> None:
         """One more holder for each of `vids` (duplicates: one per occurrence). O(len(vids))."""
         unique, counts = np.unique(vids, return_counts=True)
         self.num_shared += int(np.count_nonzero(self.extra_holders[unique] == 0))
         self.extra_holders[unique] += counts
 
-    def _let_go(self, vids: np.ndarray) -> None:
-        """One holder less for each of `vids` (duplicates: one per occurrence); frees the pages
-        whose last holder left."""
-        if not vids.size:
-            return
-        if not self.num_shared:  # nothing is shared: every page has one holder
-            self.high_band.free(vids)
-            return
+    def let_go(self, vids: np.ndarray) -> np.ndarray:
+        """One holder less for each of `vids` (duplicates: one per occurrence); returns the pages
+        whose last holder left (the caller frees them)."""
+        if not vids.size or not self.num_shared:  # nothing is shared: every page has one holder
+            return vids
         unique, counts = np.unique(vids, return_counts=True)
         shared_before = self.extra_holders[unique] > 0
         left = self.extra_holders[unique] + 1 - counts  # holders afterwards
         assert (left >= 0).all(), "a page let go of more often than it was held"
         self.extra_holders[unique] = np.maximum(left - 1, 0)
         self.num_shared -= int(np.count_nonzero(shared_before & (left <= 1)))
-        self.high_band.free(unique[left == 0])
+        return unique[left == 0]
 
-    def _prefix_pages(self, prefixes: Sequence[Sequence[int]] | None, counts: list[int]) -> list[list[int]]:
+    def checked_prefixes(
+        self, prefixes: Sequence[Sequence[int]] | None, counts: list[int], page_size: int
+    ) -> list[list[int]]:
         """Each reserved request's shared prefix (virtual page ids, token order), checked: pages the
         cache holds, covering fewer tokens than the request (it computes at least its last one)."""
         if prefixes is None:
@@ -99,7 +83,6 @@ class SharedPages:
         if len(prefixes) != len(counts):
             raise ValueError(f"reserve: {len(prefixes)} prefixes for {len(counts)} requests")
         out = [[int(v) for v in prefix] for prefix in prefixes]
-        page_size = self.page_size
         for prefix, n in zip(out, counts, strict=True):
             vids = np.asarray(prefix, dtype=np.int64)
             if len(prefix) * page_size >= max(n, 1) or (vids.size and not bool(self.cached[vids].all())):
@@ -110,20 +93,15 @@ class SharedPages:
         return out
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def take_checkpoints(self, count: int) -> np.ndarray:
-        """`count` low-band units for the cache (placed like slots); raises DoesNotFit."""
-        if not self.frontier.fits(count, 0):
-            raise DoesNotFit("checkpoint", f"no room for {count} checkpoint(s) in the low band")
-        vids = self.low_band.assign(self.placement.low_positions(count))
+    def adopt_checkpoints(self, vids: np.ndarray) -> None:
+        """Low units just assigned to the cache."""
         self.checkpoint[vids] = True
-        return vids
 
-    def drop_checkpoints(self, vids: Sequence[int]) -> None:
-        vids = np.asarray(vids, dtype=np.int64)
+    def release_checkpoints(self, vids: np.ndarray) -> None:
+        """The cache gives up checkpoints `vids` (the caller frees the units)."""
         if not bool(self.checkpoint[vids].all()):
             raise ValueError("drop_checkpoints: not every one of these units is a checkpoint")
         self.checkpoint[vids] = False
-        self.low_band.free(vids)
 
     def checkpoint_slot_id(self, vid: int) -> int:
         """Physical slot id of checkpoint `vid` (valid until the next compaction)."""
@@ -132,11 +110,11 @@ class SharedPages:
         return int(self.low_band.v2p[vid])
 
     # ---- planning and accounting -------------------------------------------------------------
-    def _page_groups(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
+    def holder_groups(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
         """Physical pages per holder for compaction plans, each page in one group only: each
         request's pages not listed yet (token order), then the pages only the cache holds, one
         group per physically contiguous stretch. Returns (groups, growth room per group)."""
-        table = self.holdings
+        table = self.table
         groups, rooms, seen = [], [], np.zeros(self.high_band.num_positions, dtype=bool)
         for r in rows.tolist():
             vids = np.array(table.vpages[r], dtype=np.int64)
@@ -153,30 +131,13 @@ class SharedPages:
                 rooms.append(0)
         return groups, rooms
 
-    def usage(self) -> dict[str, BandUsage]:
-        """Per band present ("pages", "slots" or "swa_pages"): capacity, free, held, pinned and
-        cached (held by the prefix cache alone). A shared page counts once."""
-        pinned = self.holdings.held_ids(np.array(self.holdings.pinned_rows(), dtype=np.int64))
-        cached = self._cached_only()
-        out: dict[str, BandUsage] = {}
-        for i, geometry, band in ((1, self.high, self.high_band), (0, self.low, self.low_band)):
-            if geometry is not None:
-                out[geometry.name] = BandUsage(
-                    capacity=band.num_positions,
-                    free=band.num_positions - band.num_owned,
-                    held=band.num_owned,
-                    pinned=int(np.unique(pinned[i]).size),
-                    cached=cached[i],
-                )
-        return out
-
-    def _cached_only(self) -> tuple[int, int]:
+    def cached_only(self) -> tuple[int, int]:
         """(low units, pages) that only the cache holds: reclaimable by eviction."""
         pages = int(np.count_nonzero(self.cached & (self.extra_holders == 0)))
         return int(np.count_nonzero(self.checkpoint)), pages
 
-    def _check_sharing(self) -> None:
-        table = self.holdings
+    def check(self) -> None:
+        table = self.table
         low_ids, high_ids = table.held_ids(table.live_rows())
         holders = np.bincount(high_ids, minlength=self.high_band.num_positions)
         holders += self.cached

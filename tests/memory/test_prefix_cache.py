@@ -124,7 +124,7 @@ def test_compaction_plans_list_each_shared_page_once_and_the_cache_only_pages_to
     cache.cache_request("c", [1, 1, 1, 1, 1], None)
     pool.release("c")  # its first page: the cache's alone
     allocator = pool.allocator
-    groups, rooms = allocator._page_groups(allocator.holdings.live_rows())
+    groups, rooms = allocator.sharing.holder_groups(allocator.holdings.live_rows())
     listed = [page for group in groups for page in group.tolist()]
     assert sorted(listed) == sorted(set(listed)), "a page is listed twice: a plan would move it twice"
     owned = sorted(allocator.high_band.v2p[allocator.high_band.v2p >= 0].tolist())
