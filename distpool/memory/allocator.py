@@ -27,6 +27,7 @@ from distpool.memory.footprint import Footprint
 from distpool.memory.free_runs import NO_POSITIONS
 from distpool.memory.frontier import CompactionMoves, Frontier
 from distpool.memory.layout import ceil_div
+from distpool.memory.move_cost import MoveCost
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
 from distpool.memory.pool import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
 from distpool.memory.requests import RequestTable, checked_batch, concat_ids
@@ -69,8 +70,9 @@ class Allocator:
         self.holdings = RequestTable()
         self.claims = GrowthClaims(self.high_band, self.holdings)
         self.sharing = SharedPages(self.low_band, self.high_band, self.holdings)
+        cost = MoveCost(page_bytes=high.stride_bytes if high else 0)
         self.planner = CompactionPlanner(
-            self.frontier, self.holdings, self.claims, self.sharing, extent=placement == "extent"
+            self.frontier, self.placement, self.holdings, self.claims, self.sharing, cost
         )
 
     # ---- what a request of n tokens holds (footprint.py) ---------------------------------------
@@ -121,12 +123,13 @@ class Allocator:
         low_counts = [self.low_units_for(n) for n in counts]
         high_counts = [self.pages_for(n) - len(prefix) for n, prefix in zip(counts, shared, strict=True)]
         if not self.frontier.fits(sum(low_counts), sum(high_counts)):
-            raise self.planner.refusal(ids, sum(low_counts), sum(high_counts), max(high_counts, default=0))
-        if prefer_compaction and self.planner.gathers_whole(high_counts):
+            raise self.planner.refusal(ids, sum(low_counts), sum(high_counts))
+        if prefer_compaction and self.planner.window_pays(high_counts, rooms, sum(low_counts)):
             raise NeedsCompaction(
                 ids[0],
-                "no free run holds its pages whole; a compaction would gather them",
+                "no free run holds its pages whole; clearing one costs less than the scatter",
                 low=sum(low_counts),
+                pages=sum(high_counts),
                 window=max(high_counts),
             )
         low_pos = self.placement.low_positions(sum(low_counts))

@@ -1,10 +1,14 @@
-"""The compaction planner: which units move where when a unified arena compacts. Plans are pure;
+"""The compaction planner: which units move where, and when moving pays. Plans are pure;
 `ArenaPool.compact` copies the bytes, then the allocator applies the plan to its maps.
 
-- For a refusal's needs (`NeedsCompaction`: low units, a run of pages for a request that would
-  scatter), only the requests in the way move (evacuate.py), when that is possible;
-- otherwise a full compaction: the low band packs down, full pages slide up keeping each request's
-  pages together (extent placement) or fill holes unit by unit (the first-fit baseline).
+What a plan is for (`NeedsCompaction` says which):
+- room a refused call lacks (pages below the low band's new units, or pages the call needs): the
+  pages in the way move (evacuate.py), the low band staying as it is unless the pages fit only once
+  it packs down; failing that, a full compaction;
+- a free run for a new request that would otherwise scatter (`window`): asked for only when the
+  cost model (move_cost.py) says clearing it costs less than the runs the scatter adds.
+A full compaction packs the low band down and slides full pages up, keeping each request's pages
+together (extent placement) or filling holes unit by unit (the first-fit baseline).
 """
 
 from __future__ import annotations
@@ -13,91 +17,83 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.arena import BandGeometry
-from distpool.memory.band import Band
 from distpool.memory.claims import GrowthClaims
-from distpool.memory.evacuate import evacuation_moves
+from distpool.memory.evacuate import Evacuation, evacuation_moves
 from distpool.memory.free_runs import FreeRuns
-from distpool.memory.frontier import CompactionMoves, Frontier
+from distpool.memory.frontier import CompactionMoves, Frontier, lowest_free_top
 from distpool.memory.layout import ceil_div
+from distpool.memory.move_cost import MoveCost
+from distpool.memory.placement import Placement
 from distpool.memory.pool import DoesNotFit, NeedsCompaction
 from distpool.memory.requests import RequestTable
 from distpool.memory.sharing import SharedPages
 
 
 class CompactionPlanner:
-    """Plans compactions of the bands behind `frontier` around `table`'s pinned requests.
-
-    `extent`: whether pages are placed as extents (plans keep requests together and may move only
-    what is in the way) or first fit (the baseline's unit-by-unit fill)."""
+    """Plans compactions of the bands behind `frontier` around `table`'s pinned requests, and
+    decides when a move pays under `cost`. With first-fit `placement` it plans only the baseline's
+    full compactions."""
 
     def __init__(
         self,
         frontier: Frontier,
+        placement: Placement,
         table: RequestTable,
         claims: GrowthClaims,
         sharing: SharedPages,
-        *,
-        extent: bool,
+        cost: MoveCost,
     ) -> None:
-        self.frontier, self.table, self.claims, self.sharing = frontier, table, claims, sharing
-        self.extent = extent
+        self.frontier, self.placement, self.table = frontier, placement, table
+        self.claims, self.sharing, self.cost = claims, sharing, cost
+        self.low_band, self.high_band = frontier.low_band, frontier.high_band
+        self.targeted = frontier.unified and placement.mode == "extent" and frontier.high is not None
 
-    @property
-    def low(self) -> BandGeometry | None:
-        return self.frontier.low
-
-    @property
-    def high(self) -> BandGeometry | None:
-        return self.frontier.high
-
-    @property
-    def low_band(self) -> Band:
-        return self.frontier.low_band
-
-    @property
-    def high_band(self) -> Band:
-        return self.frontier.high_band
-
-    # ---- when to compact -----------------------------------------------------------------------
+    # ---- refusals -------------------------------------------------------------------------------
     def runs_after_compaction(self) -> tuple[FreeRuns | None, FreeRuns | None]:
         """Free runs as they would be after a full compaction (None, None: as they are)."""
         if not self.frontier.unified:
             return None, None
         return self.frontier.runs_after(self.compaction_moves(keep_room=False))
 
-    def refusal(
-        self, request_ids: Sequence[str], low_count: int, high_count: int, whole: int = 0
-    ) -> DoesNotFit:
-        """The refusal: NeedsCompaction when a full compaction makes room (`whole`: the pages the
-        largest request wants in one run, asked of the compaction when no free run holds them)."""
+    def refusal(self, request_ids: Sequence[str], low_count: int, high_count: int) -> DoesNotFit:
+        """The refusal of a call that does not fit: NeedsCompaction when a full compaction makes room."""
         low_now, high_now = self.frontier.available()
-        low_name = self.low.name if self.low else "slots"
+        low_name = self.frontier.low.name if self.frontier.low else "slots"
         reason = (
             f"{len(request_ids)} request(s) need {low_count} {low_name} and {high_count} pages; available "
             f"now: {low_now} {low_name}, {high_now} pages"
         )
         if self.frontier.unified and self.frontier.fits(low_count, high_count, *self.runs_after_compaction()):
-            window = whole if self.high_band.runs.largest(self.frontier.high_floor()) < whole else 0
             return NeedsCompaction(
                 request_ids[0],
                 reason + "; compaction would make room: call compact()",
                 low=low_count,
-                window=window,
+                pages=high_count,
             )
         pinned = len(self.table.pinned_rows())
         return DoesNotFit(request_ids[0], reason + f" ({len(self.table)} live requests, {pinned} pinned)")
 
-    def gathers_whole(self, high_counts: list[int]) -> bool:
-        """Whether the largest of `high_counts` would scatter over several free runs now, and a
-        compaction would gather the pages free outside other requests' growth room to hold the batch."""
-        if not self.frontier.unified or not self.extent or not high_counts or not max(high_counts):
+    # ---- when moving pays -----------------------------------------------------------------------
+    def window_pays(self, high_counts: list[int], rooms: list[int], low_count: int) -> bool:
+        """Whether the batch's largest request, which no free run holds, would scatter at a higher
+        cost than clearing one free run for it (the batch fits by count: the caller checked)."""
+        if not self.targeted or not high_counts or not max(high_counts):
             return False
-        if self.high_band.runs.largest(self.frontier.high_floor()) >= max(high_counts):
+        floor = self.frontier.high_floor()
+        if self.high_band.runs.largest(floor) >= max(high_counts):
             return False
-        return self.frontier.available()[1] >= sum(high_counts)
+        pieces = max(self.placement.extent_pieces(high_counts, floor, rooms, self.claims.live()))
+        scatter = self.cost.of(0, 1, pieces)
+        if scatter <= 0:
+            return False
+        need = NeedsCompaction("", "", low=low_count, pages=sum(high_counts), window=max(high_counts))
+        low_pinned, high_pinned = self._pinned_masks()
+        plan = self._evacuation(
+            need, self._bottom(low_count, np.ones_like(low_pinned)), high_pinned, self.claims.room_mask()
+        )
+        return plan is not None and plan.cost_bytes < scatter
 
-    # ---- plans ---------------------------------------------------------------------------------
+    # ---- plans ------------------------------------------------------------------------------------
     def compaction_moves(
         self, *, keep_room: bool = False, need: NeedsCompaction | None = None
     ) -> CompactionMoves:
@@ -106,17 +102,18 @@ class CompactionPlanner:
         keep_room: the free part of each request's growth claim stays right after its last page.
         Without it (the default) this is the full compaction a `NeedsCompaction` promises room
         after: growth room is a hint, and kept room could leave a promised request short.
-        need: what a refused call lacked (low units, and a run of pages for a request that would
-        scatter): only the requests in the way move (evacuate.py), when that is possible."""
+        need: what a call lacked (see the module docstring); only what is in the way moves, when
+        that is possible."""
         low_pinned, high_pinned = self._pinned_masks()
         room = self.claims.room_mask() if keep_room else None
-        if need is not None and self.extent:
-            evacuation = self._evacuation(need, low_pinned, high_pinned, room)
-            if evacuation is not None:
-                return self.frontier.compaction_moves(low_pinned, high_pinned, evacuation, high_slide=False)
-        # First fit keeps the baseline's unit-by-unit fill.
-        high_moves = self.high_band.compaction_moves(high_pinned, room, slide=self.extent)
-        return self.frontier.compaction_moves(low_pinned, high_pinned, high_moves, high_slide=self.extent)
+        if need is not None and self.targeted:
+            moves = self._targeted(need, low_pinned, high_pinned, room)
+            if moves is not None:
+                return moves
+        # A full compaction. First fit keeps the baseline's unit-by-unit fill.
+        slide = self.placement.mode == "extent"
+        high_moves = self.high_band.compaction_moves(high_pinned, room, slide=slide)
+        return self.frontier.compaction_moves(low_pinned, high_pinned, high_moves, high_slide=slide)
 
     def _pinned_masks(self) -> tuple[np.ndarray, np.ndarray]:
         low = np.zeros_like(self.low_band.owned)
@@ -128,30 +125,52 @@ class CompactionPlanner:
             high[self.high_band.physical(np.array(table.vpages[r], dtype=np.int64))] = True
         return low, high
 
+    def _targeted(
+        self, need: NeedsCompaction, low_pinned: np.ndarray, high_pinned: np.ndarray, room: np.ndarray | None
+    ) -> CompactionMoves | None:
+        """Moves of only what is in the way of `need`, or None. The low band stays as it is where
+        that serves (moving a slot costs as much as a hundred pages); it packs down first when the
+        pages fit only below its highest unit."""
+        for pack_low in (False, True):
+            low_stays = low_pinned if pack_low else np.ones_like(low_pinned)
+            plan = self._evacuation(need, self._bottom(need.low, low_stays), high_pinned, room)
+            if plan is None:
+                continue
+            moves = self.frontier.compaction_moves(
+                low_stays, high_pinned, (plan.src, plan.dst), high_slide=False
+            )
+            if self.frontier.fits(need.low, need.pages, *self.frontier.runs_after(moves)):
+                return moves
+        return None
+
     def _bottom(self, new_low: int, low_pinned: np.ndarray) -> int:
-        """The page position that the low band, packed down, reaches with `new_low` more units."""
-        if self.low is None or self.high is None:
+        """The page position that the low band reaches with `new_low` more units once its units
+        that are not in `low_pinned` pack down (at its lowest free positions when all are)."""
+        low, high = self.frontier.low, self.frontier.high
+        if low is None or high is None:
             return 0
+        if low_pinned.all():
+            runs = self.low_band.runs
+            top = lowest_free_top(runs, new_low) if 0 < new_low <= runs.num_free else -1
+            return self.frontier.high_floor(extra_low_top=top)
         pinned_top = int(np.flatnonzero(low_pinned)[-1]) if low_pinned.any() else -1
         top = max(self.low_band.num_owned + new_low - 1, pinned_top)
-        end = self.low.base_bytes + (top + 1) * self.low.stride_bytes
-        return max(0, ceil_div(end - self.high.base_bytes, self.high.stride_bytes))
+        end = low.base_bytes + (top + 1) * low.stride_bytes
+        return max(0, ceil_div(end - high.base_bytes, high.stride_bytes))
 
     def _evacuation(
-        self, need: NeedsCompaction, low_pinned: np.ndarray, high_pinned: np.ndarray, room: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Page moves that make room for `need` once the low band is packed down, or None."""
-        if self.high is None:
-            return None
-        bottom = self._bottom(need.low, low_pinned)
-        pages, rooms = self.sharing.holder_groups(self.table.live_rows())
+        self, need: NeedsCompaction, bottom: int, high_pinned: np.ndarray, room: np.ndarray | None
+    ) -> Evacuation | None:
+        """The cheapest evacuation found that frees the pages below `bottom` and `need`'s window."""
+        holders, rooms = self.sharing.holder_groups(self.table.live_rows())
         return evacuation_moves(
             self.high_band,
             high_pinned,
             self.claims.by_position,
             room,
-            pages,
+            holders,
             rooms,
+            self.cost,
             bottom=bottom,
             window=need.window,
         )

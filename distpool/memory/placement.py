@@ -68,6 +68,17 @@ class Placement:
         runs.finish_batch()
         return _positions_of(pieces)
 
+    def extent_pieces(
+        self, counts: list[int], floor: int, rooms: list[int], claims: np.ndarray | None
+    ) -> list[int]:
+        """How many pieces (free runs) each request would take if `page_positions` placed the
+        batch now (extent placement); nothing is taken."""
+        runs = self.high_band.runs.copy()
+        return [
+            len(runs.take_extent(n, floor, self.gap_keep, room=room, claims=claims)) if n else 0
+            for n, room in zip(counts, rooms, strict=True)
+        ]
+
     def growth_positions(
         self,
         last: np.ndarray,

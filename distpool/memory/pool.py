@@ -43,12 +43,15 @@ class DoesNotFit(Exception):
 
 
 class NeedsCompaction(DoesNotFit):
-    """Does not fit now, but would after a compaction; nothing was taken. `low`: the low-band units
-    (slots, window pages) the call needed; `window`: the run of free pages it wanted whole (0: any)."""
+    """Does not fit now, or fits only scattered, and would after a compaction; nothing was taken.
+    `low` / `pages`: the low-band units (slots, window pages) and the pages the call needed;
+    `window`: the run of free pages it wanted whole (0: any)."""
 
-    def __init__(self, request_id: str, reason: str, *, low: int = 0, window: int = 0) -> None:
+    def __init__(
+        self, request_id: str, reason: str, *, low: int = 0, pages: int = 0, window: int = 0
+    ) -> None:
         super().__init__(request_id, reason)
-        self.low, self.window = low, window
+        self.low, self.pages, self.window = low, pages, window
 
 
 class UnknownRequest(KeyError):

@@ -1,7 +1,8 @@
 """Byte runs: rows of (src_offset, dst_offset, nbytes) merged where both sides continue contiguously.
 
 Compaction (unit moves inside one arena) and the transfer plan (rows of two arenas) both turn
-row-by-row moves into as few copies as possible with `merge_runs`.
+row-by-row moves into as few copies as possible with `merge_runs`. Compaction plans count the runs
+of a request's pages (`num_runs`): each one is a byte run of its envelope.
 """
 
 from __future__ import annotations
@@ -21,3 +22,9 @@ def merge_runs(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarr
     follows = (src[1:] == src[:-1] + nbytes[:-1]) & (dst[1:] == dst[:-1] + nbytes[:-1])
     first_rows = np.flatnonzero(np.concatenate([[True], ~follows]))
     return np.stack([src[first_rows], dst[first_rows], np.add.reduceat(nbytes, first_rows)], axis=1)
+
+
+def num_runs(positions: np.ndarray) -> int:
+    """Maximal stretches of consecutive ascending unit positions, in order (0 for none)."""
+    return int(positions.size > 0) + int(np.count_nonzero(np.diff(positions) != 1))
+

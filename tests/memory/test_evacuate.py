@@ -7,6 +7,11 @@ import numpy as np
 from distpool.memory.band import Band
 from distpool.memory.evacuate import evacuation_moves
 from distpool.memory.free_runs import FreeRuns
+from distpool.memory.move_cost import MoveCost
+
+PAGE_BYTES = 1000
+# A run costs a tenth of a page: moving a page to save a run never pays below the bound.
+COST = MoveCost(page_bytes=PAGE_BYTES, run_bytes=100, max_runs=3, over_run_bytes=10 * PAGE_BYTES)
 
 
 def _band(size: int, requests: list[list[int]]) -> tuple[Band, list[np.ndarray]]:
@@ -27,39 +32,63 @@ def _copy_in_order(contents: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np
 
 
 def _plan(band: Band, pages: list[np.ndarray], *, bottom: int, window: int = 0, rooms=None):
-    return evacuation_moves(
+    plan = evacuation_moves(
         band,
         np.zeros(band.num_positions, dtype=bool),
         np.zeros(band.num_positions + 1, dtype=np.int64),
         None,
         pages,
         rooms or [0] * len(pages),
+        COST,
         bottom=bottom,
         window=window,
     )
+    return None if plan is None else (plan.src, plan.dst)
 
 
-def test_the_requests_in_the_way_move_whole_and_a_later_one_may_take_an_earlier_ones_old_place():
+def test_only_the_pages_in_the_way_move_when_that_costs_less_than_moving_the_request_whole():
     # A holds 6..11, B 4..5, C 18..19; positions below 8 must be freed (a new slot needs them).
     band, (a, b, c) = _band(20, [list(range(6, 12)), [4, 5], [18, 19]])
     src, dst = _plan(band, [a, b, c], bottom=8)
-    # A (largest first) goes whole to [12, 18); then B takes A's old 8, 9, copied after A left.
-    assert src.tolist() == [6, 7, 8, 9, 10, 11, 4, 5]
-    assert dst.tolist() == [12, 13, 14, 15, 16, 17, 8, 9]
-    contents = np.arange(20) * 10
+    # A (largest first) moves its two pages in the way, not its six (one run more costs a tenth of
+    # a page); B follows.
+    assert src.tolist() == [6, 7, 4, 5]
+    assert dst.tolist() == [12, 13, 14, 15]
+
+
+def test_a_request_at_its_run_bound_moves_whole_and_a_later_one_takes_its_old_place():
+    # A is in 3 runs (the bound): 5..7, 9, 11; D, E, F hold 8, 10, 12; C holds 3. Below 6 must
+    # be freed. Moving only A's page 5 would split it into a fourth run (ten pages' price), so A
+    # moves whole to 13..17 (one run); C then takes A's old 11, copied after A left.
+    band, (a, c, d, e, f) = _band(24, [[5, 6, 7, 9, 11], [3], [8], [10], [12]])
+    src, dst = _plan(band, [a, c, d, e, f], bottom=6)
+    assert src.tolist() == [5, 6, 7, 9, 11, 3]
+    assert dst.tolist() == [13, 14, 15, 16, 17, 11]
+    contents = np.arange(24) * 10
     moved = _copy_in_order(contents, src, dst)
-    assert moved[12:18].tolist() == contents[6:12].tolist() and moved[8:10].tolist() == contents[4:6].tolist()
+    assert moved[13:18].tolist() == contents[a].tolist() and moved[11] == contents[3]
     reversed_order = _copy_in_order(contents, src[::-1], dst[::-1])
-    assert reversed_order[12:18].tolist() != contents[6:12].tolist()  # the order matters
+    assert reversed_order[13:18].tolist() != contents[a].tolist()  # the order matters
 
 
-def test_a_request_too_large_to_move_whole_moves_only_its_pages_in_the_way():
-    band, (a, c) = _band(20, [list(range(6, 14)), [17, 18, 19]])  # free outside: [14, 17) only
-    src, dst = _plan(band, [a, c], bottom=8)
-    assert src.tolist() == [6, 7] and dst.tolist() == [14, 15]
+def test_the_plan_costs_the_bytes_it_copies_and_the_runs_it_adds():
+    band, (a, b, c) = _band(20, [list(range(6, 12)), [4, 5], [18, 19]])
+    plan = evacuation_moves(
+        band,
+        np.zeros(20, dtype=bool),
+        np.zeros(21, dtype=np.int64),
+        None,
+        [a, b, c],
+        [0, 0, 0],
+        COST,
+        bottom=8,
+        window=0,
+    )
+    # Four pages copied; A gains a run (6, 7 leave for 12, 13), B keeps its one.
+    assert plan.cost_bytes == 4 * PAGE_BYTES + COST.run_bytes
 
 
-def test_a_window_is_cleared_where_it_moves_least_and_nothing_scatters():
+def test_a_window_is_cleared_where_it_moves_least():
     # 0..3 free, A 4..5, B 6, free 7..9, C 10..13, D 14, free 15..19: a 5-page window fits at
     # 15..19 already (cost 0), so nothing moves.
     band, pages = _band(20, [[4, 5], [6], [10, 11, 12, 13], [14]])
@@ -72,5 +101,5 @@ def test_a_window_is_cleared_where_it_moves_least_and_nothing_scatters():
 
 
 def test_no_plan_when_what_must_move_fits_nowhere():
-    band, pages = _band(8, [[2, 3, 4, 5, 6, 7]])  # bottom 4: its 2 pages in the way, no free run
+    band, pages = _band(8, [[2, 3, 4, 5, 6, 7]])  # bottom 4: its 2 pages in the way, no free position
     assert _plan(band, pages, bottom=4) is None
