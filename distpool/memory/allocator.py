@@ -151,9 +151,12 @@ class Allocator:
             self.holdings.room[rows] = rooms
             self.claims.set(rows)
 
-    def extend_batch(self, requests: Sequence[tuple[str, int]]) -> None:
+    def extend_batch(self, requests: Sequence[tuple[str, int]], *, prefer_compaction: bool = False) -> None:
         """Grow each (request_id, num_new_tokens); releases sliding-window pages that left the
-        window. All or nothing. Requests that cross no page boundary touch no band."""
+        window. All or nothing. Requests that cross no page boundary touch no band.
+        prefer_compaction: raise NeedsCompaction, taking nothing, when the one request growing
+        elsewhere by several pages would scatter them and clearing one free run for them costs
+        less (`CompactionPlanner.growth_window`)."""
         table = self.holdings
         ids, added, rows = table.checked_rows(requests, "extend")
         if not ids:
@@ -169,7 +172,9 @@ class Allocator:
                 if np.maximum.reduce(short) > 0:  # one reduction on the common step that takes no page
                     growing = (short > 0).nonzero()[0]
                     some = slice(None) if growing.size == rows.size else growing  # all: views, no gathers
-                    self._grow(ids, rows[some], -(-short[some] // page_size))
+                    self._grow(
+                        ids, rows[some], -(-short[some] // page_size), prefer_compaction=prefer_compaction
+                    )
             table.num_tokens[rows] = new
             return
         new_pages, new_swa, drops = self.footprint.growth_array(old, new)
@@ -178,7 +183,15 @@ class Allocator:
             dropped = concat_ids(
                 [table.vswa[r][:d] for r, d in zip(rows[changing], drops[changing], strict=True)]
             )
-            self._grow(ids, rows[changing], new_pages[changing], new_swa[changing], dropped, drops[changing])
+            self._grow(
+                ids,
+                rows[changing],
+                new_pages[changing],
+                new_swa[changing],
+                dropped,
+                drops[changing],
+                prefer_compaction=prefer_compaction,
+            )
         table.num_tokens[rows] = new
 
     def _grow(
@@ -189,6 +202,8 @@ class Allocator:
         new_swa: np.ndarray | None = None,
         dropped_swa: np.ndarray = NO_POSITIONS,
         drops: np.ndarray | None = None,
+        *,
+        prefer_compaction: bool = False,
     ) -> None:
         """Give `rows` their new pages (and window pages), freeing `dropped_swa`; all or nothing.
         Without a window (`new_swa` None) every row takes pages: `new_pages` >= 1 each."""
@@ -201,6 +216,19 @@ class Allocator:
             low_runs.give(self.low_band.physical(dropped_swa))
         if not self.frontier.fits(num_swa, num_pages, low_runs):
             raise self.planner.refusal(ids, num_swa, num_pages)
+        # A batch taking one page each (a decode step) adds a run at most to each: not worth a look.
+        if prefer_compaction and (num_pages > rows.size or rows.size == 1):
+            paging = np.flatnonzero(new_pages) if new_swa is not None else slice(None)
+            window = self.planner.growth_window(rows[paging], new_pages[paging], low_runs)
+            if window is not None:
+                raise NeedsCompaction(
+                    ids[0],
+                    "its growth would add runs that clearing free pages for it saves",
+                    low=num_swa,
+                    pages=num_pages,
+                    window=window[0],
+                    window_at=window[1],
+                )
         floor, swa_v = self.frontier.high_floor(), NO_POSITIONS
         if num_swa or dropped_swa.size:
             self.low_band.free(dropped_swa)

@@ -137,7 +137,7 @@ class ArenaPool:
 
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
-        grow = lambda batch, whole=False: self.allocator.extend_batch(batch)  # noqa: E731
+        grow = lambda batch, whole=False: self.allocator.extend_batch(batch, prefer_compaction=whole)  # noqa: E731
         self._evicting_if(lambda: self._compacting_if(compact, grow, requests), requests, 0)
 
     def _evicting_if(
@@ -159,23 +159,28 @@ class ArenaPool:
     def _compacting_if(self, compact: bool, take: Callable[..., None], requests: Sequence) -> None:
         """`take(requests, whole=...)`, compacting when refused with `NeedsCompaction` and allowed.
 
-        Cheapest first: the requests in the way move, keeping every request's growth room; then the
-        same without the room; then (what the refusal promised fits) a full compaction. Until the
-        last, `whole` asks the allocator to refuse a request that would scatter over several runs."""
+        Cheapest first: what is in the way moves, keeping every request's growth room; then the
+        same without the room. Until then `whole` asks the allocator to refuse a request that would
+        scatter when clearing a run for it costs less (move_cost.py). Then the call takes what
+        there is, scattered if need be; only when it still does not fit comes the full compaction
+        the refusal promised room after."""
         try:
             return take(requests, whole=compact)
         except NeedsCompaction as needs:
             if not compact:
                 raise
             need = needs
-        for keep_room, last in ((True, False), (False, False), (False, True)):
-            self.compact(keep_room=keep_room, need=None if last else need)
+        for keep_room in (True, False):
+            self.compact(keep_room=keep_room, need=need)
             try:
-                return take(requests, whole=not last)
+                return take(requests, whole=True)
             except NeedsCompaction as needs:
-                if last:
-                    raise
                 need = needs
+        try:
+            return take(requests, whole=False)
+        except NeedsCompaction:
+            self.compact()
+            return take(requests, whole=False)
 
     def release(self, request_id: str) -> None:
         self.release_batch([request_id])

@@ -2,13 +2,16 @@
 `ArenaPool.compact` copies the bytes, then the allocator applies the plan to its maps.
 
 What a plan is for (`NeedsCompaction` says which):
-- room a refused call lacks (pages below the low band's new units, or pages the call needs): the
-  pages in the way move (evacuate.py), the low band staying as it is unless the pages fit only once
-  it packs down; failing that, a full compaction;
-- a free run for a new request that would otherwise scatter (`window`): asked for only when the
-  cost model (move_cost.py) says clearing it costs less than the runs the scatter adds.
-A full compaction packs the low band down and slides full pages up, keeping each request's pages
-together (extent placement) or filling holes unit by unit (the first-fit baseline).
+- room a refused call lacks (pages below the low band's new units, or pages the call needs);
+- a free run for a new request that would otherwise scatter (`window`), asked for by the reserve
+  only when clearing it costs less than the runs the scatter adds (`window_pays`);
+- a free run for a request's growth (`growth_window`), anywhere or right after its last page
+  (`window_at`), when that costs less than the runs its growth would add.
+Each is met by the cheaper of two plans under the cost model (move_cost.py): the holders in the way
+move (evacuate.py), or the stretch of the band that holds enough free pages slides up (slide.py).
+The low band stays as it is unless the pages fit only once it packs down. When neither plan
+serves, a full compaction packs the low band down and slides every page up, keeping each request's
+pages together (extent placement) or filling holes unit by unit (the first-fit baseline).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from distpool.memory.move_cost import MoveCost
 from distpool.memory.placement import Placement
 from distpool.memory.pool import DoesNotFit, NeedsCompaction
 from distpool.memory.requests import RequestTable
+from distpool.memory.runs import num_runs
 from distpool.memory.sharing import SharedPages
+from distpool.memory.slide import cheapest_slide, slide_moves
 
 
 class CompactionPlanner:
@@ -88,10 +93,56 @@ class CompactionPlanner:
             return False
         need = NeedsCompaction("", "", low=low_count, pages=sum(high_counts), window=max(high_counts))
         low_pinned, high_pinned = self._pinned_masks()
-        plan = self._evacuation(
+        plan = self._page_plan(
             need, self._bottom(low_count, np.ones_like(low_pinned)), high_pinned, self.claims.room_mask()
         )
         return plan is not None and plan.cost_bytes < scatter
+
+    def growth_window(
+        self, rows: np.ndarray, counts: np.ndarray, low_runs: FreeRuns | None = None
+    ) -> tuple[int, int] | None:
+        """(pages, start) of the free run to clear when `rows` grow by `counts` pages (start -1:
+        anywhere); None: grow as placement would. Only when exactly one of them grows elsewhere than
+        right after its last page. Of three ways it pays the least: taking the extent placement
+        gives it (`Placement.growth_positions`; each piece a run more), clearing one free run for it
+        (a run more), or clearing the pages right after its last page (no run more)."""
+        if not self.targeted:
+            return None
+        table, runs = self.table, self.high_band.runs.copy()
+        vlast = table.last_vpage[rows]
+        after = np.full(rows.size, runs.num_positions, dtype=np.int64)
+        after[vlast >= 0] = self.high_band.physical(vlast[vlast >= 0]) + 1
+        in_place = runs.take_after(after, counts)
+        rest = counts - in_place
+        moving = np.flatnonzero(rest)
+        if moving.size != 1:
+            return None
+        i = int(moving[0])
+        row, count = int(rows[i]), int(rest[i])
+        floor, room = self.frontier.high_floor(low_runs), int(table.room[row])
+        pieces = len(
+            runs.take_extent(count, floor, self.placement.gap_keep, room=room, claims=self.claims.live())
+        )
+        runs_now = num_runs(self.high_band.physical(np.array(table.vpages[row], dtype=np.int64)))
+        if pieces == 1 and runs_now < self.cost.max_runs:
+            return None  # one run more, within the bound: nothing to clear is cheaper
+        best, choice = self.cost.of(0, runs_now, runs_now + pieces), None
+        low_stays = np.ones_like(self.low_band.owned)
+        bottom, high_pinned, room_mask = (
+            self._bottom(0, low_stays),
+            self._pinned_masks()[1],
+            self.claims.room_mask(),
+        )
+        start = int(after[i] + in_place[i])
+        options = [(count, start, 0)] if vlast[i] >= 0 and start + count <= runs.num_positions else []
+        if pieces > 1:
+            options.append((count, -1, 1))
+        for window, at, runs_added in options:
+            need = NeedsCompaction("", "", pages=count, window=window, window_at=at)
+            plan = self._page_plan(need, bottom, high_pinned, room_mask)
+            if plan is not None and plan.cost_bytes + self.cost.of(0, runs_now, runs_now + runs_added) < best:
+                best, choice = plan.cost_bytes, (window, at)
+        return choice
 
     # ---- plans ------------------------------------------------------------------------------------
     def compaction_moves(
@@ -133,11 +184,11 @@ class CompactionPlanner:
         pages fit only below its highest unit."""
         for pack_low in (False, True):
             low_stays = low_pinned if pack_low else np.ones_like(low_pinned)
-            plan = self._evacuation(need, self._bottom(need.low, low_stays), high_pinned, room)
+            plan = self._page_plan(need, self._bottom(need.low, low_stays), high_pinned, room)
             if plan is None:
                 continue
             moves = self.frontier.compaction_moves(
-                low_stays, high_pinned, (plan.src, plan.dst), high_slide=False
+                low_stays, high_pinned, (plan.src, plan.dst), high_slide=plan.slide
             )
             if self.frontier.fits(need.low, need.pages, *self.frontier.runs_after(moves)):
                 return moves
@@ -158,19 +209,36 @@ class CompactionPlanner:
         end = low.base_bytes + (top + 1) * low.stride_bytes
         return max(0, ceil_div(end - high.base_bytes, high.stride_bytes))
 
-    def _evacuation(
+    def _page_plan(
         self, need: NeedsCompaction, bottom: int, high_pinned: np.ndarray, room: np.ndarray | None
     ) -> Evacuation | None:
-        """The cheapest evacuation found that frees the pages below `bottom` and `need`'s window."""
+        """The cheaper of two plans that free the pages below `bottom` and a run of `need.window`:
+        moving the holders in the way elsewhere (evacuate.py), which may add runs, or sliding
+        the stretch of the band that holds enough free pages up (slide.py), which adds none."""
         holders, rooms = self.sharing.holder_groups(self.table.live_rows())
-        return evacuation_moves(
-            self.high_band,
-            high_pinned,
-            self.claims.by_position,
-            room,
-            holders,
-            rooms,
-            self.cost,
-            bottom=bottom,
-            window=need.window,
+        band, window = self.high_band, need.window
+        plans = [
+            evacuation_moves(
+                band,
+                high_pinned,
+                self.claims.by_position,
+                room,
+                holders,
+                rooms,
+                self.cost,
+                bottom=bottom,
+                window=window,
+                window_at=need.window_at,
+            )
+        ]
+        if need.window_at >= 0:  # a slide would move the window's neighbours too
+            return plans[0]
+        slide = cheapest_slide(band, high_pinned, room, holders, bottom=bottom, window=window)
+        if slide is not None:
+            src, dst = slide_moves(band, high_pinned, room, slide)
+            plans.append(
+                Evacuation(src=src, dst=dst, cost_bytes=slide.pages_moved * self.cost.page_bytes, slide=True)
+            )
+        return min(
+            (plan for plan in plans if plan is not None), key=lambda plan: plan.cost_bytes, default=None
         )

@@ -10,11 +10,12 @@ otherwise scatter, one free run of `window` pages. The plan (`Evacuation`):
   way, leaving the rest where it is. Either way its pages go to the fewest free runs outside the
   cleared positions; a plan may scatter a holder when nothing cheaper exists, and the runs that adds
   are in its cost;
-- window: among the windows with the fewest pages and growth room in them (at most WINDOW_TRIES,
-  not overlapping, no pinned page), the one whose evacuation costs least.
+- window: the one asked for (`window_at`: right after a growing request), or among the windows
+  with the fewest pages and growth room in them (at most WINDOW_TRIES, not overlapping, no pinned
+  page) the one whose evacuation costs least.
 The copies run in the plan's order: a destination is free, or the source of an earlier copy. None:
-no plan (a pinned page in the way, or too few free positions outside the cleared ones); the caller
-falls back to a full compaction.
+no plan (a pinned page in the way, or too few free positions outside the cleared ones); the planner
+then slides (slide.py) or falls back to a full compaction.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ WINDOW_TRIES = 8  # cheapest windows (by pages in them) whose evacuations are pl
 
 @dataclass(frozen=True)
 class Evacuation:
-    """Page moves in copy order and their cost (`MoveCost.of`, bytes of copying)."""
+    """Page moves and their cost (`MoveCost.of`, bytes of copying). The copies run in the order
+    given, or highest source first for a slide (`slide`: every page moves up, slide.py)."""
 
     src: np.ndarray  # physical positions, int64
     dst: np.ndarray
     cost_bytes: float
+    slide: bool = False
 
 
 def evacuation_moves(
@@ -52,11 +55,12 @@ def evacuation_moves(
     *,
     bottom: int,
     window: int,
+    window_at: int = -1,
 ) -> Evacuation | None:
     """The cheapest plan found that leaves every position below `bottom` free and, if `window` > 0,
-    a run of `window` free positions at or above it. holders[i]: holder i's physical pages in token
-    order; rooms[i]: its expected growth; claims / room: the growth claims and the free positions
-    they cover (claims.py)."""
+    a run of `window` free positions at or above it (starting at `window_at` when >= 0).
+    holders[i]: holder i's physical pages in token order; rooms[i]: its expected growth; claims /
+    room: the growth claims and the free positions they cover (claims.py)."""
     n = band.num_positions
     cleared = np.zeros(n, dtype=bool)
     cleared[: min(bottom, n)] = True
@@ -64,6 +68,9 @@ def evacuation_moves(
         return _evacuate(band, pinned, claims, holders, rooms, cleared, cost)
     if bottom + window > n:
         return None
+    if window_at >= 0:
+        cleared[window_at : window_at + window] = True
+        return _evacuate(band, pinned, claims, holders, rooms, cleared, cost)
     # Windows by the pages and growth room in them (a pinned page rules a window out); the
     # cheapest first, the highest of equals. Windows that overlap a tried one are skipped.
     taken = band.owned if room is None else band.owned | room

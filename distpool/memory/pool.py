@@ -45,13 +45,21 @@ class DoesNotFit(Exception):
 class NeedsCompaction(DoesNotFit):
     """Does not fit now, or fits only scattered, and would after a compaction; nothing was taken.
     `low` / `pages`: the low-band units (slots, window pages) and the pages the call needed;
-    `window`: the run of free pages it wanted whole (0: any)."""
+    `window`: the run of free pages it wanted whole (0: any), starting at page position `window_at`
+    (-1: anywhere; a position is valid until the next compaction)."""
 
     def __init__(
-        self, request_id: str, reason: str, *, low: int = 0, pages: int = 0, window: int = 0
+        self,
+        request_id: str,
+        reason: str,
+        *,
+        low: int = 0,
+        pages: int = 0,
+        window: int = 0,
+        window_at: int = -1,
     ) -> None:
         super().__init__(request_id, reason)
-        self.low, self.pages, self.window = low, pages, window
+        self.low, self.pages, self.window, self.window_at = low, pages, window, window_at
 
 
 class UnknownRequest(KeyError):

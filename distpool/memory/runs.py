@@ -27,4 +27,3 @@ def merge_runs(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarr
 def num_runs(positions: np.ndarray) -> int:
     """Maximal stretches of consecutive ascending unit positions, in order (0 for none)."""
     return int(positions.size > 0) + int(np.count_nonzero(np.diff(positions) != 1))
-
