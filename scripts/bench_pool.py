@@ -38,6 +38,7 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -54,11 +55,13 @@ from churn import (  # noqa: E402
 )
 
 from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
+from distpool.memory.move_cost import RUN_BYTES  # noqa: E402
 from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
+from transfer.staging import gather, scatter  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
@@ -89,6 +92,11 @@ TRACE_SPECS = {"slot_50mb": (21, 40), "slot_400mb": (170, 128)}  # name -> (ssm 
 TRACE_REQUESTS = {"full": 30_000, "quick": 10_000}  # the trace itself: scripts/churn.py
 # (e) compaction on real bytes: as large as a quick run allows on a 2-core, 23 GiB machine
 COMPACTION_ARENA_GIB = {"full": 4, "quick": 2}
+# and what one byte run costs a transfer: pieces as one run and as RUN_COST_RUNS runs (few enough
+# that the copy loops over them, as it does for an envelope in a handful of runs)
+RUN_COST_RUNS = 8
+RUN_COST_PIECE_BYTES = 4096
+RUN_COST_REPEATS = 2000
 
 
 def draw_workload(name: str, n: int, rng: np.random.Generator) -> list[int]:
@@ -323,6 +331,7 @@ def run_trace(spec: ModelSpec, budget: int, placement: str, num_requests: int, s
         "preempted": stats["preempted"],
         "compactions": compactions,
         "compaction_bytes_per_request": moved / num_requests,
+        "envelope_bytes_mean": stats["envelope_bytes_mean"],
         "occupancy_mean": float(occ.mean()),
         "occupancy_p10_p90": [float(np.percentile(occ, 10)), float(np.percentile(occ, 90))],
         "requests": num_requests,
@@ -375,13 +384,42 @@ def compaction_rate(mode: str) -> dict[str, float]:
     start = time.perf_counter()
     pool.buffer[half : half + nbytes].copy_(pool.buffer[:nbytes])
     memcpy_s = time.perf_counter() - start
+    run_us = transfer_run_us(pool)
     del pool
+    compaction_gbps = moved / compact_s / 1e9
     return {
         "arena_gib": COMPACTION_ARENA_GIB[mode],
         "bytes_moved": moved,
-        "compaction_gbps": moved / compact_s / 1e9,
+        "compaction_gbps": compaction_gbps,
         "memcpy_gbps": nbytes / memcpy_s / 1e9,
+        "transfer_run_us": run_us,
+        # The cost model's price of one byte run (move_cost.py): what copying costs in its time.
+        "run_bytes": run_us * 1e-6 * compaction_gbps * 1e9,
+        "run_bytes_in_model": RUN_BYTES,
     }
+
+
+def transfer_run_us(pool: ArenaPool) -> float:
+    """Microseconds one more byte run costs a transfer: a gather and a scatter (transfer/staging.py,
+    each side's copy) of RUN_COST_RUNS pieces against one piece of the same bytes, per piece added,
+    the median of interleaved pairs. The pieces are small so that the copy's own time, the same in
+    both, does not drown the per-piece cost in its noise."""
+    base = pool.arena.high.base_bytes
+    one = (np.array([base]), np.array([RUN_COST_RUNS * RUN_COST_PIECE_BYTES]))
+    starts = base + np.arange(RUN_COST_RUNS) * 2 * RUN_COST_PIECE_BYTES  # a piece apart
+    split = (starts, np.full(RUN_COST_RUNS, RUN_COST_PIECE_BYTES))
+    packed = torch.empty(RUN_COST_RUNS * RUN_COST_PIECE_BYTES, dtype=torch.uint8)
+
+    def seconds(offsets: np.ndarray, nbytes: np.ndarray) -> float:
+        start = time.perf_counter()
+        gather(pool.buffer, offsets, nbytes, packed)
+        scatter(packed, offsets, nbytes, pool.buffer)
+        return time.perf_counter() - start
+
+    seconds(*one), seconds(*split)  # warm-up
+    times = np.array([(seconds(*one), seconds(*split)) for _ in range(RUN_COST_REPEATS)])  # interleaved
+    added = float(np.median(times[:, 1] - times[:, 0]))
+    return max(added, 0.0) / (RUN_COST_RUNS - 1) * 1e6
 
 
 def capacity(spec: ModelSpec, budget: int, num_requests: int, label: str) -> list[dict]:
@@ -482,19 +520,26 @@ def main(argv: list[str] | None = None) -> int:
         extent, first = speed["extent"]["extend_batch_us"][key], speed["first_fit"]["extend_batch_us"][key]
         print(f"  {'extend_batch us (' + key + ')':<38}{extent:>12.1f}{first:>14.1f}")
     print(
-        "\nchurn trace          runs/envelope p50 p99 (first fit)  refused_with_room  compactions  occupancy"
+        "\nchurn trace          runs/envelope p50 p99 (first fit)  refused_with_room  compactions"
+        "  moved MB/request (first fit)  envelope MB  occupancy (first fit)"
     )
     for name, t in traces.items():
         r = t["runs_per_envelope"]
-        occ = t["extent"]["occupancy_mean"]
+        extent, first = t["extent"], t["first_fit"]
+        moved, first_moved = (row["compaction_bytes_per_request"] / 1e6 for row in (extent, first))
         print(
             f"  {name:<20}{r['p50']:>6.0f}{r['p99']:>6.0f}"
             f"  ({r['first_fit_p50']:.0f}, {r['first_fit_p99']:.0f})"
-            f"{t['refused_with_room']:>22}{t['compactions']:>13}{occ:>11.0%}"
+            f"{t['refused_with_room']:>22}{t['compactions']:>13}"
+            f"{moved:>18.1f} ({first_moved:.1f})"
+            f"{extent['envelope_bytes_mean'] / 1e6:>13.1f}"
+            f"{extent['occupancy_mean']:>11.1%} ({first['occupancy_mean']:.1%})"
         )
     print(
         f"\ncompaction ({compaction['arena_gib']} GiB CPU arena): {compaction['compaction_gbps']:.2f} GB/s; "
-        f"memcpy {compaction['memcpy_gbps']:.2f} GB/s"
+        f"memcpy {compaction['memcpy_gbps']:.2f} GB/s; a transfer's byte run "
+        f"{compaction['transfer_run_us']:.1f} us = {compaction['run_bytes'] / 1e3:,.0f} KB of compaction "
+        f"(the allocator's cost model: {RUN_BYTES / 1e3:,.0f} KB)"
     )
     print_table(rows)
     plot(rows, args.plot)

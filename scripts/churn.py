@@ -85,7 +85,8 @@ def run_churn(
 
     Returns the trace's counts: refused_with_room (reserves or extends refused while the arena's
     free bytes covered them), preempted, runs (of each envelope as it left), occupancy (after the
-    warm-up) and, with a target, target_preempted (requests preempted to let it grow).
+    warm-up), envelope_bytes_mean (the trace's mean envelope: slot plus the pages of the prompt and
+    half the output) and, with a target, target_preempted (requests preempted to let it grow).
     """
     slot_bytes, page_bytes = pool.arena.low.stride_bytes, pool.arena.high.stride_bytes
     rng = np.random.default_rng(seed)
@@ -109,7 +110,14 @@ def run_churn(
     tokens: dict[int, int] = {}  # live requests, in the order they were admitted
     live = 0
     grown = 0  # growth steps the target has taken
-    stats = {"refused_with_room": 0, "preempted": 0, "runs": [], "occupancy": [], "target_preempted": 0}
+    stats = {
+        "refused_with_room": 0,
+        "preempted": 0,
+        "runs": [],
+        "occupancy": [],
+        "target_preempted": 0,
+        "envelope_bytes_mean": mean_bytes,
+    }
 
     def held_bytes(n: int) -> int:
         return slot_bytes + -(-n // PAGE_SIZE) * page_bytes
