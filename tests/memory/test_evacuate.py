@@ -6,22 +6,12 @@ import numpy as np
 
 from distpool.memory.band import Band
 from distpool.memory.evacuate import evacuation_moves
-from distpool.memory.free_runs import FreeRuns
 from distpool.memory.move_cost import MoveCost
+from tests.memory.band_factory import make_band
 
 PAGE_BYTES = 1000
 # A run costs a tenth of a page: moving a page to save a run never pays below the bound.
 COST = MoveCost(page_bytes=PAGE_BYTES, run_bytes=100, max_runs=3, over_run_bytes=10 * PAGE_BYTES)
-
-
-def _band(size: int, requests: list[list[int]]) -> tuple[Band, list[np.ndarray]]:
-    """A high band whose request i owns `requests[i]` (positions in token order)."""
-    band = Band(size, grows_up=False)
-    pages = [np.array(positions, dtype=np.int64) for positions in requests]
-    for physical in pages:
-        band.assign(physical)
-    band.runs = FreeRuns.from_owned(band.owned)
-    return band, pages
 
 
 def _copy_in_order(contents: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -48,7 +38,7 @@ def _plan(band: Band, pages: list[np.ndarray], *, bottom: int, window: int = 0, 
 
 def test_only_the_pages_in_the_way_move_when_that_costs_less_than_moving_the_request_whole():
     # A holds 6..11, B 4..5, C 18..19; positions below 8 must be freed (a new slot needs them).
-    band, (a, b, c) = _band(20, [list(range(6, 12)), [4, 5], [18, 19]])
+    band, (a, b, c) = make_band(20, [list(range(6, 12)), [4, 5], [18, 19]])
     src, dst = _plan(band, [a, b, c], bottom=8)
     # A (largest first) moves its two pages in the way, not its six (one run more costs a tenth of
     # a page); B follows.
@@ -60,7 +50,7 @@ def test_a_request_at_its_run_bound_moves_whole_and_a_later_one_takes_its_old_pl
     # A is in 3 runs (the bound): 5..7, 9, 11; D, E, F hold 8, 10, 12; C holds 3. Below 6 must
     # be freed. Moving only A's page 5 would split it into a fourth run (ten pages' price), so A
     # moves whole to 13..17 (one run); C then takes A's old 11, copied after A left.
-    band, (a, c, d, e, f) = _band(24, [[5, 6, 7, 9, 11], [3], [8], [10], [12]])
+    band, (a, c, d, e, f) = make_band(24, [[5, 6, 7, 9, 11], [3], [8], [10], [12]])
     src, dst = _plan(band, [a, c, d, e, f], bottom=6)
     assert src.tolist() == [5, 6, 7, 9, 11, 3]
     assert dst.tolist() == [13, 14, 15, 16, 17, 11]
@@ -72,7 +62,7 @@ def test_a_request_at_its_run_bound_moves_whole_and_a_later_one_takes_its_old_pl
 
 
 def test_the_plan_costs_the_bytes_it_copies_and_the_runs_it_adds():
-    band, (a, b, c) = _band(20, [list(range(6, 12)), [4, 5], [18, 19]])
+    band, (a, b, c) = make_band(20, [list(range(6, 12)), [4, 5], [18, 19]])
     plan = evacuation_moves(
         band,
         np.zeros(20, dtype=bool),
@@ -91,7 +81,7 @@ def test_the_plan_costs_the_bytes_it_copies_and_the_runs_it_adds():
 def test_a_window_is_cleared_where_it_moves_least():
     # 0..3 free, A 4..5, B 6, free 7..9, C 10..13, D 14, free 15..19: a 5-page window fits at
     # 15..19 already (cost 0), so nothing moves.
-    band, pages = _band(20, [[4, 5], [6], [10, 11, 12, 13], [14]])
+    band, pages = make_band(20, [[4, 5], [6], [10, 11, 12, 13], [14]])
     src, dst = _plan(band, pages, bottom=0, window=5)
     assert src.size == 0 and dst.size == 0
     # A 6-page window: the cheapest is 14..19 (D only); D goes whole to the best-fitting hole,
@@ -101,5 +91,5 @@ def test_a_window_is_cleared_where_it_moves_least():
 
 
 def test_no_plan_when_what_must_move_fits_nowhere():
-    band, pages = _band(8, [[2, 3, 4, 5, 6, 7]])  # bottom 4: its 2 pages in the way, no free position
+    band, pages = make_band(8, [[2, 3, 4, 5, 6, 7]])  # bottom 4: its 2 pages in the way, no free position
     assert _plan(band, pages, bottom=4) is None

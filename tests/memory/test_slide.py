@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.band import Band
-from distpool.memory.free_runs import FreeRuns
 from distpool.memory.slide import cheapest_slide, slide_moves
-
-
-def _band(size: int, holders: list[list[int]]) -> tuple[Band, list[np.ndarray]]:
-    band = Band(size, grows_up=False)
-    pages = [np.array(positions, dtype=np.int64) for positions in holders]
-    for physical in pages:
-        band.assign(physical)
-    band.runs = FreeRuns.from_owned(band.owned)
-    return band, pages
+from tests.memory.band_factory import make_band
 
 
 def test_the_cheapest_stretch_slides_up_in_order_and_no_holder_gains_a_run():
     # [a a . b . . c c . d]: four free pages, none of them adjacent to three others.
-    band, pages = _band(10, [[0, 1], [3], [6, 7], [9]])
+    band, pages = make_band(10, [[0, 1], [3], [6, 7], [9]])
     nothing_pinned = np.zeros(10, dtype=bool)
     slide = cheapest_slide(band, nothing_pinned, None, pages, bottom=0, window=4)
     # From 2 (a's pages end at 1, so a stretch from 1 would split a): b, c, c move up.
@@ -35,7 +25,7 @@ def test_the_cheapest_stretch_slides_up_in_order_and_no_holder_gains_a_run():
 
 
 def test_a_pinned_page_rules_out_every_stretch_over_it():
-    band, pages = _band(10, [[0, 1], [3], [6, 7], [9]])
+    band, pages = make_band(10, [[0, 1], [3], [6, 7], [9]])
     pinned = np.zeros(10, dtype=bool)
     pinned[3] = True
     # Above 3 only 4, 5 and 8 are free: no stretch without b holds four.
@@ -44,7 +34,7 @@ def test_a_pinned_page_rules_out_every_stretch_over_it():
 
 
 def test_pages_below_the_bottom_slide_from_the_lowest_page():
-    band, pages = _band(10, [[2, 3], [6]])
+    band, pages = make_band(10, [[2, 3], [6]])
     slide = cheapest_slide(band, np.zeros(10, dtype=bool), None, pages, bottom=4, window=0)
     # Positions below 4 must be free: the stretch starts at the lowest page and holds 2 free.
     assert (slide.start, slide.end, slide.pages_moved) == (2, 6, 2)
