@@ -7,9 +7,9 @@ checked against what happens: `can_reserve` predicts a reserve, `NeedsCompaction
 reserve or extend succeeds after `compact()`, and a unified pool with nothing pinned never refuses
 (plain `DoesNotFit`) while its free bytes cover the request: compaction reclaims every hole, so the
 allocator must say `NeedsCompaction` instead. Reserves and extends with `compact=True` (and final
-lengths as growth hints) exercise the targeted compactions (only the requests in the way move) and
-the slides that keep growth room; the byte check covers their copy order. Both placements (extent,
-first fit) run.
+lengths as growth hints) exercise the targeted compactions (the requests in the way move, or one
+stretch of pages slides up; a growth may clear the pages after its request) and the slides that
+keep growth room; the byte check covers their copy order. Both placements (extent, first fit) run.
 """
 
 from __future__ import annotations
