@@ -1,8 +1,7 @@
 """Pool sizing: a pure function of (ModelSpec, PoolArgs, budget) returning frozen PoolSizes.
 
 Nothing is allocated here. `size_pools` refuses, with a ValueError that names the flag, the model's
-architectures, what is supported and the fix, before any pool or actor exists (design.md, "The
-configurator's rules"):
+architectures, what is supported and the fix, before any pool or actor exists:
 1. `--enable-unified-memory` with a model that is not hybrid (or is DeepSeek-V4).
 2. `--enable-unified-memory` with a hybrid-SWA model under PD.
 3. A budget in which one worst-case request (slot + pages for `context_len` tokens) cannot fit.

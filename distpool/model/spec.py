@@ -15,7 +15,8 @@ from typing import Any
 from distpool.model.dtypes import canonical_dtype, dtype_bytes
 from distpool.model.shard_rule import Segment, ShardRule, ShardTable, TensorRule
 
-# Model kinds (design.md "Vocabulary").
+# Model kinds: attention mixed with Mamba / linear attention, attention mixed with sliding-window
+# attention, DeepSeek-V4 (compressed attention, no unified pool), and dense (nothing to unify).
 HYBRID_MAMBA = "hybrid_mamba"
 HYBRID_SWA = "hybrid_swa"
 DEEPSEEK_V4 = "deepseek_v4"

@@ -1,4 +1,4 @@
-"""Serving a workload through a PD deployment (the driver side of design.md's "PD flow").
+"""Serving a workload through a PD deployment: the driver's side (README, "How one request moves").
 
 Per request, three driver <-> actor calls: reserve a destination on a decode worker with room,
 the one caching the longest prefix of the prompt first (it then expects the envelope from the
