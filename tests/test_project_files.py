@@ -1,0 +1,65 @@
+"""The project stands on its own: what its code imports is declared, what its text cites is in the tree."""
+
+import ast
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_PARTY = {"distpool", "prefill", "decode", "transfer", "tests"}
+SOURCE_DIRS = ("distpool", "prefill", "decode", "transfer", "tests", "scripts")
+
+
+def python_files() -> list[Path]:
+    return sorted(path for folder in SOURCE_DIRS for path in (ROOT / folder).rglob("*.py"))
+
+
+def imported_top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def declared_distributions() -> set[str]:
+    """Every distribution distpool names, in its dependencies or any extra, normalised."""
+    requirements = importlib.metadata.requires("distpool") or []
+    names = {re.match(r"[A-Za-z0-9_.-]+", line).group(0) for line in requirements}
+    return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+
+def test_every_third_party_import_is_declared_in_pyproject():
+    local_scripts = {path.stem for path in (ROOT / "scripts").glob("*.py")}
+    providers = importlib.metadata.packages_distributions()
+    declared = declared_distributions()
+    undeclared = {}
+    for path in python_files():
+        for name in imported_top_level_names(path):
+            if name in sys.stdlib_module_names or name in FIRST_PARTY or name in local_scripts:
+                continue
+            dists = {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(name, [name])}
+            if not dists & declared:
+                undeclared.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def test_the_benchmark_plots_are_an_extra_the_tests_also_install():
+    requirements = importlib.metadata.requires("distpool") or []
+    matplotlib = [line for line in requirements if line.startswith("matplotlib")]
+    assert matplotlib and all("extra ==" in line for line in matplotlib)
+    assert {re.search(r"extra == .(\w+).", line).group(1) for line in matplotlib} >= {"bench", "test"}
+
+
+def test_every_markdown_file_the_project_cites_is_in_the_tree():
+    cited = re.compile(r"\b([\w./-]+\.md)\b")
+    texts = [*python_files(), ROOT / "README.md", ROOT / "Makefile", ROOT / "pyproject.toml"]
+    missing = {}
+    for path in texts:
+        for name in cited.findall(path.read_text()):
+            if not any((base / name).exists() for base in (ROOT, path.parent)):
+                missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert not missing, f"cited but not in the repository: {missing}"
