@@ -28,9 +28,6 @@ from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
 from transfer import Transfer, TransferError
 from transfer.plan import moving_ranges
 
-# How long a reservation waits for its prefill worker to start the transfer (queueing and prefill
-# included); the driver cancels it sooner when the request fails elsewhere.
-RESERVATION_WAIT_S = 120.0
 # A landed envelope's verification waits while another transfer moves bytes, for at most MAX_YIELDS
 # waits in a row (a steady stream of transfers does not starve it).
 MAX_YIELDS = 250
@@ -114,9 +111,7 @@ class DecodeWorker(WorkerBase):
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
             ranges = self.pool.envelope_ranges(request_id)
             req.runs = byte_runs(moving_ranges(envelope, ranges))
-            req.transfer = self.channels.expect(
-                prefill, envelope, self.pool.buffer, ranges, wait_s=RESERVATION_WAIT_S, fault=fault
-            )
+            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer, ranges, fault=fault)
         except BaseException:
             self._free(self._waiting, request_id, pinned=True)
             raise

@@ -27,6 +27,7 @@ from distpool.serving.workload import WORKLOADS
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
 from transfer import TransferOptions
+from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_CHUNK_BYTES, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
@@ -191,8 +192,8 @@ def transfer_options(ns: argparse.Namespace, settings: Settings) -> TransferOpti
     elif settings.transfer_timeout_s is not None:
         timeout, timeout_from = settings.transfer_timeout_s, "DISTPOOL_TRANSFER_TIMEOUT_S"
     chunk_mib = settings.chunk_mib if settings.chunk_mib is not None else TransferOptions.chunk_bytes >> 20
-    if not 0 < chunk_mib <= 1024:
-        raise ValueError(f"DISTPOOL_CHUNK_MIB must be 1 to 1024 (MiB); got {chunk_mib}")
+    if not 0 < chunk_mib <= MAX_CHUNK_BYTES >> 20:
+        raise ValueError(f"DISTPOOL_CHUNK_MIB must be 1 to {MAX_CHUNK_BYTES >> 20} (MiB); got {chunk_mib}")
     try:
         return TransferOptions(timeout_s=timeout, chunk_bytes=chunk_mib << 20)
     except ValueError as exc:
@@ -223,7 +224,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     low, high = request_flags.DEFAULT_PROMPT_LEN
     run.add_argument("--min-prompt-len", type=int, default=None, help=f"shortest prompt of mixed ({low})")
     run.add_argument("--max-prompt-len", type=int, default=None, help=f"longest prompt of mixed ({high})")
-    run.add_argument("--max-new-tokens", type=int, default=16)
+    run.add_argument("--max-new-tokens", type=int, default=RequestFlags.max_new_tokens)
     run.add_argument("--fault-rate", type=float, default=0.0, help="probability a transfer is aborted")
     run.add_argument("--parity-sample", type=int, default=4, help="requests re-generated colocated")
     run.add_argument(
@@ -246,7 +247,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "--transfer-timeout",
         type=float,
         default=None,
-        help="seconds (0.1-3600); default 10 or DISTPOOL_TRANSFER_TIMEOUT_S",
+        help=f"seconds ({MIN_TIMEOUT_S:g}-{MAX_TIMEOUT_S:g}); "
+        f"default {DEFAULT_TIMEOUT_S:g} or DISTPOOL_TRANSFER_TIMEOUT_S",
     )
     run.add_argument(
         "--metrics-port",

@@ -188,7 +188,7 @@ def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
 def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
     torch.set_num_threads(1)
     channel = make_channel(1, port, streams)
-    receiver = EnvelopeReceiver(channel, max_chunk_bytes=1 << 30)
+    receiver = EnvelopeReceiver(channel)
     receiver.start()
     receiver.connect()
     arena = torch.zeros(arena_bytes, dtype=torch.uint8)
@@ -202,7 +202,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         _, method, rid, rows, raw_chunk = command  # this side's ranges
         ranges = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
         if method == "envelope":
-            transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges, deadline_s=120)
+            transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges)
             conn.send("ready")
             cpu_started = time.process_time()
             transfer.wait()

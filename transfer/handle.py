@@ -28,6 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
+from transfer.defaults import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_TIMEOUT_S,
+    DIRECT_MIN_BYTES_CPU,
+    DIRECT_MIN_BYTES_CUDA,
+    MAX_CHUNK_BYTES,
+    MAX_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+)
 from transfer.errors import TransferError
 
 
@@ -40,21 +49,6 @@ class TransferState(enum.Enum):
 
 ChunkHook = Callable[["Transfer", int], None]
 DoneCallback = Callable[["Transfer"], None]
-
-# Every transfer deadline, in seconds: long enough for the largest envelope over a slow link, short
-# enough that a silent peer fails the request while a retry is still worth it.
-DEFAULT_TIMEOUT_S = 10.0
-MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 3600.0
-DEFAULT_CHUNK_BYTES = 32 << 20
-MAX_CHUNK_BYTES = 1 << 30
-
-# Default zero-copy thresholds (see TransferOptions). Only runs this long travel as their own
-# message, so an envelope of scattered pages still goes as a few staged chunks, never one message
-# per page. On this class of 2-core CPU machine a 256 KiB threshold measured ~15% faster for
-# fully scattered 384 KiB pages (scripts/bench_transfer.py --direct-min-kib), at the price of one
-# message per page; the design's "few large messages" wins.
-DIRECT_MIN_BYTES_CPU = 4 << 20
-DIRECT_MIN_BYTES_CUDA = 16 << 20
 
 
 @dataclass(frozen=True)

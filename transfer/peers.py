@@ -13,6 +13,7 @@ import torch
 
 from distpool.memory.envelope import Envelope
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
+from transfer.defaults import EXPECT_WAIT_S
 from transfer.errors import ChannelError
 from transfer.faults import receiver_hook, sender_hook
 from transfer.handle import Transfer, TransferOptions
@@ -20,8 +21,6 @@ from transfer.link import measure
 from transfer.plan import moving_ranges
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
-
-UNEXPECTED_WAIT_S = 0.05
 
 
 def channel_name(prefill_name: str, decode_name: str) -> str:
@@ -76,8 +75,8 @@ class PeerChannels:
         )
         if self.rank == SENDER_RANK:
             end: EnvelopeSender | EnvelopeReceiver = EnvelopeSender(channel, self.options)
-        else:  # a worker reserves before it is sent to: a header for nothing reserved is refused at once
-            end = EnvelopeReceiver(channel, unexpected_wait_s=UNEXPECTED_WAIT_S)
+        else:  # its senders use this deployment's chunk size: the receiver accepts exactly that much
+            end = EnvelopeReceiver(channel, max_chunk_bytes=self.options.chunk_bytes)
         try:
             end.connect()
             end.start()
@@ -120,7 +119,7 @@ class PeerChannels:
         buffer: torch.Tensor,
         ranges: torch.Tensor,
         *,
-        wait_s: float,
+        wait_s: float = EXPECT_WAIT_S,
         fault: str | None = None,
     ) -> Transfer:
         """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it.

@@ -26,6 +26,7 @@ import torch
 
 from distpool.memory.envelope import MAX_PAGES, Envelope
 from transfer.channel import RECEIVER_RANK, Channel
+from transfer.defaults import EXPECT_WAIT_S, IDLE_WAIT_S, MAX_CHUNK_BYTES, TELL_PEER_S, UNEXPECTED_WAIT_S
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
@@ -50,8 +51,6 @@ from transfer.protocol import (
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
 
-TELL_PEER_S = 0.5  # the longest a failing receiver tries to tell the sender why, before it tears down
-
 
 class EnvelopeReceiver(ChannelEnd):
     """Receives envelopes over one channel (rank 1) into destinations reserved with `expect`.
@@ -67,10 +66,10 @@ class EnvelopeReceiver(ChannelEnd):
         self,
         channel: Channel,
         *,
-        max_chunk_bytes: int = 256 << 20,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
         max_pages: int = MAX_PAGES,
-        unexpected_wait_s: float = 1.0,
-        idle_wait_s: float = 3600.0,
+        unexpected_wait_s: float = UNEXPECTED_WAIT_S,
+        idle_wait_s: float = IDLE_WAIT_S,
     ) -> None:
         self.max_chunk_bytes, self.max_pages = max_chunk_bytes, max_pages
         self.unexpected_wait_s, self.idle_wait_s = unexpected_wait_s, idle_wait_s
@@ -85,7 +84,7 @@ class EnvelopeReceiver(ChannelEnd):
         buffer: torch.Tensor,
         ranges: torch.Tensor,
         *,
-        deadline_s: float = 30.0,
+        deadline_s: float = EXPECT_WAIT_S,
         active_timeout_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:

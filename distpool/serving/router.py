@@ -35,7 +35,7 @@ class Router:
         prefill_names: list[str],
         decode_names: list[str],
         *,
-        page_size: int = 16,
+        page_size: int,  # the decode pools' (PoolArgs.page_size): the router mirrors their caches
         max_blocks_per_worker: int = 1 << 17,
     ) -> None:
         if not prefill_names or not decode_names:

@@ -12,7 +12,7 @@ from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
 
 
 def test_prefill_goes_to_least_loaded_live_worker():
-    router = Router(["p0", "p1", "p2"], ["d0"])
+    router = Router(["p0", "p1", "p2"], ["d0"], page_size=16)
     router.begin("p0")
     router.begin("p0")
     router.begin("p1")
@@ -25,7 +25,7 @@ def test_prefill_goes_to_least_loaded_live_worker():
 
 
 def test_decode_candidates_put_avoided_workers_last_and_skip_dead():
-    router = Router(["p0"], ["d0", "d1", "d2"])
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=16)
     router.begin("d1")
     assert router.decode_candidates() == ["d0", "d2", "d1"]
     assert router.decode_candidates(avoid={"d0"}) == ["d2", "d1", "d0"]
@@ -34,12 +34,12 @@ def test_decode_candidates_put_avoided_workers_last_and_skip_dead():
 
 
 def test_all_dead_is_a_typed_error():
-    router = Router(["p0"], ["d0"])
+    router = Router(["p0"], ["d0"], page_size=16)
     router.mark_dead("d0")
     with pytest.raises(NoWorkerAlive, match="decode"):
         router.decode_candidates()
     with pytest.raises(ValueError):
-        Router([], ["d0"])
+        Router([], ["d0"], page_size=16)
 
 
 def test_next_turn_of_a_conversation_goes_to_the_worker_that_served_it():
@@ -141,7 +141,7 @@ def test_page_size_must_be_positive():
     with pytest.raises(ValueError, match="page_size"):
         Router(["p0"], ["d0"], page_size=0)
     with pytest.raises(ValueError):
-        Router(["p0"], ["d0"], max_blocks_per_worker=0)
+        Router(["p0"], ["d0"], page_size=16, max_blocks_per_worker=0)
 
 
 def test_generated_workload_is_seeded_and_in_range():

@@ -15,6 +15,7 @@ from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from prefill.worker import PrefillWorker
 from transfer import ChannelError, TransferOptions
+from transfer.defaults import MAX_CHUNK_BYTES
 
 ARGS = PoolArgs(enable_unified_memory=True, page_size=4, context_len=128)
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)
@@ -184,3 +185,26 @@ def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
         d.reserve("x" * 300, list(range(10)), 2, "prefill-0")
     assert_nothing_held(d)
     assert d.stats()["pages_peak"] > 0  # it did take memory before it failed
+
+
+def test_a_transfer_at_the_largest_allowed_chunk_goes_through():
+    """Regression: a chunk above 256 MiB passed validation, then every transfer was refused because
+    the decode end was built with its own 256 MiB limit. Staging grows to the messages actually sent,
+    so a small envelope at a 1 GiB chunk allocates no more than it moves."""
+    config = WorkerConfig(
+        spec=SPEC,
+        pool_args=ARGS,
+        budget_bytes=4 << 20,
+        transfer=TransferOptions(timeout_s=5.0, chunk_bytes=MAX_CHUNK_BYTES),
+    )
+    p, d = make_pair(config=config)
+    try:
+        prompts = {"big-chunk": list(range(40))}
+        sent = serve(p, d, prompts, 3)
+        assert sent["big-chunk"]["outcome"] == "sent", sent
+        done = wait_finished(d, list(prompts))
+        assert done["big-chunk"]["tokens"] == ReferenceModel(SPEC).generate_nocache(prompts["big-chunk"], 3)
+        assert_nothing_held(p, d)
+    finally:
+        p.shutdown()
+        d.shutdown()

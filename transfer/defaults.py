@@ -1,0 +1,35 @@
+"""Every default and limit of the transfer engine, in one place: `TransferOptions`, both channel ends,
+the workers' channels and the command line read them from here and nowhere else.
+"""
+
+from __future__ import annotations
+
+# Every transfer deadline, in seconds: long enough for the largest envelope over a slow link, short
+# enough that a silent peer fails the request while a retry is still worth it.
+DEFAULT_TIMEOUT_S = 10.0
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 3600.0
+
+# The pipelining unit and staging buffer size. Staging buffers grow to the messages actually sent,
+# so the limit bounds what a sender may ask a receiver to allocate, never what an envelope costs.
+DEFAULT_CHUNK_BYTES = 32 << 20
+MAX_CHUNK_BYTES = 1 << 30
+
+# Default zero-copy thresholds (see TransferOptions). Only runs this long travel as their own
+# message, so an envelope of scattered pages still goes as a few staged chunks, never one message
+# per page. On this class of 2-core CPU machine a 256 KiB threshold measured ~15% faster for
+# fully scattered 384 KiB pages (scripts/bench_transfer.py --direct-min-kib), at the price of one
+# message per page; the design's "few large messages" wins.
+DIRECT_MIN_BYTES_CPU = 4 << 20
+DIRECT_MIN_BYTES_CUDA = 16 << 20
+
+# How long a reserved destination waits for its sender to begin (queueing and prefill included); the
+# driver cancels it sooner when the request fails elsewhere.
+EXPECT_WAIT_S = 120.0
+# How long a receiver holds a header for a request nobody expects (yet) before refusing it: the
+# channel waits meanwhile. A worker reserves before it is sent to, so a header for nothing reserved
+# is refused almost at once.
+UNEXPECTED_WAIT_S = 0.05
+# How long an idle receiver waits for the next bell before it looks again.
+IDLE_WAIT_S = 3600.0
+# The longest a failing receiver tries to tell the sender why, before it tears down.
+TELL_PEER_S = 0.5
