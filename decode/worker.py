@@ -97,6 +97,8 @@ class DecodeWorker(WorkerBase):
             with cache.holding(match) if match is not None else nullcontext():  # eviction spares it
                 if not self.can_admit(prompt_len, max_new_tokens, held_pages * self.pool.page_size):
                     reason = f"{self.name} has no room with headroom for running requests"
+                    # Its prefill may be computing already: its header is refused when it comes.
+                    self.channels.refuse(request_id, f"reservation refused: {reason}", peer=prefill)
                     raise DoesNotFit(request_id, reason)
                 # Its final length keeps room for the tokens it will generate right after its pages.
                 final = prompt_len + max_new_tokens
@@ -174,6 +176,9 @@ class DecodeWorker(WorkerBase):
         finished one is forgotten; its memory is freed. With `notify`, a request already admitted
         is handed out by `next_finished` as failed, so a driver waiting for it hears. Returns whether
         this worker held it."""
+        # With `notify` its prefill may still be on its way: the header is refused when it comes.
+        # Without, the driver is done with this attempt: no refusal is left for the next one.
+        self.channels.refuse(request_id, "cancelled: the request was given up here" if notify else None)
         with self._lock:
             if self._give_up_admitted(request_id, notify=notify):
                 return True

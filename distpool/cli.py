@@ -176,6 +176,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         address=address,
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
+        overlap_reservation=not ns.reserve_first,
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
@@ -226,6 +227,12 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--max-prompt-len", type=int, default=None, help=f"longest prompt of mixed ({high})")
     run.add_argument("--max-new-tokens", type=int, default=RequestFlags.max_new_tokens)
     run.add_argument("--fault-rate", type=float, default=0.0, help="probability a transfer is aborted")
+    run.add_argument(
+        "--reserve-first",
+        action="store_true",
+        help="reserve the decode destination before prefill starts, not while it computes (slower; "
+        "kept to compare the two orders, scripts/bench_ttft.py)",
+    )
     run.add_argument("--parity-sample", type=int, default=4, help="requests re-generated colocated")
     run.add_argument(
         "--memory-gib",

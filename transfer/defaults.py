@@ -26,9 +26,12 @@ DIRECT_MIN_BYTES_CUDA = 16 << 20
 # driver cancels it sooner when the request fails elsewhere.
 EXPECT_WAIT_S = 120.0
 # How long a receiver holds a header for a request nobody expects (yet) before refusing it: the
-# channel waits meanwhile. A worker reserves before it is sent to, so a header for nothing reserved
-# is refused almost at once.
-UNEXPECTED_WAIT_S = 0.05
+# channel waits meanwhile. Long enough to cover the destination's reservation, made while prefill
+# computes (a busy actor answers within tens of milliseconds); a request whose reservation was
+# refused or given up is refused at once instead.
+UNEXPECTED_WAIT_S = 1.0
+# Refusals a receiver remembers for headers still on their way (a few per request in flight).
+MAX_REFUSALS_KEPT = 4096
 # How long an idle receiver waits for the next bell before it looks again.
 IDLE_WAIT_S = 3600.0
 # The longest a failing receiver tries to tell the sender why, before it tears down.

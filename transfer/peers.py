@@ -133,6 +133,15 @@ class PeerChannels:
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook
         )
 
+    def refuse(self, request_id: str, reason: str | None, peer: str | None = None) -> None:
+        """Refuse the next header for `request_id` from `peer` (None: from any peer) at once, with
+        `reason`; None forgets such a refusal. See `EnvelopeReceiver.refuse`."""
+        with self._lock:
+            ends = [self._ends[peer]] if peer in self._ends else [] if peer else list(self._ends.values())
+        for end in ends:
+            assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
+            end.refuse(request_id, reason)
+
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
         """Time `repeats` raw messages of `nbytes` to or from `peer` (who must call this at the same
         time); the receiving end returns the median seconds per message, the sending end None."""

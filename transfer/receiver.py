@@ -26,7 +26,14 @@ import torch
 
 from distpool.memory.envelope import MAX_PAGES, Envelope
 from transfer.channel import RECEIVER_RANK, Channel
-from transfer.defaults import EXPECT_WAIT_S, IDLE_WAIT_S, MAX_CHUNK_BYTES, TELL_PEER_S, UNEXPECTED_WAIT_S
+from transfer.defaults import (
+    EXPECT_WAIT_S,
+    IDLE_WAIT_S,
+    MAX_CHUNK_BYTES,
+    MAX_REFUSALS_KEPT,
+    TELL_PEER_S,
+    UNEXPECTED_WAIT_S,
+)
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
@@ -77,6 +84,9 @@ class EnvelopeReceiver(ChannelEnd):
         # bell header: source table (16 bytes a row: the pages and the slot) + fields
         self._max_header_bytes = 16 * (max_pages + 1) + 4096
         self._expected: dict[str, Job] = {}
+        # request id -> why its header is refused at once: the destination was refused or given up
+        # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
+        self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     def expect(
         self,
@@ -110,9 +120,23 @@ class EnvelopeReceiver(ChannelEnd):
                 raise ChannelError("the receiver is closed")
             if envelope.request_id in self._expected:
                 raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
+            self._refused.pop(envelope.request_id, None)
             self._expected[envelope.request_id] = job
             self.cond.notify_all()
         return job.transfer
+
+    def refuse(self, request_id: str, reason: str | None) -> None:
+        """Refuse the next header for `request_id` at once (with `reason`) unless it is expected by
+        then; a header already waiting for it is refused now. None forgets an earlier refusal."""
+        with self.cond:
+            if reason is None:
+                self._refused.pop(request_id, None)
+                return
+            self._refused[request_id] = reason
+            self._refused.move_to_end(request_id)
+            while len(self._refused) > MAX_REFUSALS_KEPT:  # never read ones go, oldest first
+                self._refused.popitem(last=False)
+            self.cond.notify_all()
 
     def drop_pending(self) -> list[Job]:
         jobs, self._expected = list(self._expected.values()), {}
@@ -128,12 +152,22 @@ class EnvelopeReceiver(ChannelEnd):
         reason = transfer.abort_reason or "no transfer arrived from the sender before the deadline"
         transfer.conclude(TransferError(transfer.request_id, reason))
 
-    def _take(self, request_id: str) -> Job | None:
+    def _take(self, request_id: str) -> tuple[Job | None, str | None]:
+        """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
         limit = time.monotonic() + self.unexpected_wait_s
         with self.cond:
-            while request_id not in self._expected and not self.closed and time.monotonic() < limit:
+            while (
+                request_id not in self._expected
+                and request_id not in self._refused
+                and not self.closed
+                and time.monotonic() < limit
+            ):
                 self.cond.wait(limit - time.monotonic())
-            return self._expected.pop(request_id, None)
+            job = self._expected.pop(request_id, None)
+            refused = self._refused.pop(request_id, None)  # read once: a later attempt may be expected
+        if job is None:
+            return None, refused or "no reservation for this request on the receiver"
+        return job, None
 
     # ---- worker ----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -155,12 +189,9 @@ class EnvelopeReceiver(ChannelEnd):
         header, job, reason = None, None, None
         try:
             header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
-            job = self._take(header["request_id"])
-            reason = (
-                "no reservation for this request on the receiver"
-                if job is None
-                else self._check_header(job, seq, header)
-            )
+            job, reason = self._take(header["request_id"])
+            if job is not None:
+                reason = self._check_header(job, seq, header)
         except ProtocolError as exc:
             reason = f"malformed header: {exc}"
         rid = header["request_id"] if header is not None else "?"

@@ -17,19 +17,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from distpool.memory.pool import DoesNotFit
 from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery, WorkerLost
+from distpool.serving.reservations import ADMISSION_POLL_S, Busy, Reservations, Retry
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
-from transfer import ChannelError
 from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
-ADMISSION_POLL_S = 0.005
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
 FollowUp = Callable[[Request, Outcome], Request | None]  # the request an outcome unlocks, if any
 
@@ -43,14 +41,9 @@ class ServeOptions:
     silence_s: float | None = None  # unanswered this long: ping it (serving.recovery); None: transfer timeout
     seed: int = 0
     progress: bool = True
-
-
-class _Busy(Exception):
-    """A pool had no room right now: wait and try again; this does not count as a failed attempt."""
-
-
-class _Retry(Exception):
-    """This attempt failed in a way another pair may not (a failed transfer, a dead worker)."""
+    # Reserve the destination while prefill computes (the transfer waits for it); False reserves
+    # first (`--reserve-first`): kept so that scripts/bench_ttft.py measures both orders side by side.
+    overlap_reservation: bool = True
 
 
 class _Corrupt(Exception):
@@ -72,6 +65,14 @@ class Server:
             deployment, self.router, on_lost=self._fail_results_on, on_return=self._on_return
         )
         self.silence_s = options.silence_s or deployment.spec.worker.transfer.timeout_s
+        self.reservations = Reservations(
+            deployment,
+            self.router,
+            self._call,
+            overlap=options.overlap_reservation,
+            cache_affinity=self.cache_affinity,
+            admission_timeout_s=options.admission_timeout_s,
+        )
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
         self.closing = False  # set once every request is done: the result streams stop
@@ -149,7 +150,7 @@ class Server:
                     return out
                 out.attempts -= 1  # waiting for a lost worker to come back is not a failed attempt
                 await asyncio.sleep(ADMISSION_POLL_S * 20)
-            except _Busy as exc:
+            except Busy as exc:
                 out.attempts -= 1
                 if time.monotonic() - submitted > self.options.admission_timeout_s:
                     out.error = f"not admitted within {self.options.admission_timeout_s} s: {exc}"
@@ -158,7 +159,7 @@ class Server:
             except _Corrupt as exc:  # a damaged envelope is a bug to see, not bad luck to retry
                 out.error, out.corrupt = str(exc), True
                 return out
-            except _Retry as exc:  # both sides already freed what they held
+            except Retry as exc:  # both sides already freed what they held
                 out.error = str(exc)
                 if out.attempts < self.options.max_attempts:
                     self.retried += 1
@@ -173,36 +174,51 @@ class Server:
         prefill_name = self.router.pick_prefill()
         self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
         fault = self.faults.draw()
+        receiver_fault = fault if fault in RECEIVER_FAULTS else None
+        asked = time.monotonic()
+        reserving: asyncio.Task | None = None
         try:
-            receiver_fault = fault if fault in RECEIVER_FAULTS else None
-            asked = time.monotonic()
-            decode_name = await self._reserve_decode(req, prefill_name, avoid, receiver_fault)
-            reserved = time.monotonic()
+            decode_name = self.reservations.overlap_candidate(req, prefill_name, avoid)
+            if decode_name is not None:  # reserved while prefill computes
+                reserving = asyncio.ensure_future(
+                    self.reservations.reserve_on(decode_name, req, prefill_name, receiver_fault)
+                )
+            else:
+                decode_name = await self.reservations.reserve_first(req, prefill_name, avoid, receiver_fault)
         except BaseException:
             self.router.end(prefill_name)
             raise
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (decode_name, future)
+        item = (rid, req.prompt, decode_name, fault if fault in SENDER_FAULTS else None)
+        sending: asyncio.Future | None = None
         try:
+            if reserving is not None:
+                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+                await self.reservations.settle(reserving, sending, decode_name, avoid)
+            prefill_asked = asked if sending is not None else time.monotonic()
             if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
                 cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
                 self.background.append(asyncio.get_running_loop().create_task(self._quiet(cancel)))
-            item = (rid, req.prompt, decode_name, fault if fault in SENDER_FAULTS else None)
-            sent = await self._call(prefill_name, self.batchers[prefill_name].submit(item))
+            if sending is None:
+                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+            sent = await sending
             sent_at = time.monotonic()
             if sent["outcome"] == "busy":  # the prefill pool is full: give the destination back, try again
-                raise _Busy(sent["reason"])
+                raise Busy(sent["reason"])
             if sent["outcome"] != "sent":
                 avoid.add(decode_name)
-                raise (_Retry if sent["retry"] else RuntimeError)(sent["reason"])
+                raise (Retry if sent["retry"] else RuntimeError)(sent["reason"])
             result = await future
             if "error" in result:
-                raise (_Corrupt if result.get("corrupt") else _Retry)(result["error"])
-            times = (submitted, asked, reserved, sent_at)
+                raise (_Corrupt if result.get("corrupt") else Retry)(result["error"])
+            times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
             if self.cache_affinity:  # what that worker now caches: all but the last token have KV
                 self.router.remember(decode_name, [*req.prompt, *out.tokens[:-1]])
         except BaseException:
+            if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
+                sending.cancel()
             await self._after_failure(rid, prefill_name, decode_name)
             raise
         finally:
@@ -211,41 +227,16 @@ class Server:
             if future.done() and not future.cancelled():
                 future.exception()  # a result that failed while nobody awaited it: seen, not lost
 
-    async def _reserve_decode(
-        self, req: Request, prefill_name: str, avoid: set[str], fault: str | None = None
-    ) -> str:
-        deadline = time.monotonic() + self.options.admission_timeout_s
-        while True:
-            if prefill_name in self.router.dead:  # it died since it was chosen: choose again
-                raise _Retry(f"{prefill_name} died")
-            prompt = req.prompt if self.cache_affinity else None
-            for name in self.router.decode_candidates(avoid, tokens=prompt):
-                # Counted as in flight from the moment of asking, so concurrent requests spread out.
-                self.router.begin(name)
-                try:
-                    ref = self.dep.decode[name].reserve.remote(
-                        req.request_id, req.prompt, req.max_new_tokens, prefill_name, fault
-                    )
-                    await self._call(name, ref)  # the encoded destination Envelope: decode keeps it
-                    return name
-                except DoesNotFit:
-                    self.router.end(name)
-                except (_Retry, ChannelError):  # that worker died, or its channel to the prefill did
-                    self.router.end(name)
-                    avoid.add(name)  # a silent one may still hold this reservation when it resumes
-                except BaseException:
-                    self.router.end(name)
-                    raise
-            if time.monotonic() > deadline:
-                raise _Busy(f"no decode worker had room for {req.request_id}")
-            await asyncio.sleep(ADMISSION_POLL_S)
+    async def _prefill(self, name: str, item: tuple) -> dict:
+        """Prefill and send one request on prefill worker `name` (batched with others)."""
+        return await self._call(name, self.batchers[name].submit(item))
 
     async def _call(self, name: str, awaitable):
-        """Await a call to worker `name`; _Retry when the worker died or stopped answering."""
+        """Await a call to worker `name`; Retry when the worker died or stopped answering."""
         try:
             return await self.recovery.call(name, awaitable, silence_s=self.silence_s)
         except WorkerLost as exc:
-            raise _Retry(str(exc)) from exc
+            raise Retry(str(exc)) from exc
 
     async def _quiet(self, ref) -> None:
         """Await a call whose outcome does not matter, as long as its worker answers in time."""
@@ -276,7 +267,7 @@ class Server:
     def _fail_results_on(self, decode_name: str) -> None:
         for name, future in list(self.waiting.values()):
             if name == decode_name and not future.done():
-                future.set_exception(_Retry(f"{decode_name} died"))
+                future.set_exception(Retry(f"{decode_name} died"))
 
     def _on_return(self, name: str) -> None:
         if name in self.dep.decode:  # its result stream ended when it was lost
@@ -288,7 +279,7 @@ class Server:
         while name not in self.router.dead and not self.closing:
             try:
                 done = await self._call(name, handle.next_finished.remote(RESULT_WAIT_S))
-            except _Retry:
+            except Retry:
                 return
             for rid, result in done.items():
                 waiting = self.waiting.get(rid)

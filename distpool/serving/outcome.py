@@ -15,8 +15,8 @@ class Outcome:
     corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
     verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
     # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
-    queue_s: float = 0.0  # submit -> the decode reserve that succeeded was asked for
-    reserve_s: float = 0.0  # that reserve's round trip
+    queue_s: float = 0.0  # submit -> the attempt that succeeded began
+    reserve_s: float = 0.0  # the decode reservation prefill waited for (0 when made while it computed)
     prefill_s: float = 0.0  # prefill call minus the transfer: batching, prefill, waiting to send
     transfer_s: float = 0.0  # the envelope's transfer, first byte to last
     first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
@@ -38,13 +38,13 @@ class Outcome:
         times: tuple[float, float, float, float],
     ) -> None:
         """Fill in a successful attempt from prefill's `sent` and decode's `result` (their workers'
-        reports) and the driver's monotonic `times`: submitted, reserve asked, reserved, sent."""
-        submitted, asked, reserved, sent_at = times
-        self.queue_s, self.reserve_s = asked - submitted, reserved - asked
+        reports) and the driver's monotonic `times`: submitted, the attempt began, prefill asked, sent."""
+        submitted, began, prefill_asked, sent_at = times
+        self.queue_s, self.reserve_s = began - submitted, prefill_asked - began
         self.transfer_bytes, self.transfer_s = sent["bytes"], sent["seconds"]
         self.prompt_tokens = prompt_len
         self.prefill_tokens_computed = sent.get("computed_tokens", prompt_len)
-        self.prefill_s = max(0.0, sent_at - reserved - self.transfer_s)
+        self.prefill_s = max(0.0, sent_at - prefill_asked - self.transfer_s)
         self.first_token_s = result["admit_s"]
         self.source_runs, self.destination_runs = sent["runs"], result["runs"]
         self.decode_prefix_hit_tokens = result["prefix_hit_tokens"]

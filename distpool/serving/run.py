@@ -124,6 +124,7 @@ def run(
     address: str | None,
     num_cpus: int | None = None,
     faults: dict[str, float] | None = None,
+    overlap_reservation: bool = True,
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
@@ -156,7 +157,8 @@ def run(
                 start_ray(spec, address, num_cpus, metrics_port)
             deployment = Deployment.start(spec)
             started = time.monotonic()
-            server = Server(deployment, ServeOptions(faults=faults or {}, seed=seed))
+            options = ServeOptions(faults=faults or {}, seed=seed, overlap_reservation=overlap_reservation)
+            server = Server(deployment, options)
             serve_workload(server, requests, feed)
             wall_s = time.monotonic() - started
             outcomes = sorted(server.outcomes, key=lambda o: o.request_id)

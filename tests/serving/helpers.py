@@ -19,13 +19,19 @@ def mixed_requests(n: int, *, max_new_tokens: int, seed: int = 0, max_prompt: in
 
 
 def make_spec(
-    *, device: str = "cpu", unified: bool | None = None, transfer_timeout_s: float = 5.0, **counts: int
+    *,
+    device: str = "cpu",
+    unified: bool | None = None,
+    transfer_timeout_s: float = 5.0,
+    budget_bytes: int = 8 << 20,
+    **counts: int,
 ) -> DeploymentSpec:
-    """The reference model on 8 MiB pools of 4-token pages (`counts`: num_prefill, num_decode)."""
+    """The reference model on 8 MiB pools (`budget_bytes`) of 4-token pages (`counts`: num_prefill,
+    num_decode)."""
     worker = WorkerConfig(
         spec=spec_from_hf(REFERENCE_HYBRID_CONFIG),
         pool_args=PoolArgs(page_size=4, context_len=256),
-        budget_bytes=8 << 20,
+        budget_bytes=budget_bytes,
         transfer=TransferOptions(timeout_s=transfer_timeout_s),
         device=device,
     )

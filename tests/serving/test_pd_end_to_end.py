@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from distpool.model_impl.reference.model import ReferenceModel
+from distpool.serving.faults import RECEIVER_CANCEL
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.workload import Request
 from tests.serving.helpers import make_spec, mixed_requests, serve
-from transfer.faults import SENDER_ABORT
+from transfer.faults import DELAY_CONTROL, SENDER_ABORT
 
 pytestmark = pytest.mark.ray
 # The NCCL variant places each worker on its own GPU through a placement group.
@@ -53,6 +54,24 @@ def test_fault_rate_retries_every_failed_transfer_without_leaks(ray_session):
     assert all(o.tokens is not None for o in outcomes), [o.error for o in outcomes]
     assert server.retried > 0
     assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
+    assert_drained(stats)
+
+
+def test_reservations_refused_while_prefill_computes_are_retried_without_leaks(ray_session):
+    """The driver reserves the destination while prefill computes. A decode pool of about three
+    requests refuses many reservations with prefill already on its way: prefill's transfer is
+    refused, both sides free what they took, and the request is tried again. With faults on top
+    (transfers aborted, reservations given up mid-way, END messages held back), every request
+    completes with the colocated tokens and every pool's accounting holds (`stats` checks it)."""
+    spec = make_spec(budget_bytes=400 << 10)
+    requests = mixed_requests(24, max_new_tokens=16, seed=7)
+    faults = {SENDER_ABORT: 0.1, RECEIVER_CANCEL: 0.1, DELAY_CONTROL: 0.1}
+    outcomes, stats, server = serve(spec, requests, faults=faults, max_attempts=12, seed=2)
+    assert all(o.tokens is not None for o in outcomes), [o.error for o in outcomes]
+    assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
+    # Refused at least once; the first refusal came while prefill ran (no refusal was remembered yet).
+    assert "decode-0" in server.reservations.refused_at
+    assert server.retried > 0
     assert_drained(stats)
 
 

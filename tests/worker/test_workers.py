@@ -208,3 +208,29 @@ def test_a_transfer_at_the_largest_allowed_chunk_goes_through():
     finally:
         p.shutdown()
         d.shutdown()
+
+
+def test_a_reservation_refused_while_prefill_computes_refuses_its_transfer_and_frees_both(pair):
+    """The driver reserves while prefill computes: a refused reservation leaves a refusal behind,
+    so prefill's header is refused at once (not after the unexpected-header wait) and prefill frees
+    its copy; once the driver gives the attempt up, the next one goes through."""
+    p, d = pair
+    filled, prompt = [], [1] * 8  # as large as each filling one: it cannot fit
+    with pytest.raises(DoesNotFit):
+        for i in range(1000):
+            d.reserve(f"fill{i}", [1] * 8, 120, "prefill-0")
+            filled.append(f"fill{i}")
+    before = d.stats()
+    with pytest.raises(DoesNotFit):
+        d.reserve("late", prompt, 120, "prefill-0")
+    sent = p.prefill_and_send([("late", prompt, "decode-0", None)])
+    assert sent["late"]["outcome"] == "failed" and sent["late"]["retry"]
+    assert "reservation refused" in sent["late"]["reason"]
+    assert_nothing_held(p)
+    assert d.stats() == before
+    for rid in filled:
+        assert d.cancel(rid)
+    assert not d.cancel("late")  # held nothing; forgets the refusal for the next attempt
+    assert serve(p, d, {"late": prompt}, 120)["late"]["outcome"] == "sent"
+    assert wait_finished(d, ["late"])["late"]["tokens"] == ReferenceModel(SPEC).generate_nocache(prompt, 120)
+    assert_nothing_held(p, d)
