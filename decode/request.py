@@ -20,6 +20,7 @@ class DecodeRequest:
     transfer: Transfer | None = None
     error: str | None = None  # set when decode gave it up after receiving it
     corrupt: bool = False  # its bytes failed verification
+    retry: bool = True  # whether another pair may succeed (False: a bug here, e.g. the decode loop raised)
     verified: bool = False  # its bytes were checked on arrival (and are again at release)
 
     @property
@@ -30,10 +31,10 @@ class DecodeRequest:
         """What `next_finished` hands out: {"tokens", "decode_s" (first token to last), "admit_s"
         (landed to verified and in the batch), "runs" (byte runs the transfer wrote into),
         "prefix_hit_tokens" (prompt tokens in pages held here already), "verified" (every byte
-        checked on arrival and at release)}, or {"error", "corrupt"}. The driver counts from these:
+        checked on arrival and at release)}, or {"error", "corrupt", "retry"}. The driver counts from these:
         a worker's own counters go with it when it dies."""
         if self.error is not None:
-            return {"error": self.error, "corrupt": self.corrupt}
+            return {"error": self.error, "corrupt": self.corrupt, "retry": self.retry}
         return {
             "tokens": self.tokens,
             "decode_s": self.finished_at - self.admitted_at,

@@ -20,17 +20,18 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 from contextlib import nullcontext
 
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
-from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
+from distpool.worker.base import WorkerBase, byte_runs
 from transfer import Transfer, TransferError
 from transfer.plan import moving_ranges
 
-# A landed envelope's verification waits while another transfer moves bytes, for at most MAX_YIELDS
-# waits in a row (a steady stream of transfers does not starve it).
-MAX_YIELDS = 250
+# A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
+# cores), for at most this long: a steady stream of transfers does not starve it.
+MAX_VERIFY_PUT_OFF_S = 0.5
 
 
 class DecodeWorker(WorkerBase):
@@ -47,11 +48,16 @@ class DecodeWorker(WorkerBase):
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self.num_steps = 0
-        self._yields = 0  # verifications put off in a row for a transfer that was moving
+        self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
+        self.channels.activity.on_idle(self._notify)  # a put-off verification goes on at once
         self._stepper = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
         self._stepper.start()
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._wake.notify_all()
 
     # ---- admission --------------------------------------------------------------------------
     def _growth_tokens(self) -> int:
@@ -230,21 +236,51 @@ class DecodeWorker(WorkerBase):
             with self._lock:
                 if self._stopping:
                     return
-                if self._arrived and self.channels.moving() and self._yields < MAX_YIELDS:
-                    # Verification shares the cores with the transfer landing now: let it land first
-                    # (on a GPU they would not compete). Decode steps go on.
-                    self._yields += 1
-                    self._wake.wait(timeout=TRANSFER_YIELD_S)
-                    continue
-                self._yields = 0
-                if self._arrived:
-                    self._verify_arrived()
-                elif self._running:
+                try:
+                    self._loop_once()
+                except Exception as exc:  # a bug: the loop's requests fail, and it goes on serving
+                    self._fail_loop_requests(exc)
+            time.sleep(0)  # between steps: let receives and reservations take the lock
+
+    def _loop_once(self) -> None:
+        """Under the lock: verify what arrived, else one decode step, else wait for work."""
+        if self._arrived:
+            now = time.monotonic()
+            if self._verify_by is None:
+                self._verify_by = now + MAX_VERIFY_PUT_OFF_S
+            if self.channels.moving() and now < self._verify_by:
+                # Verification shares the cores with the transfer landing now: let it land first
+                # (on a GPU they would not compete). Decode steps go on meanwhile.
+                if self._running:
                     self.step_locked()
                 else:
-                    self._wake.wait(timeout=0.5)
-                    continue
-            time.sleep(0)  # between steps: let receives and reservations take the lock
+                    self._wake.wait(self._verify_by - now)  # the transfers ending wake it
+                return
+            self._verify_by = None
+            self._verify_arrived()
+        elif self._running:
+            self.step_locked()
+        else:
+            self._wake.wait()  # an arrival, a reservation given up or shutdown wakes it
+
+    def _fail_loop_requests(self, exc: Exception) -> None:
+        """Under the lock: the decode loop raised; every request it holds (arrived or running) fails
+        with the reason, is handed out by `next_finished`, and gives its memory back."""
+        reason = f"the decode loop failed: {type(exc).__name__}: {exc}"
+        print(f"distpool: {self.name}: {reason}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        self.metrics.add_failure(reason)
+        for owned in (self._arrived, self._running):
+            for rid, req in list(owned.items()):
+                try:
+                    self._free(owned, rid)
+                except Exception:  # its memory stays behind: the run's leak check reports it
+                    owned.pop(rid, None)
+                req.error, req.retry = reason, False
+                req.finished_at = time.monotonic()
+                self._finished[rid] = req
+        self._verify_by = None
+        self._wake.notify_all()
 
     def step_locked(self) -> None:
         """One batched decode step over every running request (caller holds the lock)."""

@@ -7,7 +7,6 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +14,7 @@ import torch
 from distpool.memory.envelope import Envelope
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import PrefixMatch
-from distpool.worker.base import TRANSFER_YIELD_S, WorkerBase, byte_runs
+from distpool.worker.base import WorkerBase, byte_runs
 from prefill.checkpoints import Waves, checkpoint_depth, split_waves
 from transfer import ChannelError, Transfer, TransferError
 
@@ -57,9 +56,7 @@ class PrefillWorker(WorkerBase):
         "reason", "retry"} (the transfer failed; `retry` says whether another pair may succeed).
         Nothing is held here once it returns.
         """
-        deadline = time.monotonic() + YIELD_MAX_S  # the previous batch's transfers move first
-        while self.channels.moving() and time.monotonic() < deadline:
-            time.sleep(TRANSFER_YIELD_S)
+        self.channels.activity.wait_idle(YIELD_MAX_S)  # the previous batch's transfers move first
         out: dict[str, dict] = {}
         outgoing: list[_Outgoing] = []
         with self._lock:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distpool.memory.envelope import Envelope
+from transfer.activity import Activity, ActivityLock
 from transfer.channel import Channel
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.handle import ChunkHook, Transfer
@@ -57,11 +58,12 @@ def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> Tran
 
 class ChannelEnd(abc.ABC):
     """A channel end: its worker thread (started by `start()`), staging buffers, the copy stream, and
-    the lock that orders a transfer against a reconnect. Subclasses implement `run` and `drop_pending`."""
+    the lock that orders a transfer against a reconnect (counted in `activity`, when given).
+    Subclasses implement `run` and `drop_pending`."""
 
     role = ""
 
-    def __init__(self, channel: Channel, rank: int) -> None:
+    def __init__(self, channel: Channel, rank: int, activity: Activity | None = None) -> None:
         if channel.rank != rank:
             raise ValueError(
                 f"an {type(self).__name__} needs the rank-{rank} end of a channel, got rank {channel.rank}"
@@ -70,7 +72,9 @@ class ChannelEnd(abc.ABC):
         self.staging = StagingBuffers(channel.device)
         self.stream = CopyStream(channel.device)
         self.cond = threading.Condition()
-        self.io_lock = threading.Lock()  # held while a transfer or a reconnect uses the channel
+        # Held while a transfer, a reconnect or a link measurement uses the channel; counted in the
+        # worker's `activity` (if any), which its model work waits on.
+        self.io_lock = ActivityLock(activity)
         self.closed = False
         self._thread = threading.Thread(target=self.run, name=f"{self.role}-{channel.name}", daemon=True)
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from distpool.memory.envelope import Envelope
+from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S
 from transfer.errors import ChannelError
@@ -49,6 +50,7 @@ class PeerChannels:
         self._ends: dict[str, EnvelopeSender | EnvelopeReceiver] = {}
         self._lives: dict[str, int] = {}  # peer -> the life (restart count) its channel was opened for
         self._lock = threading.Lock()
+        self.activity = Activity()  # whether any end moves bytes now (model work waits on it)
 
     def open(self, peer: str, *, host: str, port: int, peer_life: int = 0) -> None:
         """Connect to `peer` (which must open its end concurrently); an existing channel is rebuilt.
@@ -74,9 +76,11 @@ class PeerChannels:
             name=channel_name(*names),
         )
         if self.rank == SENDER_RANK:
-            end: EnvelopeSender | EnvelopeReceiver = EnvelopeSender(channel, self.options)
+            end: EnvelopeSender | EnvelopeReceiver = EnvelopeSender(
+                channel, self.options, activity=self.activity
+            )
         else:  # its senders use this deployment's chunk size: the receiver accepts exactly that much
-            end = EnvelopeReceiver(channel, max_chunk_bytes=self.options.chunk_bytes)
+            end = EnvelopeReceiver(channel, max_chunk_bytes=self.options.chunk_bytes, activity=self.activity)
         try:
             end.connect()
             end.start()
@@ -149,9 +153,7 @@ class PeerChannels:
 
     def moving(self) -> bool:
         """Whether a transfer (or a link measurement) is moving bytes on any channel right now."""
-        with self._lock:
-            ends = list(self._ends.values())
-        return any(end.io_lock.locked() for end in ends)
+        return self.activity.busy()
 
     def rejected_messages(self) -> int:
         """Control messages that did not open under the deployment's secret, over every channel."""

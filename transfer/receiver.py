@@ -25,6 +25,7 @@ import time
 import torch
 
 from distpool.memory.envelope import MAX_PAGES, Envelope
+from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, Channel
 from transfer.defaults import (
     EXPECT_WAIT_S,
@@ -77,10 +78,11 @@ class EnvelopeReceiver(ChannelEnd):
         max_pages: int = MAX_PAGES,
         unexpected_wait_s: float = UNEXPECTED_WAIT_S,
         idle_wait_s: float = IDLE_WAIT_S,
+        activity: Activity | None = None,
     ) -> None:
         self.max_chunk_bytes, self.max_pages = max_chunk_bytes, max_pages
         self.unexpected_wait_s, self.idle_wait_s = unexpected_wait_s, idle_wait_s
-        super().__init__(channel, RECEIVER_RANK)
+        super().__init__(channel, RECEIVER_RANK, activity)
         # bell header: source table (16 bytes a row: the pages and the slot) + fields
         self._max_header_bytes = 16 * (max_pages + 1) + 4096
         self._expected: dict[str, Job] = {}

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from distpool.memory.envelope import Envelope
+from transfer.activity import Activity
 from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
@@ -67,10 +68,12 @@ class EnvelopeSender(ChannelEnd):
 
     role = "sender"
 
-    def __init__(self, channel: Channel, options: TransferOptions | None = None) -> None:
+    def __init__(
+        self, channel: Channel, options: TransferOptions | None = None, *, activity: Activity | None = None
+    ) -> None:
         self.options = options or TransferOptions()
         self._queue: collections.deque[Job] = collections.deque()
-        super().__init__(channel, SENDER_RANK)
+        super().__init__(channel, SENDER_RANK, activity)
         # CPU gathers run on their own thread so that they overlap a send the worker thread writes.
         self._gatherer = (
             ThreadPoolExecutor(1, thread_name_prefix=f"gather-{channel.name}")

@@ -210,8 +210,9 @@ class Server:
                 avoid.add(decode_name)
                 raise (Retry if sent["retry"] else RuntimeError)(sent["reason"])
             result = await future
-            if "error" in result:
-                raise (_Corrupt if result.get("corrupt") else Retry)(result["error"])
+            if "error" in result:  # corrupt, or a bug on decode's side: never retried
+                kind = _Corrupt if result["corrupt"] else Retry if result["retry"] else RuntimeError
+                raise kind(result["error"])
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
             if self.cache_affinity:  # what that worker now caches: all but the last token have KV

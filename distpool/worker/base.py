@@ -22,9 +22,6 @@ from transfer.plan import plan_runs
 from transfer.rendezvous import free_port
 
 BANDS = ("pages", "slots")  # what the summary reports per worker
-# Model work waits this long at a time while a transfer moves bytes: on a GPU the two would not
-# compete; on a CPU they share the cores, and the transfer should not wait.
-TRANSFER_YIELD_S = 0.002
 
 
 def byte_runs(ranges: torch.Tensor) -> int:

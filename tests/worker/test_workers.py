@@ -234,3 +234,29 @@ def test_a_reservation_refused_while_prefill_computes_refuses_its_transfer_and_f
     assert serve(p, d, {"late": prompt}, 120)["late"]["outcome"] == "sent"
     assert wait_finished(d, ["late"])["late"]["tokens"] == ReferenceModel(SPEC).generate_nocache(prompt, 120)
     assert_nothing_held(p, d)
+
+
+def test_an_exception_in_the_decode_loop_fails_its_requests_and_the_loop_goes_on(pair, monkeypatch):
+    """Regression: an exception raised inside the decode loop's thread ended the thread; its requests
+    were never handed out and the run waited for them forever. They now fail with the reason (not to
+    be retried: a bug), give their memory back, and the loop serves the next request."""
+    p, d = pair
+
+    def broken_step(*args, **kwargs):
+        raise RuntimeError("a bug in the decode step")
+
+    prompts = {"a": [1, 2, 3, 4, 5], "b": list(range(12))}
+    with monkeypatch.context() as patch:
+        patch.setattr(d.model, "decode_step", broken_step)
+        assert {r["outcome"] for r in serve(p, d, prompts, 4).values()} == {"sent"}
+        done = wait_finished(d, list(prompts))
+    assert set(done) == set(prompts)
+    for result in done.values():
+        assert result == {
+            "error": "the decode loop failed: RuntimeError: a bug in the decode step",
+            "corrupt": False,
+            "retry": False,
+        }
+    assert_nothing_held(p, d)
+    assert serve(p, d, {"c": [7, 8, 9]}, 3)["c"]["outcome"] == "sent"
+    assert wait_finished(d, ["c"])["c"]["tokens"] == ReferenceModel(SPEC).generate_nocache([7, 8, 9], 3)
