@@ -83,13 +83,10 @@ class DecodeWorker(WorkerBase):
         """(request id, request) of every request holding memory here."""
         return (*self._waiting.items(), *self._arrived.items(), *self._running.items())
 
-    def reserve(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str, fault: str | None = None
-    ) -> bytes:
+    def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> bytes:
         """Reserve the destination envelope for `prompt` and expect it from worker `prefill`;
         returns the encoded Envelope. The request joins the decode batch when its transfer lands
-        (the transfer header carries its first token), and is freed if the transfer fails. `fault`
-        (a receiver fault of `transfer.faults`) is injected into its transfer on purpose.
+        (the transfer header carries its first token), and is freed if the transfer fails.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
         check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
@@ -119,7 +116,7 @@ class DecodeWorker(WorkerBase):
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
             ranges = self.pool.envelope_ranges(request_id)
             req.runs = byte_runs(moving_ranges(envelope, ranges))
-            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer, ranges, fault=fault)
+            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer, ranges)
         except BaseException:
             self._free(self._waiting, request_id, pinned=True)
             raise

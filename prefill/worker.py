@@ -29,7 +29,6 @@ class _Outgoing:
 
     rid: str
     peer: str  # the decode worker it goes to
-    fault: str | None
     token: int  # the first generated token, sent in the transfer header
     envelope: Envelope
     ranges: torch.Tensor  # (num_runs, 2) int64: offset and bytes of each byte run in the arena
@@ -45,8 +44,8 @@ class PrefillWorker(WorkerBase):
         super().__init__(**kwargs)
         self._held: dict[str, str] = {}  # request id -> the decode worker it goes to
 
-    def prefill_and_send(self, batch: list[tuple[str, list[int], str, str | None]]) -> dict[str, dict]:
-        """Prefill a batch of (request id, prompt, decode worker, injected sender fault or None) and
+    def prefill_and_send(self, batch: list[tuple[str, list[int], str]]) -> dict[str, dict]:
+        """Prefill a batch of (request id, prompt, decode worker) and
         send each envelope to its decode worker, with the first token in the transfer header.
 
         Prompts that share a prefix with an earlier one of the batch are prefilled after it, from
@@ -79,7 +78,6 @@ class PrefillWorker(WorkerBase):
                     self.pool.buffer,
                     job.ranges,
                     first_token=job.token,
-                    fault=job.fault,
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, job.rid, pinned=True)
@@ -104,25 +102,25 @@ class PrefillWorker(WorkerBase):
                 self._free(self._held, job.rid, pinned=True)
         return out
 
-    def _waves(self, batch: list[tuple[str, list[int], str, str | None]]) -> Waves:
+    def _waves(self, batch: list[tuple[str, list[int], str]]) -> Waves:
         """The batch in two waves: prompts that share pages with an earlier one wait for it."""
         cache = self.pool.prefix_cache
         if cache is None or len(batch) < 2:
             return Waves(first=list(range(len(batch))))
-        matched = [len(cache.match(prompt).pages) for _, prompt, _, _ in batch]
-        return split_waves([prompt for _, prompt, _, _ in batch], matched, self.pool.page_size)
+        matched = [len(cache.match(prompt).pages) for _, prompt, _ in batch]
+        return split_waves([prompt for _, prompt, _ in batch], matched, self.pool.page_size)
 
     def _prefill_wave(
-        self, wave: list[tuple[str, list[int], str, str | None]], shared: list[int | None], out: dict
+        self, wave: list[tuple[str, list[int], str]], shared: list[int | None], out: dict
     ) -> list[_Outgoing]:
         """Reserve, prefill and cache one wave (under the lock); its envelopes, pinned for sending.
         `shared[i]`: the boundary request i shares with prompts of a later wave (None: none)."""
         cache = self.pool.prefix_cache
-        admitted: list[tuple[str, list[int], str, str | None]] = []
+        admitted: list[tuple[str, list[int], str]] = []
         matches: dict[str, PrefixMatch] = {}
         leaders: dict[str, int] = {}
         for item, pages in zip(wave, shared, strict=True):
-            rid, prompt, peer, _ = item
+            rid, prompt, peer = item
             if rid in self._held:
                 out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
                 continue
@@ -142,7 +140,7 @@ class PrefillWorker(WorkerBase):
         if not admitted:
             return []
         rids = [rid for rid, *_ in admitted]
-        prompts = [prompt for _, prompt, _, _ in admitted]
+        prompts = [prompt for _, prompt, _ in admitted]
         snapshots = self._snapshots(rids, prompts, matches, leaders)
         try:
             first_tokens = self.model.prefill(
@@ -162,7 +160,7 @@ class PrefillWorker(WorkerBase):
         computed = dict(zip(rids, self.model.last_prefill_computed, strict=True))
         self._cache_prompts(rids, prompts, snapshots)
         outgoing = []
-        for (rid, _, peer, fault), token in zip(admitted, first_tokens, strict=True):
+        for (rid, _, peer), token in zip(admitted, first_tokens, strict=True):
             try:
                 envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
             except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
@@ -170,7 +168,7 @@ class PrefillWorker(WorkerBase):
                 out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-            outgoing.append(_Outgoing(rid, peer, fault, int(token), envelope, ranges, computed[rid]))
+            outgoing.append(_Outgoing(rid, peer, int(token), envelope, ranges, computed[rid]))
         return outgoing
 
     def _snapshots(

@@ -7,13 +7,15 @@ Each is injected through a transfer's chunk hook, so it strikes mid-stream, wher
     delay_control     the sender holds its END back a while, within the deadline (the transfer succeeds)
     corrupt_payload   one landed byte flips at the receiver (its checksum, if on, refuses the envelope)
 
-The driver adds `receiver_cancel` (decode gives the reservation up mid-transfer) and the soak kills
-worker processes.
+A `FaultInjector` is the one seam that plans them for a request. The driver adds `receiver_cancel`
+(decode gives the reservation up mid-transfer) and the soak kills worker processes.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -59,3 +61,46 @@ def receiver_hook(kind: str, buffer: torch.Tensor, ranges: torch.Tensor) -> Chun
             buffer[offset] ^= 0xFF
 
     return hook
+
+
+class FaultInjector:
+    """The one seam through which faults are injected on purpose: each worker's channels own one
+    (`PeerChannels.faults`). Tests and `--fault-rate` `plan` a fault for a request; the channels
+    consult the injector where that request's next transfer is queued (`sender_hook`) or expected
+    (`receiver_hook`), which takes the plan (a later transfer of it gets none unless planned again).
+    Nothing planned: every consultation returns None."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._planned: dict[str, str] = {}  # request id -> fault kind
+
+    def plan(self, request_id: str, kind: str | None) -> None:
+        """Inject `kind` (one of SENDER_FAULTS or RECEIVER_FAULTS) into the next transfer of
+        `request_id` here; None forgets a plan not taken."""
+        if kind is not None and kind not in SENDER_FAULTS + RECEIVER_FAULTS:
+            known = ", ".join(SENDER_FAULTS + RECEIVER_FAULTS)
+            raise ValueError(f"{kind!r} is not a transfer fault; those are {known}")
+        with self._lock:
+            if kind is None:
+                self._planned.pop(request_id, None)
+            else:
+                self._planned[request_id] = kind
+
+    def _take(self, request_id: str, kinds: tuple[str, ...]) -> str | None:
+        with self._lock:
+            if self._planned.get(request_id) not in kinds:
+                return None
+            return self._planned.pop(request_id)
+
+    def sender_hook(self, request_id: str, timeout_s: float) -> ChunkHook | None:
+        """The hook of the sender fault planned for `request_id` (taken), or None."""
+        kind = self._take(request_id, SENDER_FAULTS)
+        return None if kind is None else sender_hook(kind, timeout_s)
+
+    def receiver_hook(
+        self, request_id: str, buffer: torch.Tensor, ranges: Callable[[], torch.Tensor]
+    ) -> ChunkHook | None:
+        """The hook of the receiver fault planned for `request_id` (taken), or None; `ranges()` gives
+        the bytes the transfer writes (a fault strikes one of them, never a held page)."""
+        kind = self._take(request_id, RECEIVER_FAULTS)
+        return None if kind is None else receiver_hook(kind, buffer, ranges())

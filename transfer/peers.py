@@ -16,7 +16,7 @@ from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S
 from transfer.errors import ChannelError
-from transfer.faults import receiver_hook, sender_hook
+from transfer.faults import FaultInjector
 from transfer.handle import Transfer, TransferOptions
 from transfer.link import measure
 from transfer.plan import moving_ranges
@@ -51,6 +51,7 @@ class PeerChannels:
         self._lives: dict[str, int] = {}  # peer -> the life (restart count) its channel was opened for
         self._lock = threading.Lock()
         self.activity = Activity()  # whether any end moves bytes now (model work waits on it)
+        self.faults = FaultInjector()  # faults planned on purpose (tests, --fault-rate); none in production
 
     def open(self, peer: str, *, host: str, port: int, peer_life: int = 0) -> None:
         """Connect to `peer` (which must open its end concurrently); an existing channel is rebuilt.
@@ -100,20 +101,12 @@ class PeerChannels:
         return not self._end(peer).channel.healthy
 
     def submit(
-        self,
-        peer: str,
-        envelope: Envelope,
-        buffer: torch.Tensor,
-        ranges: torch.Tensor,
-        *,
-        first_token: int,
-        fault: str | None = None,
+        self, peer: str, envelope: Envelope, buffer: torch.Tensor, ranges: torch.Tensor, *, first_token: int
     ) -> Transfer:
-        """Queue one envelope for `peer`; the returned transfer concludes within the timeout. `fault`
-        (one of `transfer.faults.SENDER_FAULTS`) is injected into it on purpose."""
+        """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeSender), "only the rank-0 end sends"
-        hook = None if fault is None else sender_hook(fault, self.options.timeout_s)
+        hook = self.faults.sender_hook(envelope.request_id, self.options.timeout_s)
         return end.submit(envelope, buffer, ranges, first_token=first_token, on_chunk=hook)
 
     def expect(
@@ -124,14 +117,11 @@ class PeerChannels:
         ranges: torch.Tensor,
         *,
         wait_s: float = EXPECT_WAIT_S,
-        fault: str | None = None,
     ) -> Transfer:
-        """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it.
-        `fault` (one of `transfer.faults.RECEIVER_FAULTS`) is injected into it on purpose."""
+        """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        # A fault strikes a byte the transfer writes, never a held (shared) page.
-        hook = None if fault is None else receiver_hook(fault, buffer, moving_ranges(envelope, ranges))
+        hook = self.faults.receiver_hook(envelope.request_id, buffer, lambda: moving_ranges(envelope, ranges))
         timeout_s = self.options.timeout_s
         return end.expect(
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook

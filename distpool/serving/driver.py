@@ -174,23 +174,28 @@ class Server:
         prefill_name = self.router.pick_prefill()
         self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
         fault = self.faults.draw()
-        receiver_fault = fault if fault in RECEIVER_FAULTS else None
+        try:
+            planned_on = await self._plan_fault(rid, fault, prefill_name)
+        except BaseException:
+            self.router.end(prefill_name)
+            raise
         asked = time.monotonic()
         reserving: asyncio.Task | None = None
         try:
             decode_name = self.reservations.overlap_candidate(req, prefill_name, avoid)
             if decode_name is not None:  # reserved while prefill computes
                 reserving = asyncio.ensure_future(
-                    self.reservations.reserve_on(decode_name, req, prefill_name, receiver_fault)
+                    self.reservations.reserve_on(decode_name, req, prefill_name)
                 )
             else:
-                decode_name = await self.reservations.reserve_first(req, prefill_name, avoid, receiver_fault)
+                decode_name = await self.reservations.reserve_first(req, prefill_name, avoid)
         except BaseException:
             self.router.end(prefill_name)
+            await self._forget_fault(rid, planned_on)
             raise
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (decode_name, future)
-        item = (rid, req.prompt, decode_name, fault if fault in SENDER_FAULTS else None)
+        item = (rid, req.prompt, decode_name)
         sending: asyncio.Future | None = None
         try:
             if reserving is not None:
@@ -225,8 +230,32 @@ class Server:
         finally:
             self.waiting.pop(rid, None)
             self.router.end(prefill_name, decode_name)
+            await self._forget_fault(rid, planned_on)
             if future.done() and not future.cancelled():
                 future.exception()  # a result that failed while nobody awaited it: seen, not lost
+
+    async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
+        """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's
+        one seam (`plan_fault`): a sender fault on its prefill worker, a receiver fault on every live
+        decode worker (the one that expects the transfer takes it). The workers planned on."""
+        if fault in SENDER_FAULTS:
+            names = [prefill_name]
+        elif fault in RECEIVER_FAULTS:
+            names = self.router.alive(list(self.dep.decode))
+        else:
+            return []
+        handles = self.dep.handles()
+        try:
+            await asyncio.gather(*(self._call(n, handles[n].plan_fault.remote(rid, fault)) for n in names))
+        except BaseException:
+            await self._forget_fault(rid, names)
+            raise
+        return names
+
+    async def _forget_fault(self, rid: str, names: list[str]) -> None:
+        """After the attempt: no plan it did not take is left for the next one."""
+        handles = self.dep.handles()
+        await asyncio.gather(*(self._quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
 
     async def _prefill(self, name: str, item: tuple) -> dict:
         """Prefill and send one request on prefill worker `name` (batched with others)."""

@@ -90,16 +90,14 @@ class Reservations:
             avoid.add(decode_name)
         raise Busy(f"{decode_name}: {refusal}")
 
-    async def reserve_on(self, name: str, req: Request, prefill_name: str, fault: str | None) -> None:
+    async def reserve_on(self, name: str, req: Request, prefill_name: str) -> None:
         """Reserve the destination on decode worker `name`, expected from `prefill_name`."""
         ref = self.deployment.decode[name].reserve.remote(
-            req.request_id, req.prompt, req.max_new_tokens, prefill_name, fault
+            req.request_id, req.prompt, req.max_new_tokens, prefill_name
         )
         await self.call(name, ref)  # the encoded destination Envelope: decode keeps it
 
-    async def reserve_first(
-        self, req: Request, prefill_name: str, avoid: set[str], fault: str | None = None
-    ) -> str:
+    async def reserve_first(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
         """Reserve on the first decode worker with room (the one caching the longest prefix of the
         prompt first), before prefill starts; its name."""
         deadline = time.monotonic() + self.admission_timeout_s
@@ -111,7 +109,7 @@ class Reservations:
                 # Counted as in flight from the moment of asking, so concurrent requests spread out.
                 self.router.begin(name)
                 try:
-                    await self.reserve_on(name, req, prefill_name, fault)
+                    await self.reserve_on(name, req, prefill_name)
                     return name
                 except DoesNotFit:
                     self.router.end(name)

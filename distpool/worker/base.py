@@ -103,6 +103,11 @@ class WorkerBase:
         decode end returns the median seconds per message (see `transfer.link`)."""
         return self.channels.measure_link(peer, nbytes, repeats)
 
+    def plan_fault(self, request_id: str, kind: str | None) -> None:
+        """Inject `kind` (a fault of `transfer.faults`) into the next transfer of `request_id` here,
+        on purpose (tests, `--fault-rate`); None forgets a plan not taken. See `FaultInjector`."""
+        self.channels.faults.plan(request_id, kind)
+
     def peer_lost(self, peer: str, peer_life: int) -> None:
         """`peer` died in life `peer_life`: fail every transfer with it now and drop the channel (its
         restart opens a new one; a late notice about an earlier life changes nothing)."""

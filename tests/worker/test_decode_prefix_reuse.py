@@ -88,8 +88,9 @@ def test_a_corrupted_transfer_never_touches_the_held_prefix():
         serve(p, d, {"t1": FIRST}, MAX_NEW)
         tokens = wait_finished(d, ["t1"])["t1"]["tokens"]
         second = FIRST + tokens + [40, 41, 42]
-        d.reserve("t2", second, MAX_NEW, "prefill-0", fault=CORRUPT_PAYLOAD)
-        assert p.prefill_and_send([("t2", second, "decode-0", None)])["t2"]["outcome"] == "sent"
+        d.plan_fault("t2", CORRUPT_PAYLOAD)
+        d.reserve("t2", second, MAX_NEW, "prefill-0")
+        assert p.prefill_and_send([("t2", second, "decode-0")])["t2"]["outcome"] == "sent"
         result = wait_finished(d, ["t2"])["t2"]
         assert "corrupt envelope" in result["error"] and "state" in result["error"]  # the slot, first
         retry = serve(p, d, {"t2": second}, MAX_NEW)["t2"]

@@ -97,8 +97,9 @@ def fails_as_corrupt(d, rid: str, where: str) -> None:
 
 def test_a_byte_flipped_on_landing_fails_the_request_as_corrupt(pair):
     p, d = pair
-    d.reserve("x", PROMPTS["a"], 4, "prefill-0", CORRUPT_PAYLOAD)  # the checksum is off
-    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0", None)])["x"]["outcome"] == "sent"
+    d.plan_fault("x", CORRUPT_PAYLOAD)  # the checksum is off
+    d.reserve("x", PROMPTS["a"], 4, "prefill-0")
+    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0")])["x"]["outcome"] == "sent"
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
 
@@ -135,7 +136,7 @@ def test_damaged_landings_fail_as_corrupt_with_nothing_held(pair, damage):
     p, d = pair
     damage_on_landing(d, damage)
     d.reserve("x", PROMPTS["c"], 4, "prefill-0")
-    assert p.prefill_and_send([("x", PROMPTS["c"], "decode-0", None)])["x"]["outcome"] == "sent"
+    assert p.prefill_and_send([("x", PROMPTS["c"], "decode-0")])["x"]["outcome"] == "sent"
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
 
@@ -155,7 +156,7 @@ def test_a_stale_slot_fails_as_corrupt(pair):
     d.reserve("x", PROMPTS["a"], 4, "prefill-0")
     offset, nbytes = d.pool.envelope_ranges("x")[0].tolist()
     stale["bytes"] = d.pool.buffer[offset : offset + nbytes].clone()  # what "earlier" left behind
-    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0", None)])["x"]["outcome"] == "sent"
+    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0")])["x"]["outcome"] == "sent"
     fails_as_corrupt(d, "x", "state")
     assert_nothing_held(p, d)
 
@@ -194,7 +195,7 @@ def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(p
 
     d._landed = wrong_first_token
     d.reserve("x", PROMPTS["b"], 3, "prefill-0")
-    assert p.prefill_and_send([("x", PROMPTS["b"], "decode-0", None)])["x"]["outcome"] == "sent"
+    assert p.prefill_and_send([("x", PROMPTS["b"], "decode-0")])["x"]["outcome"] == "sent"
     fails_as_corrupt(d, "x", "received")
     d._landed = original
     assert serve(p, d, {"y": PROMPTS["a"]}, 3)["y"]["outcome"] == "sent"  # the decode loop lives on

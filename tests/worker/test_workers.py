@@ -46,10 +46,13 @@ def pair():
 
 
 def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) -> dict[str, dict]:
-    """The driver's three calls: reserve on decode, prefill-and-send, wait for what finished."""
+    """The driver's calls: reserve on decode, prefill-and-send (with `fault` planned into each
+    transfer through the prefill worker's seam, if given)."""
     for rid, prompt in prompts.items():
         d.reserve(rid, prompt, max_new_tokens, "prefill-0")
-    return p.prefill_and_send([(rid, prompt, "decode-0", fault) for rid, prompt in prompts.items()])
+        if fault is not None:
+            p.plan_fault(rid, fault)
+    return p.prefill_and_send([(rid, prompt, "decode-0") for rid, prompt in prompts.items()])
 
 
 def wait_finished(d, rids, timeout_s=30.0):
@@ -135,7 +138,7 @@ def test_cancel_returns_the_reservation(pair):
     assert d.cancel("r")
     assert_nothing_held(p, d)
     # the prefill that comes too late is refused by decode, and frees its own copy
-    sent = p.prefill_and_send([("r", list(range(10)), "decode-0", None)])
+    sent = p.prefill_and_send([("r", list(range(10)), "decode-0")])
     assert sent["r"]["outcome"] == "failed" and "no reservation" in sent["r"]["reason"]
     assert_nothing_held(p, d)
 
@@ -223,7 +226,7 @@ def test_a_reservation_refused_while_prefill_computes_refuses_its_transfer_and_f
     before = d.stats()
     with pytest.raises(DoesNotFit):
         d.reserve("late", prompt, 120, "prefill-0")
-    sent = p.prefill_and_send([("late", prompt, "decode-0", None)])
+    sent = p.prefill_and_send([("late", prompt, "decode-0")])
     assert sent["late"]["outcome"] == "failed" and sent["late"]["retry"]
     assert "reservation refused" in sent["late"]["reason"]
     assert_nothing_held(p)
