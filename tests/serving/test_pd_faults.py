@@ -103,7 +103,7 @@ def test_refusals_exit_2_before_any_actor_exists(config, expected):
     assert expected in proc.stderr and "--enable-unified-memory" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "Ray" not in proc.stdout + proc.stderr.replace("--enable-unified-memory", "")  # never started
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60
 
 
 @pytest.mark.parametrize(

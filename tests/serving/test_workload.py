@@ -83,7 +83,8 @@ def test_32k_token_prompts_are_cheap_to_generate():
     started = time.perf_counter()
     requests = make_requests(16, workload="long", context_len=32_768 + NEW_TOKENS, vocab_size=131_072)
     assert sum(lengths(requests)) > 16 * 8192
-    assert time.perf_counter() - started < 5.0  # ~0.1 s; a token-at-a-time loop is several times slower
+    # ~0.1 s here: a generous bound against a token-at-a-time loop gone quadratic, not a speed check
+    assert time.perf_counter() - started < 30
 
 
 @pytest.mark.parametrize(

@@ -156,6 +156,10 @@ class Peer:
             raise RuntimeError(f"peer failed:\n{value}")
         return value
 
+    def answered(self) -> bool:
+        """Whether the operation started last has answered (a frozen peer cannot)."""
+        return self._conn.poll(0)
+
     def call(self, op: str, timeout_s: float = 60.0, **kwargs: Any) -> Any:
         self.start(op, **kwargs)
         return self.result(timeout_s)
