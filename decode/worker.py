@@ -51,13 +51,8 @@ class DecodeWorker(WorkerBase):
         self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
-        self.channels.activity.on_idle(self._notify)  # a put-off verification goes on at once
         self._stepper = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
         self._stepper.start()
-
-    def _notify(self) -> None:
-        with self._lock:
-            self._wake.notify_all()
 
     # ---- admission --------------------------------------------------------------------------
     def _growth_tokens(self) -> int:
@@ -230,35 +225,37 @@ class DecodeWorker(WorkerBase):
 
     def _decode_loop(self) -> None:
         while True:
+            put_off_s = 0.0
             with self._lock:
                 if self._stopping:
                     return
                 try:
-                    self._loop_once()
+                    put_off_s = self._loop_once()
                 except Exception as exc:  # a bug: the loop's requests fail, and it goes on serving
                     self._fail_loop_requests(exc)
-            time.sleep(0)  # between steps: let receives and reservations take the lock
+            if put_off_s > 0:  # outside the lock: receives and reservations go on meanwhile
+                self.channels.activity.wait_idle(put_off_s)
+            else:
+                time.sleep(0)  # between steps: let receives and reservations take the lock
 
-    def _loop_once(self) -> None:
-        """Under the lock: verify what arrived, else one decode step, else wait for work."""
+    def _loop_once(self) -> float:
+        """Under the lock: verify what arrived, else one decode step, else wait for work. Returns how
+        long to wait for the channels to go idle first (0: go on)."""
         if self._arrived:
             now = time.monotonic()
             if self._verify_by is None:
                 self._verify_by = now + MAX_VERIFY_PUT_OFF_S
             if self.channels.moving() and now < self._verify_by:
-                # Verification shares the cores with the transfer landing now: let it land first
-                # (on a GPU they would not compete). Decode steps go on meanwhile.
-                if self._running:
-                    self.step_locked()
-                else:
-                    self._wake.wait(self._verify_by - now)  # the transfers ending wake it
-                return
+                # Verification shares the cores with the transfer landing now: let it land first (on
+                # a GPU they would not compete). Decode steps wait too.
+                return self._verify_by - now
             self._verify_by = None
             self._verify_arrived()
         elif self._running:
             self.step_locked()
         else:
-            self._wake.wait()  # an arrival, a reservation given up or shutdown wakes it
+            self._wake.wait()  # an arrival or shutdown wakes it
+        return 0.0
 
     def _fail_loop_requests(self, exc: Exception) -> None:
         """Under the lock: the decode loop raised; every request it holds (arrived or running) fails

@@ -2,14 +2,15 @@
 
 On a CPU, model work and a transfer share the cores: a worker lets a transfer moving bytes finish
 before it prefills or verifies (on a GPU the two would not compete). Each end's `io_lock` (held
-while a transfer, a reconnect or a link measurement uses the channel) counts itself here, so that
-wait is an event, not a poll.
+while a transfer, a reconnect or a link measurement uses the channel) counts itself here, except
+while it waits for its peer, so that wait is an event, not a poll.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 
 
 class Activity:
@@ -18,7 +19,6 @@ class Activity:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._busy = 0
-        self._on_idle: list[Callable[[], None]] = []
 
     def busy(self) -> bool:
         with self._cond:
@@ -29,11 +29,6 @@ class Activity:
         with self._cond:
             return self._cond.wait_for(lambda: self._busy == 0, timeout_s)
 
-    def on_idle(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the thread that released the last lock) each time the ends go idle."""
-        with self._cond:
-            self._on_idle.append(callback)
-
     def _enter(self) -> None:
         with self._cond:
             self._busy += 1
@@ -41,12 +36,8 @@ class Activity:
     def _leave(self) -> None:
         with self._cond:
             self._busy -= 1
-            idle = self._busy == 0
-            callbacks = list(self._on_idle) if idle else []
-            if idle:
+            if self._busy == 0:
                 self._cond.notify_all()
-        for callback in callbacks:  # outside the condition: a callback may take its owner's lock
-            callback()
 
 
 class ActivityLock:
@@ -69,6 +60,18 @@ class ActivityLock:
 
     def locked(self) -> bool:
         return self._lock.locked()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Held, but waiting for the peer (a reply, a reservation): no bytes move, so model work
+        need not wait for this end meanwhile."""
+        if self._activity is not None:
+            self._activity._leave()
+        try:
+            yield
+        finally:
+            if self._activity is not None:
+                self._activity._enter()
 
     def __enter__(self) -> ActivityLock:
         self.acquire()

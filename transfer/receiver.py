@@ -157,7 +157,7 @@ class EnvelopeReceiver(ChannelEnd):
     def _take(self, request_id: str) -> tuple[Job | None, str | None]:
         """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
         limit = time.monotonic() + self.unexpected_wait_s
-        with self.cond:
+        with self.io_lock.waiting(), self.cond:  # for the reservation, perhaps: nothing moves
             while (
                 request_id not in self._expected
                 and request_id not in self._refused

@@ -200,7 +200,8 @@ class EnvelopeSender(ChannelEnd):
         """
         channel, transfer = self.channel, job.transfer
         key = reply_key(seq)
-        blob = channel.control.wait_value(key, transfer.deadline - time.monotonic())
+        with self.io_lock.waiting():  # for the receiver's reservation, perhaps: nothing moves
+            blob = channel.control.wait_value(key, transfer.deadline - time.monotonic())
         deadline = transfer.deadline
         if blob is None:
             reason = "the receiver did not answer the header before the deadline"
