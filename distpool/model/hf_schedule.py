@@ -128,7 +128,7 @@ def _by_index(field: str, listed: str, others: str) -> Reader:
 
 
 def _jamba_period(f: ConfigFields, _: str) -> list[str] | None:
-    if not f.has("attn_layer_period"):
+    if f.find("attn_layer_period") is None:  # (Jamba's config class defaults it to 8)
         return None
     period, offset, n = f.int("attn_layer_period"), f.int("attn_layer_offset", minimum=0), f.num_layers()
     if offset >= period:
@@ -190,5 +190,12 @@ def layer_schedule(f: ConfigFields, model_type: str) -> list[str] | None:
         tags = read(f, model_type)
         if tags is not None:
             return tags
-    every_layer = FAMILIES.get(model_type, (None, {}, None))[2]
+    family, _, every_layer = FAMILIES.get(model_type, (None, {}, None))
+    if family is not None and every_layer is None:
+        # Without its schedule, such a config would read as a plain transformer: no state at all.
+        raise f.error(
+            f"a {model_type} model keeps {family} state in some layers, but its config names none of "
+            f"the layer schedule fields ({', '.join(SCHEDULE_FIELDS)}). Fix: add the one its "
+            "checkpoint's config.json has (e.g. hybrid_override_pattern or layer_types)"
+        )
     return [every_layer] * f.num_layers() if every_layer else None

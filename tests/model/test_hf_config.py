@@ -172,6 +172,29 @@ def test_jamba_attention_period_and_mamba1_state():
     assert spec.slot_bytes == 28 * (8192 * 3 * 2 + 8192 * 16 * 4)
 
 
+def test_fields_left_out_take_the_defaults_of_transformers_config_classes():
+    """Regression: these read as one KV head per query head, hidden / heads and "every layer
+    attention" before (tests/model_impl/test_spec_agreement.py holds them against transformers)."""
+    jamba = {
+        k: v for k, v in config_of("jamba").items() if k not in ("attn_layer_period", "num_key_value_heads")
+    }
+    spec = spec_from_hf(jamba)
+    assert spec.full_attention_layers == (4, 12, 20, 28) and spec.num_mamba_layers == 28
+    assert spec.full_attention.num_kv_heads == 8  # not 32, one per query head
+    assert spec.full_kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # was 4 * 2 * 32 * 128 * 2
+    nano = {k: v for k, v in config_of("nemotron_h").items() if k != "head_dim"}
+    assert spec_from_hf(nano).full_attention.head_dim == 128  # not 4480 / 40 = 112
+    qwen = {k: v for k, v in config_of("qwen3_next").items() if k not in ("head_dim", "num_key_value_heads")}
+    assert spec_from_hf(qwen).full_attention == attention(2, 256, 256)  # not 16 heads of 2048 / 16
+
+
+def test_a_hybrid_config_without_its_layer_schedule_is_refused():
+    """Regression: it read as a plain transformer, every layer attention and no state at all."""
+    config = {k: v for k, v in config_of("nemotron_h").items() if k != "hybrid_override_pattern"}
+    with pytest.raises(ValueError, match="keeps mamba2 state in some layers.*hybrid_override_pattern"):
+        spec_from_hf(config)
+
+
 def test_bamba_attention_layer_indices():
     spec = spec_of("bamba")
     assert spec.full_attention_layers == (9, 18, 27) and spec.num_mamba_layers == 29
