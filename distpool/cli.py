@@ -17,6 +17,7 @@ from distpool.memory.describe import format_sizes
 from distpool.memory.sizing import GIB, PoolArgs
 from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.presets import format_presets, preset_rows, resolve_model
+from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import add_model_impl_arguments, implementation_from
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.select import compute_dtype
@@ -31,6 +32,10 @@ from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_CHUNK_BYTES, MAX_TIMEOUT_S,
 from transfer.faults import SENDER_ABORT
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
+CONVENTION_WORDS = {
+    ENGINE_CONVENTION: "a conv state of kernel - 1 columns, as SGLang and vLLM keep it",
+    TRANSFORMERS_CONVENTION: "a conv state of kernel columns, as transformers' modeling code keeps it",
+}
 MAX_TP = 1024  # ranks in one tensor-parallel group: far past any node
 
 
@@ -100,11 +105,13 @@ def cmd_check(ns: argparse.Namespace) -> int:
     # --tp N: one rank's pool of an N-rank group, within --memory-gib per rank (N = 1: the one pool)
     tp = size_tp_pools(impl.spec, args, int(ns.memory_gib * GIB), ns.tp)
     dtype = compute_dtype(impl.spec, impl.name, impl.hf, args.kv_dtype)
-    summary = {**tp.summary(), "model_impl": impl.name, "dtype": dtype}
+    convention = impl.spec.state_convention
+    summary = {**tp.summary(), "model_impl": impl.name, "dtype": dtype, "state_convention": convention}
     print(
         json.dumps(summary)
         if ns.json
-        else f"{format_sizes(tp.rank, tp)}\nimplementation {impl.name}, {dtype}"
+        else f"{format_sizes(tp.rank, tp)}\nimplementation {impl.name}, {dtype}; "
+        f"state sizes in the {convention} convention ({CONVENTION_WORDS[convention]})"
     )
     return 0
 

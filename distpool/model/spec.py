@@ -2,7 +2,9 @@
 
 A `ModelSpec` is derived once from a Hugging Face `config.json` (`distpool.model.hf_config.spec_from_hf`)
 and is frozen. Only the `hf_*` modules of this package know Hugging Face field names; everything else
-works from the spec, and the spec is what crosses process boundaries (never the raw config).
+works from the spec, and the spec is what crosses process boundaries (never the raw config). Its
+`state_convention` says how its recurrent state is kept (`convention.py`): the engine convention of
+SGLang and vLLM, or transformers' own when its modeling code runs.
 Every size here is raw (unpadded); the arena adds its own alignment.
 """
 
@@ -22,6 +24,10 @@ HYBRID_SWA = "hybrid_swa"
 DEEPSEEK_V4 = "deepseek_v4"
 DENSE = "dense"
 MODEL_KINDS = (HYBRID_MAMBA, HYBRID_SWA, DEEPSEEK_V4, DENSE)
+# Conventions of keeping a recurrent state (`convention.py` says what differs).
+ENGINE_CONVENTION = "engine"
+TRANSFORMERS_CONVENTION = "transformers"
+STATE_CONVENTIONS = (ENGINE_CONVENTION, TRANSFORMERS_CONVENTION)
 # ModelSpec fields that describe compute, not memory: outside the layout fingerprint.
 COMPUTE_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "norm_eps")
 
@@ -59,6 +65,12 @@ class AttentionSpec:
         (MLA's one latent is replicated on every rank)."""
         heads = Segment("heads", "KV heads", count=self.num_kv_heads, width=1, replicable=True)
         return ShardRule(axis=0, segments=(heads,))
+
+
+def _kv_tensors(attention: AttentionSpec) -> list[tuple[str, tuple[int, int], str]]:
+    """(name, (kv_heads, dim), dtype) of K and V of one token; MLA caches no V."""
+    kv = (("k", attention.head_dim), ("v", attention.v_head_dim))
+    return [(name, (attention.num_kv_heads, dim), attention.dtype) for name, dim in kv if dim]
 
 
 @dataclass(frozen=True)
@@ -116,9 +128,14 @@ class ModelSpec:
     intermediate_size: int = 0
     norm_eps: float = 1e-5
     source: str = "<dict>"
+    # How the state tensors are kept: the engine's conv of kernel - 1 columns, or transformers'
+    # conv of kernel columns (and its dtypes). Their shapes already differ, so it is a label for
+    # people and checks, outside the layout fingerprint.
+    state_convention: str = ENGINE_CONVENTION
 
     def __post_init__(self) -> None:
         assert self.kind in MODEL_KINDS, self.kind
+        assert self.state_convention in STATE_CONVENTIONS, self.state_convention
         assert (self.full_attention is None) == (not self.full_attention_layers)
         assert (self.sliding_attention is None) == (not self.sliding_window_layers)
         assert (self.mamba is None) == (not self.mamba_layers)
@@ -162,6 +179,22 @@ class ModelSpec:
             return 0
         return self.num_mamba_layers * self.mamba.bytes_per_layer
 
+    def layer_tensors(self, layer: int) -> tuple[StateTensorSpec, ...]:
+        """What layer `layer` keeps per request: K and V of one token (`(kv_heads, dim)`; `swa_k`,
+        `swa_v` for a sliding-window layer) and its state tensors, in that order; () for none."""
+        out = []
+        for prefix, layers, attention in (
+            ("", self.full_attention_layers, self.full_attention),
+            ("swa_", self.sliding_window_layers, self.sliding_attention),
+        ):
+            if layer in layers:
+                assert attention is not None
+                out += [StateTensorSpec(prefix + n, s, d) for n, s, d in _kv_tensors(attention)]
+        if layer in self.mamba_layers:
+            assert self.mamba is not None
+            out += self.mamba.tensors
+        return tuple(out)
+
     @property
     def sliding_window(self) -> int | None:
         return None if self.sliding_attention is None else self.sliding_attention.sliding_window
@@ -195,12 +228,8 @@ class ModelSpec:
         tensors = []
         for prefix, attention in (("", self.full_attention), ("swa_", self.sliding_attention)):
             if attention is not None:
-                for name, dim in (("k", attention.head_dim), ("v", attention.v_head_dim)):
-                    if dim:  # (MLA caches no V)
-                        shape = (attention.num_kv_heads, dim)
-                        tensors.append(
-                            TensorRule(prefix + name, shape, attention.dtype, attention.shard_rule)
-                        )
+                for name, shape, dtype in _kv_tensors(attention):
+                    tensors.append(TensorRule(prefix + name, shape, dtype, attention.shard_rule))
         if self.mamba is not None:
             rules = self.mamba.shard_rules or (None,) * len(self.mamba.tensors)
             for tensor, rule in zip(self.mamba.tensors, rules, strict=True):
@@ -215,7 +244,7 @@ class ModelSpec:
         Shard rules are left out: they say which coordinates a TP rank holds, not where a byte of
         one pool lives (a rank's own shapes are in its spec); the TP handshake compares them."""
         fields = dataclasses.asdict(self)
-        for name in ("source", "architectures", "model_type", "dtype", *COMPUTE_FIELDS):
+        for name in ("source", "architectures", "model_type", "dtype", "state_convention", *COMPUTE_FIELDS):
             fields.pop(name)
         if fields["mamba"] is not None:
             fields["mamba"].pop("shard_rules")

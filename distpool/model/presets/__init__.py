@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from distpool.model.convention import in_transformers_convention
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.spec import ModelSpec
 
 PRESETS_DIR = Path(__file__).parent
 
@@ -54,6 +56,11 @@ class PresetRow:
     kv_bytes_per_token: int  # K and V of one token over every attention layer
     kv_dtype: str
     ssm_dtype: str | None  # the recurrent state's dtype; None without Mamba layers
+    state_convention: str  # what slot_bytes follows: the engine convention (convention.py)
+    # The transformers runner's slot (its convention) computing in the checkpoint's dtype, and in
+    # float32 (a CPU's default); None where its runner keeps no such state.
+    transformers_slot_bytes: int | None
+    transformers_slot_bytes_float32: int | None
 
 
 def preset_rows() -> list[PresetRow]:
@@ -74,23 +81,39 @@ def preset_rows() -> list[PresetRow]:
                 kv_dtype=attention.dtype if attention else spec.dtype,
                 # slot order puts the SSM / recurrent state last (MambaSpec)
                 ssm_dtype=spec.mamba.tensors[-1].dtype if spec.mamba else None,
+                state_convention=spec.state_convention,
+                transformers_slot_bytes=_transformers_slot_bytes(spec, spec.dtype),
+                transformers_slot_bytes_float32=_transformers_slot_bytes(spec, "float32"),
             )
         )
     return rows
 
 
+def _transformers_slot_bytes(spec: ModelSpec, dtype: str) -> int | None:
+    try:
+        return in_transformers_convention(spec, dtype).slot_bytes
+    except ValueError:  # a state family transformers' runner does not keep
+        return None
+
+
 def format_presets(rows: list[PresetRow]) -> str:
     n, a = max(len(r.name) for r in rows), max(len(r.architecture) for r in rows)
-    head = "kind          attention  mamba  slot MiB  KV KiB/token  dtypes"
+    head = "kind          attention  mamba  slot MiB  transformers  KV KiB/token  dtypes"
     lines = [f"{'preset':{n}}  {'architecture':{a}}  {head}"]
     lines += [
         f"{r.name:{n}}  {r.architecture:{a}}  {r.kind:12}  {r.num_attention_layers:9}  "
-        f"{r.num_mamba_layers:5}  {r.slot_bytes / (1 << 20):8.2f}  {r.kv_bytes_per_token / (1 << 10):12.2f}  "
-        f"KV {r.kv_dtype}, SSM {r.ssm_dtype or '-'}"
+        f"{r.num_mamba_layers:5}  {r.slot_bytes / (1 << 20):8.2f}  {_mib(r.transformers_slot_bytes):>12}  "
+        f"{r.kv_bytes_per_token / (1 << 10):12.2f}  KV {r.kv_dtype}, SSM {r.ssm_dtype or '-'}"
         for r in rows
     ]
     lines += [
-        "slot: one request's recurrent state; KV: every attention layer (see --kv-dtype, --ssm-dtype).",
+        "slot: one request's recurrent state, in the engine convention (a conv state of kernel - 1",
+        "columns, as SGLang and vLLM keep it; see --kv-dtype, --ssm-dtype); transformers: the slot the",
+        "transformers runner keeps in the same dtype (conv of kernel columns). KV: every attention layer.",
         "Pass the preset name to `distpool check NAME` or `distpool run --model NAME`.",
     ]
     return "\n".join(lines)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / (1 << 20):.2f}"

@@ -4,11 +4,10 @@ transformers allocates.
 The pool of a transformers run is sized with `runner_spec`: per attention module its KV heads and head
 dims, per recurrent mixer its conv state `(conv channels, conv_kernel_size)` and its recurrent state
 (Mamba2 `(heads, head_dim, state)`, gated delta net `(value heads, key dim, value dim)`, Mamba1
-`(channels, state)`). K, V and the conv state are in the compute dtype; the recurrent state in the
-dtype transformers' scans produce it in: float32 for Mamba2 and the gated delta net whatever the
-compute dtype, the compute dtype promoted to at least float32 for Mamba1. This is transformers'
-convention (a conv state of `kernel` columns), not the engine convention `hf_state` follows
-(`kernel - 1` columns).
+`(channels, state)`). K, V and the conv state are in the dtype of the module's weights (the compute
+dtype); the recurrent state in the dtype transformers' scans produce it in
+(`distpool.model.convention`). This is transformers' convention (a conv state of `kernel` columns),
+not the engine convention `hf_state` follows (`kernel - 1` columns).
 Read from attributes only, so a meta-device model (no memory, no weights) sizes the pools before Ray
 starts. `check_allocation` runs one short forward through transformers' own `DynamicCache` at load and
 refuses a model whose tensors differ, naming both shapes.
@@ -23,8 +22,15 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from distpool.model.dtypes import canonical_dtype, torch_dtype
-from distpool.model.spec import AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
+from distpool.model.convention import RECURRENT_DTYPE, recurrent_dtype
+from distpool.model.dtypes import canonical_dtype
+from distpool.model.spec import (
+    TRANSFORMERS_CONVENTION,
+    AttentionSpec,
+    MambaSpec,
+    ModelSpec,
+    StateTensorSpec,
+)
 from distpool.model_impl.hf.loader import empty_model, weight_bytes
 from distpool.model_impl.hf.source import HFSource
 
@@ -34,13 +40,7 @@ _RECURRENT_SHAPE: dict[str, Callable[[nn.Module], tuple[int, ...]]] = {
     "gated_delta_net": lambda m: (m.num_v_heads, m.head_k_dim, m.head_v_dim),
     "mamba1": lambda m: (m.intermediate_size, m.ssm_state_size),
 }
-
-# The recurrent state's dtype per state family, from the compute dtype (what the scans return).
-_RECURRENT_DTYPE: dict[str, Callable[[torch.dtype], torch.dtype]] = {
-    "mamba2": lambda compute: torch.float32,
-    "gated_delta_net": lambda compute: torch.float32,
-    "mamba1": lambda compute: torch.promote_types(compute, torch.float32),
-}
+assert set(_RECURRENT_SHAPE) == set(RECURRENT_DTYPE)
 
 
 def layer_modules(model: PreTrainedModel) -> list[tuple[nn.Module | None, nn.Module | None]]:
@@ -59,23 +59,48 @@ def layer_modules(model: PreTrainedModel) -> list[tuple[nn.Module | None, nn.Mod
     return out
 
 
-def _attention_spec(module: nn.Module, dtype: str) -> AttentionSpec:
+def _dtype_of(module: nn.Module) -> str:
+    return str(module.weight.dtype).removeprefix("torch.")
+
+
+def _attention_spec(module: nn.Module) -> AttentionSpec:
     head_dim = module.head_dim
     return AttentionSpec(
         num_kv_heads=module.k_proj.out_features // head_dim,
         head_dim=head_dim,
         v_head_dim=module.v_proj.out_features // (module.k_proj.out_features // head_dim),
-        dtype=dtype,
+        dtype=_dtype_of(module.k_proj),
     )
 
 
-def _state_spec(mixer: nn.Module, family: str, dtype: str) -> MambaSpec:
-    conv = StateTensorSpec(name="conv", shape=(mixer.conv1d.in_channels, mixer.conv_kernel_size), dtype=dtype)
-    recurrent_dtype = str(_RECURRENT_DTYPE[family](torch_dtype(dtype))).removeprefix("torch.")
-    recurrent = StateTensorSpec(
-        name="ssm", shape=tuple(_RECURRENT_SHAPE[family](mixer)), dtype=recurrent_dtype
+def _state_spec(mixer: nn.Module, family: str) -> MambaSpec:
+    compute = _dtype_of(mixer.conv1d)
+    conv = StateTensorSpec(
+        name="conv", shape=(mixer.conv1d.in_channels, mixer.conv_kernel_size), dtype=compute
     )
+    shape = tuple(_RECURRENT_SHAPE[family](mixer))
+    recurrent = StateTensorSpec(name="ssm", shape=shape, dtype=recurrent_dtype(family, compute))
     return MambaSpec(family=family, tensors=(conv, recurrent))
+
+
+def module_tensors(model: PreTrainedModel, family: str | None) -> list[tuple[StateTensorSpec, ...]]:
+    """Per decoder layer, what its modules keep per request, as `ModelSpec.layer_tensors` lists it:
+    K and V of one token, then the conv and recurrent state of a `family` mixer (None: a model
+    without recurrent layers)."""
+    out = []
+    for attention, mixer in layer_modules(model):
+        tensors: list[StateTensorSpec] = []
+        if attention is not None:
+            kv = _attention_spec(attention)
+            tensors += [
+                StateTensorSpec("k", (kv.num_kv_heads, kv.head_dim), kv.dtype),
+                StateTensorSpec("v", (kv.num_kv_heads, kv.v_head_dim), kv.dtype),
+            ]
+        if mixer is not None:
+            assert family is not None, "a recurrent mixer in a model without a state family"
+            tensors += _state_spec(mixer, family).tensors
+        out.append(tuple(tensors))
+    return out
 
 
 def _one(values: list, what: str, source: str):
@@ -104,15 +129,18 @@ def runner_spec(model: PreTrainedModel, base: ModelSpec, dtype: str) -> ModelSpe
             f"recurrent mixers in {list(mamba_layers)}; the config says {list(base.full_attention_layers)} "
             f"and {list(base.mamba_layers)}"
         )
-    attention = _one(
-        [(i, _attention_spec(a, dtype)) for i, (a, _) in enumerate(modules) if a], "KV", base.source
-    )
+    attention = _one([(i, _attention_spec(a)) for i, (a, _) in enumerate(modules) if a], "KV", base.source)
     state = _one(
-        [(i, _state_spec(m, base.mamba.family, dtype)) for i, (_, m) in enumerate(modules) if m],
+        [(i, _state_spec(m, base.mamba.family)) for i, (_, m) in enumerate(modules) if m],
         "recurrent state",
         base.source,
     )
-    return dataclasses.replace(base, full_attention=attention, mamba=state, dtype=dtype)
+    for what, found in (("KV", attention.dtype), ("conv state", state.tensors[0].dtype)):
+        if found != dtype:
+            raise ValueError(f"{base.source}: the model computes its {what} in {found}, not {dtype}")
+    return dataclasses.replace(
+        base, full_attention=attention, mamba=state, dtype=dtype, state_convention=TRANSFORMERS_CONVENTION
+    )
 
 
 def _shape(tensor: torch.Tensor) -> str:

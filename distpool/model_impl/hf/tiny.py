@@ -78,11 +78,16 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
+def tiny_config(model_type: str) -> dict:
+    """The config.json fields of the tiny `model_type` (what `save_checkpoint` builds it from)."""
+    return {"model_type": model_type, **_COMMON, **TINY_CONFIGS[model_type]}
+
+
 def save_checkpoint(
     model_type: str, folder: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> Path:
     """A tiny random checkpoint of `model_type` in `folder` (config.json and model.safetensors)."""
-    config = AutoConfig.for_model(model_type, **_COMMON, **TINY_CONFIGS[model_type])
+    config = AutoConfig.for_model(**tiny_config(model_type))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
