@@ -19,6 +19,7 @@ from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import add_model_impl_arguments, implementation_from
+from distpool.model_impl.hf.tokenizer import find_tokenizer
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.select import compute_dtype
 from distpool.serving import request_flags
@@ -177,9 +178,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 "--metrics-port sets up the embedded cluster's exporter; a cluster exports its own "
                 "metrics (start its nodes with `ray start --metrics-export-port P`)"
             )
+    tokenizer = find_tokenizer(config_path) if ns.prompts is not None or ns.outputs is not None else None
+    requests = flags.requests_for(
+        vocab_size=model.vocab_size, context_len=worker.pool_args.context_len, tokenizer=tokenizer
+    )
     return run(
         spec,
-        flags.requests_for(vocab_size=model.vocab_size, context_len=worker.pool_args.context_len),
+        requests,
         address=address,
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
@@ -188,6 +193,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         parity_sample=ns.parity_sample,
         json_path=ns.json,
         outputs_path=ns.outputs,
+        detokenize=tokenizer.decode if tokenizer is not None else None,
         metrics_port=ns.metrics_port,
     )
 
@@ -276,7 +282,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "--outputs",
         default=None,
         metavar="PATH.jsonl",
-        help="write each served request's prompt and output ids",
+        help="write each served request's prompt and output ids (and text, with the model's tokenizer)",
     )
     add_pool_arguments(run)
     add_model_impl_arguments(run)

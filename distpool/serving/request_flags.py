@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distpool.model_impl.hf.tokenizer import PromptTokenizer
 from distpool.serving import conversation, workload
 from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
 from distpool.serving.workload import Request
@@ -57,8 +58,11 @@ class RequestFlags:
                 f"own lengths. Fix: drop {bounds[0]}"
             )
 
-    def requests_for(self, *, vocab_size: int, context_len: int) -> list[Request] | MultiTurn:
-        """The prompts file, else the generated workload (its prompts clipped to fit `context_len`)."""
+    def requests_for(
+        self, *, vocab_size: int, context_len: int, tokenizer: PromptTokenizer | None = None
+    ) -> list[Request] | MultiTurn:
+        """The prompts file (its text prompts tokenized with `tokenizer`, when the model has one),
+        else the generated workload (its prompts clipped to fit `context_len`)."""
         common = dict(
             vocab_size=vocab_size, max_new_tokens=self.max_new_tokens, seed=self.seed, context_len=context_len
         )
@@ -77,7 +81,7 @@ class RequestFlags:
                 **common,
             )
         requests = workload.load_jsonl(
-            self.prompts, vocab_size=vocab_size, max_new_tokens=self.max_new_tokens
+            self.prompts, vocab_size=vocab_size, max_new_tokens=self.max_new_tokens, tokenizer=tokenizer
         )
         if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
             raise ValueError(

@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import ray
 
@@ -129,12 +130,14 @@ def run(
     parity_sample: int = 4,
     json_path: str | None = None,
     outputs_path: str | None = None,
+    detokenize: Callable[[list[int]], str] | None = None,
     metrics_port: int | None = None,
 ) -> int:
     """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
     summary is always printed and written, also when workers died, and after Ctrl-C (of the
     requests that ended by then: no link measurement, no parity check, leaks unknown);
-    `outputs_path` gets one JSON line per completed request (`outputs_text`)."""
+    `outputs_path` gets one JSON line per completed request (`outputs_text`, with its text where
+    `detokenize` is given)."""
     where = address or "an embedded local Ray cluster"
     model_impl, dtype = spec.worker.model_impl, spec.worker.dtype
     what = {
@@ -177,7 +180,7 @@ def run(
                 pass
         outcomes = sorted(server.outcomes, key=lambda o: o.request_id) if server is not None else []
         total = server.total if server is not None and server.total else initial_count(requests)
-        outputs = outputs_text(feed.served if feed is not None else requests, outcomes)
+        outputs = outputs_text(feed.served if feed is not None else requests, outcomes, detokenize)
         report = summarize(
             outcomes,
             retried=server.retried if server is not None else 0,
@@ -233,15 +236,20 @@ def parity_of(spec: DeploymentSpec, realized: list[Request], outcomes: list[Outc
         return Parity()
 
 
-def outputs_text(served: list[Request], outcomes: list[Outcome]) -> str:
+def outputs_text(
+    served: list[Request], outcomes: list[Outcome], detokenize: Callable[[list[int]], str] | None = None
+) -> str:
     """`--outputs`: one JSON line per completed request, in the order served: its id, the prompt
-    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only."""
+    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only, and with a
+    tokenizer (`detokenize`) the generated tokens' text."""
     tokens = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
-    lines = (
-        json.dumps({"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]})
-        for r in served
-        if r.request_id in tokens
-    )
+    lines = []
+    for r in served:
+        if r.request_id in tokens:
+            line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]}
+            if detokenize is not None:
+                line["text"] = detokenize(tokens[r.request_id])
+            lines.append(json.dumps(line))
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from distpool.memory.envelope import MAX_REQUEST_ID_CHARS as MAX_ID_CHARS  # an id must fit an envelope
 from distpool.memory.sizing import PoolArgs
+from distpool.model_impl.hf.tokenizer import PromptTokenizer
 
 # What `run --workload` offers (the README lists these lines).
 WORKLOADS = {
@@ -154,9 +155,12 @@ def _prompt_len(rng: random.Random, workload: str, limit: int, mixed: tuple[int,
     return rng.randint(*mixed)
 
 
-def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> list[Request]:
-    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"} (UTF-8 bytes mod vocab),
-    with optional "max_new_tokens" and "id". `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+def load_jsonl(
+    path: str | Path, *, vocab_size: int, max_new_tokens: int, tokenizer: PromptTokenizer | None = None
+) -> list[Request]:
+    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"}, with optional
+    "max_new_tokens" and "id". Text is tokenized with the model's `tokenizer`, or without one taken
+    as its UTF-8 bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
     vocab_size = vocab_size or DEFAULT_VOCAB_SIZE
     requests = []
     try:
@@ -183,6 +187,8 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
             ids = row["prompt_ids"]
             if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
                 raise ValueError(f"{where}: prompt_ids must be a list of ints in [0, {vocab_size})")
+        elif isinstance(row.get("prompt"), str) and tokenizer is not None:
+            ids = _tokenized(tokenizer, row["prompt"], where, vocab_size)
         elif isinstance(row.get("prompt"), str):
             ids = [b % vocab_size for b in _utf8(row["prompt"], where, "prompt")]
         else:
@@ -200,6 +206,18 @@ def load_jsonl(path: str | Path, *, vocab_size: int, max_new_tokens: int) -> lis
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids must be unique")
     return requests
+
+
+def _tokenized(tokenizer: PromptTokenizer, text: str, where: str, vocab_size: int) -> list[int]:
+    _utf8(text, where, "prompt")  # a lone surrogate is refused as without a tokenizer
+    ids = tokenizer.encode(text)
+    if outside := [t for t in ids if not 0 <= t < vocab_size]:
+        raise ValueError(
+            f"{where}: the tokenizer in {tokenizer.folder} gives token id {outside[0]}, outside the "
+            f"model's vocabulary [0, {vocab_size}). Fix: put the model's own tokenizer in its folder, "
+            "or give prompt_ids"
+        )
+    return ids
 
 
 def _utf8(text: str, where: str, field: str) -> bytes:

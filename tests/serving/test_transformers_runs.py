@@ -7,11 +7,13 @@ prefix from its state checkpoint at prefill and reuses the pages decode held."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+from transformers import AutoTokenizer
 
 from distpool.cli import main
-from tests.hf_checkpoints import ARCHITECTURES, VOCAB, generate, load_for_generate
+from tests.hf_checkpoints import ARCHITECTURES, VOCAB, generate, load_for_generate, save_tokenizer
 
 pytestmark = pytest.mark.ray
 
@@ -75,3 +77,21 @@ def test_a_multi_turn_conversation_continues_cached_prefixes_and_equals_generate
     assert report["decode_prefix_hit_tokens"] == (268 + MAX_NEW_TOKENS - 1) // 4 * 4
     assert report["parity_checked"] == 2
     assert_served_as_generate(hf_checkpoints[arch], report, lines)
+
+
+def test_text_prompts_are_served_with_the_checkpoints_tokenizer_and_come_back_as_text(
+    ray_session, hf_checkpoints, tmp_path
+):
+    folder = save_tokenizer(shutil.copytree(hf_checkpoints["qwen3_next"], tmp_path / "with-tokenizer"))
+    texts = {"short": "the cat", "long": "the big red dog ran to the old house under the blue sky and sleeps"}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": k, "prompt": v}) + "\n" for k, v in texts.items()))
+    status, report, lines = serve(folder, tmp_path, "--prompts", str(prompts))
+    assert status == 0, report["errors"]
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # transformers' own
+    assert [line["prompt_ids"] for line in lines] == [tokenizer.encode(text) for text in texts.values()]
+    assert [line["text"] for line in lines] == [
+        tokenizer.decode(line["output_ids"], skip_special_tokens=True) for line in lines
+    ]
+    assert all(line["text"] for line in lines)  # words, not only special tokens
+    assert_served_as_generate(folder, report, lines)
