@@ -1,6 +1,6 @@
 """A minimal pool over plain tensors, for model tests that must not depend on the arena.
 
-It implements the part of the `Pool` protocol a model uses (reserve / extend / release, page and
+It implements the part of the `Pool` protocol a model uses (reserve / extend(_batch) / release, page and
 slot ids, `kv_view`, `state_view`) with separate K, V and state tensors per layer and simple free
 lists. Fresh and freed memory is NaN, so a model that reads a row it never wrote produces NaN logits
 instead of plausible tokens. `shuffle` moves every page and slot to a new physical position and
@@ -76,6 +76,14 @@ class FakePool:
         self._pages[request_id] += self.free_pages[:more]
         self.free_pages = self.free_pages[more:]
         self._tokens[request_id] = num_tokens
+
+    def extend_batch(self, requests: list[tuple[str, int]]) -> None:
+        """Grow every (request_id, num_new_tokens), all or nothing."""
+        more = sum(self._pages_for(self._tokens[r] + n) - len(self._pages[r]) for r, n in requests)
+        if more > len(self.free_pages):
+            raise DoesNotFit(requests[0][0], f"{more} more pages for the batch, {len(self.free_pages)} free")
+        for request_id, num_new_tokens in requests:
+            self.extend(request_id, num_new_tokens)
 
     def release(self, request_id: str) -> None:
         pages = self._pages.pop(request_id)

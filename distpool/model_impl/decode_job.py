@@ -61,5 +61,7 @@ def plan_decode(
         "pool gave too few pages"
     )
     width = max(len(t) for t in tables)
-    page_table = torch.stack([torch.cat([t, t[:1].expand(width - len(t))]) for t in tables])
+    if any(len(t) < width for t in tables):
+        tables = [torch.cat([t, t[:1].expand(width - len(t))]) for t in tables]
+    page_table = torch.stack(tables)
     return DecodeJob(num_tokens=num_tokens, page_table=page_table)

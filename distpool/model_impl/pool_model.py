@@ -112,8 +112,7 @@ class PoolModel(ABC):
             for _ in range(max_new_tokens - 1):
                 if between_steps is not None:
                     between_steps()
-                for request_id in ids:
-                    pool.extend(request_id, 1)
+                pool.extend_batch([(request_id, 1) for request_id in ids])  # one placement per step
                 tokens = self.decode_step(pool, ids, tokens)
                 for out, token in zip(generated, tokens, strict=True):
                     out.append(token)

@@ -134,3 +134,18 @@ def test_jamba_continues_a_checkpoint_token_by_token_because_its_scan_starts_fro
     # Token by token differs from a full prefill by rounding (its scan computes partly in float32);
     # one pass loses the checkpoint's contribution to the recurrence, 4 orders of magnitude more.
     assert error(stepped) < 1e-8 and error(one_pass) > 1e-6
+
+
+def test_a_runner_serving_two_pools_in_turn_works_in_each_ones_memory(runner_of):
+    """The runner keeps a pool's K/V views and slot segments between forwards; serving another pool
+    rebuilds them, so nothing is read from or written to the pool it served before."""
+    impl, runner = runner_of("bamba")
+    first, second = pool_for(impl), pool_for(impl)
+    prompts = [tokens(9, 4), tokens(3, 5)]
+    served = []
+    for pool, other in ((first, second), (second, first), (first, second)):
+        untouched = other.buffer.clone()
+        served.append(runner.generate(pool, prompts, 3))
+        assert torch.equal(other.buffer, untouched)
+    assert served[0] == served[1] == served[2]  # (the first test holds them against generate)
+    assert bool(second.buffer.any())  # its pages and slots hold what it served

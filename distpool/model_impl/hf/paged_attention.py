@@ -17,14 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
+from distpool.model_impl.hf.pool_views import KVViews
 
 PAGED_ATTENTION = "distpool_paged"
 
@@ -34,17 +32,41 @@ class PagedBatch:
     """Where one forward's tokens live in the pool, for every attention layer of the model.
 
     Request b's token at `positions[b, t]` sits in page `page_table[b, p // page_size]`, row
-    `p % page_size`; a query at position p sees every key at positions 0..p of its own request.
+    `p % page_size`; a query at position p sees every key at positions 0..p of its own request. What
+    every layer needs of the page table is worked out once per forward (`over`), not per layer.
     """
 
-    pool: Pool
+    kv: KVViews  # full-attention layer -> its K and V pages, (num_pages, page_size, kv_heads, dim) each
     page_table: torch.Tensor  # (B, max_pages) int64 physical page ids, padded with a real page id
-    positions: torch.Tensor  # (B, T) int64: the positions of this forward's tokens, ascending
+    write_pages: torch.Tensor  # (B, T) the page each of this forward's tokens is written to
+    write_rows: torch.Tensor  # (B, T) its row in that page
+    # (B, 1, T, max_pages * page_size) float: 0 where a query sees a key, -inf elsewhere (SDPA adds
+    # it; a float mask is made once per forward where a boolean one is converted in every layer)
+    visible: torch.Tensor
 
-    @property
-    def num_keys(self) -> int:
-        """Key positions gathered per request: every page of the longest page table."""
-        return self.page_table.shape[1] * self.pool.page_size
+    @classmethod
+    def over(
+        cls,
+        kv: KVViews,
+        page_size: int,
+        page_table: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PagedBatch:
+        """`positions` (B, T) int64 ascending: this forward's tokens; `page_table` as above; `device`
+        the pool's; `dtype` the queries'."""
+        key_positions = torch.arange(page_table.shape[1] * page_size)
+        hidden = key_positions[None, None, :] > positions[:, :, None]  # (B, T, keys)
+        visible = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        return cls(
+            kv=kv,
+            page_table=page_table.to(device),
+            write_pages=page_table.gather(1, positions // page_size).to(device),
+            write_rows=(positions % page_size).to(device),
+            visible=visible[:, None].to(device),
+        )
 
 
 _batch: ContextVar[PagedBatch | None] = ContextVar("distpool_paged_batch", default=None)
@@ -73,21 +95,20 @@ def paged_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise ValueError("the paged attention function serves full attention only (no sliding window)")
-    page_size = batch.pool.page_size
-    k_cache, v_cache = batch.pool.kv_view(module.layer_idx)  # (num_pages, page_size, kv_heads, dim) each
-    device = k_cache.device
-    pages = batch.page_table.gather(1, batch.positions // page_size).to(device)  # (B, T)
-    rows = (batch.positions % page_size).to(device)
-    k_cache[pages, rows] = key.transpose(1, 2).to(k_cache.dtype)
-    v_cache[pages, rows] = value.transpose(1, 2).to(v_cache.dtype)
-    table = batch.page_table.to(device)
-    # (B, max_pages, page_size, kv_heads, dim) -> (B, kv_heads, keys, dim)
-    keys = k_cache[table].flatten(1, 2).transpose(1, 2).to(query.dtype)
-    values = v_cache[table].flatten(1, 2).transpose(1, 2).to(query.dtype)
-    key_positions = torch.arange(batch.num_keys, device=query.device)
-    visible = key_positions[None, None, :] <= batch.positions.to(query.device)[:, :, None]  # (B, T, keys)
+    k_cache, v_cache = batch.kv[module.layer_idx]  # (num_pages, page_size, kv_heads, dim) each
+    k_cache[batch.write_pages, batch.write_rows] = key.transpose(1, 2).to(k_cache.dtype)
+    v_cache[batch.write_pages, batch.write_rows] = value.transpose(1, 2).to(v_cache.dtype)
+    keys, values = (_gathered(cache, batch.page_table).to(query.dtype) for cache in (k_cache, v_cache))
     kwargs.pop("is_causal", None)
-    return sdpa_attention_forward(module, query, keys, values, visible[:, None], is_causal=False, **kwargs)
+    return sdpa_attention_forward(module, query, keys, values, batch.visible, is_causal=False, **kwargs)
+
+
+def _gathered(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """(B, kv_heads, max_pages * page_size, dim): each request's pages of `cache` in token order
+    (`index_select`: one copy, a few times faster on a CPU than indexing with the table)."""
+    b, num_pages = page_table.shape
+    pages = cache.index_select(0, page_table.flatten())  # (B * max_pages, page_size, kv_heads, dim)
+    return pages.view(b, num_pages * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
 AttentionInterface.register(PAGED_ATTENTION, paged_attention)

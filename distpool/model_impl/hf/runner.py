@@ -28,6 +28,7 @@ from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.hf.layout import check_allocation, runner_spec
 from distpool.model_impl.hf.loader import cache_argument, load_model
 from distpool.model_impl.hf.paged_attention import PAGED_ATTENTION, PagedBatch, paged_forward
+from distpool.model_impl.hf.pool_views import PoolViews
 from distpool.model_impl.hf.source import HFSource
 from distpool.model_impl.hf.state_cache import (
     SlotStates,
@@ -76,6 +77,13 @@ class TransformersRunner(PoolModel):
         self.spec = spec
         self.vocab_size = self.model.config.vocab_size
         self.copies = StateCopies()
+        self._views: PoolViews | None = None  # the last pool's, valid while that pool lives
+
+    def _views_of(self, pool: Pool) -> PoolViews:
+        """The views of `pool`, built on its first forward (a worker serves from one pool)."""
+        if self._views is None or self._views.pool is not pool:
+            self._views = PoolViews.of(pool, self.spec, self.copies)
+        return self._views
 
     # ---- one forward over pool memory ---------------------------------------------------------
     def _forward(
@@ -87,10 +95,15 @@ class TransformersRunner(PoolModel):
         kernel = self.spec.mamba.tensors[0].shape[-1] if self.spec.mamba else 0
         cache = pooled_cache(self.spec, states, kernel=kernel, num_past=num_past)
         arguments = {self._cache_argument: cache}
-        with (
-            torch.no_grad(),
-            paged_forward(PagedBatch(pool=pool, page_table=page_table, positions=positions)),
-        ):
+        batch = PagedBatch.over(
+            self._views_of(pool).kv,
+            pool.page_size,
+            page_table,
+            positions,
+            device=pool.buffer.device,
+            dtype=self.model.dtype,
+        )
+        with torch.no_grad(), paged_forward(batch):
             out = self.model(
                 input_ids=tokens.to(self.device),
                 position_ids=positions.to(self.device),
@@ -114,7 +127,7 @@ class TransformersRunner(PoolModel):
     ) -> list[int]:
         """See `PoolModel.prefill`: each prompt after its cached prefix, from its checkpoint's state;
         its K/V rows into its own pages, its final state into its slot, snapshots where asked."""
-        slots = SlotStates(pool, self.spec, self.copies)
+        slots = self._views_of(pool).slots
         jobs = plan_prefill(
             pool,
             request_ids,
@@ -163,7 +176,7 @@ class TransformersRunner(PoolModel):
             return []
         page_table, positions = job.page_table, job.positions[:, None]
         tokens = torch.tensor(list(last_tokens))[:, None]
-        slots = SlotStates(pool, self.spec, self.copies)
+        slots = self._views_of(pool).slots
         slot_ids = [pool.slot_id(r) for r in request_ids]
         if len(request_ids) == 1:
             logits = self._forward(pool, page_table, positions, tokens, slots.views(slot_ids[0]))

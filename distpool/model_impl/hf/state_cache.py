@@ -87,7 +87,9 @@ class SlotStates:
         """Per layer, the segments of `slots` copied into one batch tensor, and its typed views."""
         out = {}
         for layer, seg in self.segments.items():
-            batch = seg[slots.to(seg.device)]  # (B, segment bytes): one indexed read
+            # (B, segment bytes): one indexed read (index_select: on a CPU several times faster than
+            # indexing with the tensor of slots)
+            batch = seg.index_select(0, slots.to(seg.device))
             self.copies.gathers += 1
             self.copies.bytes += batch.numel()
             out[layer] = (batch, self._carve(layer, batch))
