@@ -1,14 +1,17 @@
 """The transformers runner across the wider matrix: each supported architecture, 2P2D, unified and
 static pools, transfers aborted at random (--fault-rate 0.2), prefix caching on both sides.
 
-Every run is `distpool run --model-impl transformers --dtype float64` on a tiny seeded checkpoint
-(`distpool.model_impl.hf.tiny`) in one local Ray cluster, every completed request checked against
-transformers' `generate` (--parity-sample covers them all).
+Every run is `distpool run --model-impl transformers --dtype float64` (or `--dtype float32`) on a
+tiny seeded checkpoint (`distpool.model_impl.hf.tiny`) in one local Ray cluster, every completed
+request checked against transformers' `generate` (--parity-sample covers them all).
 
     .venv/bin/python scripts/hf_matrix.py --quick --json out/hf_matrix.json
+    .venv/bin/python scripts/hf_matrix.py --dtype float32 --arch bamba --arch qwen3_next --arch jamba
 
 Targets: every run exits 0: every request completes (retried on another pair after an abort),
-0 parity mismatches, 0 leaked pages or slots. --quick runs the multi-turn workload only.
+0 parity mismatches, 0 leaked pages or slots. In float32 a differing token where `generate` was
+unsure by less than 1e-4 between its top two logits is a near tie (`parity_near_ties`), not a
+mismatch. --quick runs the multi-turn workload only.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from distpool.model_impl.hf.tiny import TINY_CONFIGS, save_checkpoint  # noqa: E
 SEED = 11
 FAULT_RATE = 0.2
 POOLS = {"unified": "--enable-unified-memory", "static": "--disable-unified-memory"}
-COMMON = ["--prefill", "2", "--decode", "2", "--dtype", "float64", "--page-size", "8"]
+DTYPES = ("float64", "float32")
+COMMON = ["--prefill", "2", "--decode", "2", "--page-size", "8"]
 COMMON += ["--memory-gib", "0.0625", "--max-new-tokens", "8", "--fault-rate", str(FAULT_RATE)]
 WORKLOADS = {
     # conversations of 3 turns: later turns continue cached prefixes and decode's held pages
@@ -47,13 +51,14 @@ KEYS = (
 ).split()
 
 
-def run_one(folder: Path, pools: str, workload: str, out: Path) -> dict:
+def run_one(folder: Path, pools: str, workload: str, out: Path, dtype: str) -> dict:
     report = out / f"{folder.name}-{pools}-{workload}.json"
-    args = ["run", "--model", str(folder), "--model-impl", "transformers", *COMMON, POOLS[pools]]
+    args = ["run", "--model", str(folder), "--model-impl", "transformers", "--dtype", dtype, *COMMON]
+    args.append(POOLS[pools])
     args += [*WORKLOADS[workload], "--seed", str(SEED), "--parity-sample", "1000", "--json", str(report)]
     started = time.monotonic()
     status = distpool(args)
-    row = {"arch": folder.name, "pools": pools, "workload": workload, "status": status}
+    row = {"arch": folder.name, "dtype": dtype, "pools": pools, "workload": workload, "status": status}
     if report.is_file():
         figures = json.loads(report.read_text())
         row |= {key: figures[key] for key in KEYS} | {"errors": figures["errors"][:3]}
@@ -65,6 +70,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the multi-turn workload only")
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--arch", action="append", choices=list(TINY_CONFIGS), help="(default: all six)")
+    parser.add_argument("--dtype", choices=DTYPES, default=DTYPES[0], help="the runner's compute dtype")
     args = parser.parse_args()
     workloads = ["multi-turn"] if args.quick else list(WORKLOADS)
     rows = []
@@ -76,7 +82,7 @@ def main() -> int:
                 folder = save_checkpoint(arch, root / arch)
                 for pools in POOLS:
                     for workload in workloads:
-                        rows.append(run_one(folder, pools, workload, root))
+                        rows.append(run_one(folder, pools, workload, root, args.dtype))
                         print(f"hf_matrix: {rows[-1]}", flush=True)
     finally:
         ray.shutdown()
@@ -96,7 +102,8 @@ def main() -> int:
     print("(parity: checked / mismatches / near ties)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"fault_rate": FAULT_RATE, "rows": rows}, indent=2))
+        summary = {"fault_rate": FAULT_RATE, "dtype": args.dtype, "rows": rows}
+        Path(args.json).write_text(json.dumps(summary, indent=2))
     return 0 if all(r["status"] == 0 for r in rows) else 1
 
 
