@@ -57,11 +57,12 @@ def plan_decode(
             f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step"
         )
     tables = [pool.page_ids(r).cpu() for r in request_ids]
-    assert all(len(t) * pool.page_size >= n for t, n in zip(tables, num_tokens.tolist(), strict=True)), (
-        "pool gave too few pages"
-    )
-    width = max(len(t) for t in tables)
-    if any(len(t) < width for t in tables):
-        tables = [torch.cat([t, t[:1].expand(width - len(t))]) for t in tables]
+    lengths = [t.shape[0] for t in tables]  # (ints: len() of a tensor costs a call into torch)
+    assert all(
+        n_pages * pool.page_size >= n for n_pages, n in zip(lengths, num_tokens.tolist(), strict=True)
+    ), "pool gave too few pages"
+    width = max(lengths)
+    if any(n < width for n in lengths):
+        tables = [torch.cat([t, t[:1].expand(width - n)]) for t, n in zip(tables, lengths, strict=True)]
     page_table = torch.stack(tables)
     return DecodeJob(num_tokens=num_tokens, page_table=page_table)
