@@ -123,8 +123,17 @@ def test_presets_table_names_every_preset_with_its_figures(capsys):
     assert lines[0].split()[:5] == ["preset", "architecture", "kind", "attention", "mamba"]
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.split()[0] in preset_names()}
     assert sorted(rows) == preset_names()
-    # name, architecture, kind, attention, mamba, slot MiB, KV KiB/token, dtypes
-    assert rows["nemotron-h-8b"][1:7] == ["NemotronHForCausalLM", "hybrid_mamba", "4", "24", "97.41", "16.00"]
+    # name, architecture, kind, attention, mamba, slot MiB (engine convention), the transformers
+    # runner's slot MiB in the checkpoint's dtype (a conv state of kernel columns), KV KiB/token, dtypes
+    assert rows["nemotron-h-8b"][1:8] == [
+        "NemotronHForCausalLM",
+        "hybrid_mamba",
+        "4",
+        "24",
+        "97.41",
+        "97.88",
+        "16.00",
+    ]
     assert rows["nemotron-h-56b"][3:5] == ["10", "54"]
 
 
