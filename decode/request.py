@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
 from transfer import Transfer
 
 
@@ -27,22 +28,18 @@ class DecodeRequest:
     def prompt_len(self) -> int:
         return len(self.prompt)
 
-    def result(self) -> dict:
-        """What `next_finished` hands out: {"tokens", "decode_s" (first token to last), "admit_s"
-        (landed to verified and in the batch), "runs" (byte runs the transfer wrote into),
-        "prefix_hit_tokens" (prompt tokens in pages held here already), "verified" (every byte
-        checked on arrival and at release)}, or {"error", "corrupt", "retry"}. The driver counts from these:
-        a worker's own counters go with it when it dies."""
+    def result(self) -> DecodeResult:
+        """What `next_finished` hands out for this request once it finished or failed."""
         if self.error is not None:
-            return {"error": self.error, "corrupt": self.corrupt, "retry": self.retry}
-        return {
-            "tokens": self.tokens,
-            "decode_s": self.finished_at - self.admitted_at,
-            "admit_s": self.admitted_at - self.landed_at,
-            "runs": self.runs,
-            "prefix_hit_tokens": self.held_tokens,
-            "verified": self.verified,
-        }
+            return DecodeFailed(reason=self.error, corrupt=self.corrupt, retry=self.retry)
+        return DecodeFinished(
+            tokens=self.tokens,
+            decode_s=self.finished_at - self.admitted_at,
+            admit_s=self.admitted_at - self.landed_at,
+            destination_runs=self.runs,
+            prefix_hit_tokens=self.held_tokens,
+            verified=self.verified,
+        )
 
 
 def check_request(

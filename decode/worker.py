@@ -26,6 +26,7 @@ from contextlib import nullcontext
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
+from distpool.worker.messages import DecodeResult
 from transfer import Transfer, TransferError
 from transfer.plan import moving_ranges
 
@@ -299,7 +300,7 @@ class DecodeWorker(WorkerBase):
             live = {**self._running, **self._finished}
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
 
-    def next_finished(self, timeout_s: float = 1.0) -> dict[str, dict]:
+    def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
         """Wait up to `timeout_s` for finished requests; hands each out once (`DecodeRequest.result`).
 
         The driver keeps one such call outstanding per decode worker: results arrive as they finish,

@@ -15,11 +15,10 @@ from distpool.memory.envelope import Envelope
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import PrefixMatch
 from distpool.worker.base import WorkerBase, byte_runs
+from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
 from prefill.checkpoints import Waves, checkpoint_depth, split_waves
 from transfer import ChannelError, Transfer, TransferError
 
-# What became of one request (the "outcome" of its result).
-SENT, BUSY, FAILED = "sent", "busy", "failed"
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
 
@@ -44,19 +43,17 @@ class PrefillWorker(WorkerBase):
         super().__init__(**kwargs)
         self._held: dict[str, str] = {}  # request id -> the decode worker it goes to
 
-    def prefill_and_send(self, batch: list[tuple[str, list[int], str]]) -> dict[str, dict]:
-        """Prefill a batch of (request id, prompt, decode worker) and
-        send each envelope to its decode worker, with the first token in the transfer header.
+    def prefill_and_send(self, batch: list[PrefillItem]) -> dict[str, PrefillResult]:
+        """Prefill a batch and send each envelope to its decode worker, with the first token in the
+        transfer header.
 
         Prompts that share a prefix with an earlier one of the batch are prefilled after it, from
-        the checkpoint it writes (checkpoints.py). Returns request id -> {"outcome": "sent",
-        "bytes", "seconds", "runs", "computed_tokens"} (`runs`: the byte runs the source envelope
-        sat in) | {"outcome": "busy", "reason"} (no room here; retry later) | {"outcome": "failed",
-        "reason", "retry"} (the transfer failed; `retry` says whether another pair may succeed).
-        Nothing is held here once it returns.
+        the checkpoint it writes (checkpoints.py). Returns request id -> what became of it
+        (`PrefillSent`, `PrefillBusy`: no room here, or `PrefillFailed`). Nothing is held here once
+        it returns.
         """
         self.channels.activity.wait_idle(YIELD_MAX_S)  # the previous batch's transfers move first
-        out: dict[str, dict] = {}
+        out: dict[str, PrefillResult] = {}
         outgoing: list[_Outgoing] = []
         with self._lock:
             waves = self._waves(batch)
@@ -81,56 +78,56 @@ class PrefillWorker(WorkerBase):
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, job.rid, pinned=True)
-                out[job.rid] = {"outcome": FAILED, "reason": str(exc), "retry": True}
+                out[job.rid] = PrefillFailed(reason=str(exc), retry=True)
                 continue
             transfers.append((job, transfer))
         for job, transfer in transfers:
             try:
                 transfer.wait()
-                self.metrics.add_transfer(transfer.num_bytes, transfer.active_s or 0.0)
-                out[job.rid] = {
-                    "outcome": SENT,
-                    "bytes": transfer.num_bytes,
-                    "seconds": transfer.active_s,
-                    "runs": byte_runs(job.ranges),
-                    "computed_tokens": job.computed,  # the prompt's tokens after its cached prefix
-                }
+                transfer_s = transfer.active_s or 0.0
+                self.metrics.add_transfer(transfer.num_bytes, transfer_s)
+                out[job.rid] = PrefillSent(
+                    transfer_bytes=transfer.num_bytes,
+                    transfer_s=transfer_s,
+                    source_runs=byte_runs(job.ranges),
+                    computed_tokens=job.computed,
+                )
             except TransferError as exc:
                 self.metrics.add_failure(exc.reason)
-                out[job.rid] = {"outcome": FAILED, "reason": exc.reason, "retry": True}
+                out[job.rid] = PrefillFailed(reason=exc.reason, retry=True)
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out
 
-    def _waves(self, batch: list[tuple[str, list[int], str]]) -> Waves:
+    def _waves(self, batch: list[PrefillItem]) -> Waves:
         """The batch in two waves: prompts that share pages with an earlier one wait for it."""
         cache = self.pool.prefix_cache
         if cache is None or len(batch) < 2:
             return Waves(first=list(range(len(batch))))
-        matched = [len(cache.match(prompt).pages) for _, prompt, _ in batch]
-        return split_waves([prompt for _, prompt, _ in batch], matched, self.pool.page_size)
+        matched = [len(cache.match(item.prompt).pages) for item in batch]
+        return split_waves([item.prompt for item in batch], matched, self.pool.page_size)
 
     def _prefill_wave(
-        self, wave: list[tuple[str, list[int], str]], shared: list[int | None], out: dict
+        self, wave: list[PrefillItem], shared: list[int | None], out: dict[str, PrefillResult]
     ) -> list[_Outgoing]:
         """Reserve, prefill and cache one wave (under the lock); its envelopes, pinned for sending.
         `shared[i]`: the boundary request i shares with prompts of a later wave (None: none)."""
         cache = self.pool.prefix_cache
-        admitted: list[tuple[str, list[int], str]] = []
+        admitted: list[PrefillItem] = []
         matches: dict[str, PrefixMatch] = {}
         leaders: dict[str, int] = {}
         for item, pages in zip(wave, shared, strict=True):
-            rid, prompt, peer = item
+            rid = item.request_id
             if rid in self._held:
-                out[rid] = {"outcome": FAILED, "reason": f"{rid!r} is already held here", "retry": False}
+                out[rid] = PrefillFailed(reason=f"{rid!r} is already held here", retry=False)
                 continue
-            match = cache.match(prompt) if cache is not None else None
+            match = cache.match(item.prompt) if cache is not None else None
             try:
-                self.pool.reserve(rid, len(prompt), compact=True, prefix=match)
+                self.pool.reserve(rid, len(item.prompt), compact=True, prefix=match)
             except DoesNotFit as exc:
-                out[rid] = {"outcome": BUSY, "reason": exc.reason}
+                out[rid] = PrefillBusy(reason=exc.reason)
                 continue
-            self._held[rid] = peer
+            self._held[rid] = item.decode_worker
             admitted.append(item)
             if match is not None:
                 matches[rid] = match
@@ -139,8 +136,8 @@ class PrefillWorker(WorkerBase):
         self._note_peak()
         if not admitted:
             return []
-        rids = [rid for rid, *_ in admitted]
-        prompts = [prompt for _, prompt, _ in admitted]
+        rids = [item.request_id for item in admitted]
+        prompts = [item.prompt for item in admitted]
         snapshots = self._snapshots(rids, prompts, matches, leaders)
         try:
             first_tokens = self.model.prefill(
@@ -160,15 +157,16 @@ class PrefillWorker(WorkerBase):
         computed = dict(zip(rids, self.model.last_prefill_computed, strict=True))
         self._cache_prompts(rids, prompts, snapshots)
         outgoing = []
-        for (rid, _, peer), token in zip(admitted, first_tokens, strict=True):
+        for item, token in zip(admitted, first_tokens, strict=True):
+            rid = item.request_id
             try:
                 envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
             except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
                 self._free(self._held, rid)
-                out[rid] = {"outcome": FAILED, "reason": str(exc), "retry": False}
+                out[rid] = PrefillFailed(reason=str(exc), retry=False)
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-            outgoing.append(_Outgoing(rid, peer, int(token), envelope, ranges, computed[rid]))
+            outgoing.append(_Outgoing(rid, item.decode_worker, int(token), envelope, ranges, computed[rid]))
         return outgoing
 
     def _snapshots(

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import ray
 
+from distpool.worker.messages import PrefillItem, PrefillResult
+
 PREFILL_BATCH = 8
 BATCHES_IN_FLIGHT = 2
 
@@ -17,10 +19,10 @@ class Batcher:
     BATCHES_IN_FLIGHT at once (one batch prefills while the previous one's envelopes move)."""
 
     handle: ray.actor.ActorHandle
-    pending: list[tuple[tuple, asyncio.Future]] = field(default_factory=list)
+    pending: list[tuple[PrefillItem, asyncio.Future]] = field(default_factory=list)
     drains: list[asyncio.Task] = field(default_factory=list)  # kept: a task nobody holds may be collected
 
-    async def submit(self, item: tuple) -> dict:
+    async def submit(self, item: PrefillItem) -> PrefillResult:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((item, future))
         self.drains = [task for task in self.drains if not task.done()]
@@ -36,7 +38,7 @@ class Batcher:
                 out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
                 for item, future in batch:
                     if not future.done():  # else its request gave up waiting (a silent worker)
-                        future.set_result(out[item[0]])
+                        future.set_result(out[item.request_id])
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():

@@ -26,6 +26,7 @@ from distpool.serving.recovery import Recovery, WorkerLost
 from distpool.serving.reservations import ADMISSION_POLL_S, Busy, Reservations, Retry
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
+from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, PrefillItem, PrefillResult
 from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
@@ -195,7 +196,7 @@ class Server:
             raise
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (decode_name, future)
-        item = (rid, req.prompt, decode_name)
+        item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name)
         sending: asyncio.Future | None = None
         try:
             if reserving is not None:
@@ -209,15 +210,17 @@ class Server:
                 sending = asyncio.ensure_future(self._prefill(prefill_name, item))
             sent = await sending
             sent_at = time.monotonic()
-            if sent["outcome"] == "busy":  # the prefill pool is full: give the destination back, try again
-                raise Busy(sent["reason"])
-            if sent["outcome"] != "sent":
+            if isinstance(
+                sent, PrefillBusy
+            ):  # the prefill pool is full: give the destination back, try again
+                raise Busy(sent.reason)
+            if isinstance(sent, PrefillFailed):
                 avoid.add(decode_name)
-                raise (Retry if sent["retry"] else RuntimeError)(sent["reason"])
+                raise (Retry if sent.retry else RuntimeError)(sent.reason)
             result = await future
-            if "error" in result:  # corrupt, or a bug on decode's side: never retried
-                kind = _Corrupt if result["corrupt"] else Retry if result["retry"] else RuntimeError
-                raise kind(result["error"])
+            if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
+                kind = _Corrupt if result.corrupt else Retry if result.retry else RuntimeError
+                raise kind(result.reason)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
             if self.cache_affinity:  # what that worker now caches: all but the last token have KV
@@ -257,7 +260,7 @@ class Server:
         handles = self.dep.handles()
         await asyncio.gather(*(self._quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
 
-    async def _prefill(self, name: str, item: tuple) -> dict:
+    async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
         """Prefill and send one request on prefill worker `name` (batched with others)."""
         return await self._call(name, self.batchers[name].submit(item))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from distpool.worker.messages import DecodeFinished, PrefillSent
+
 
 @dataclass
 class Outcome:
@@ -32,8 +34,8 @@ class Outcome:
     def succeeded(
         self,
         prompt_len: int,
-        sent: dict,
-        result: dict,
+        sent: PrefillSent,
+        result: DecodeFinished,
         pair: tuple[str, str],
         times: tuple[float, float, float, float],
     ) -> None:
@@ -41,16 +43,16 @@ class Outcome:
         reports) and the driver's monotonic `times`: submitted, the attempt began, prefill asked, sent."""
         submitted, began, prefill_asked, sent_at = times
         self.queue_s, self.reserve_s = began - submitted, prefill_asked - began
-        self.transfer_bytes, self.transfer_s = sent["bytes"], sent["seconds"]
+        self.transfer_bytes, self.transfer_s = sent.transfer_bytes, sent.transfer_s
         self.prompt_tokens = prompt_len
-        self.prefill_tokens_computed = sent.get("computed_tokens", prompt_len)
+        self.prefill_tokens_computed = sent.computed_tokens
         self.prefill_s = max(0.0, sent_at - prefill_asked - self.transfer_s)
-        self.first_token_s = result["admit_s"]
-        self.source_runs, self.destination_runs = sent["runs"], result["runs"]
-        self.decode_prefix_hit_tokens = result["prefix_hit_tokens"]
-        self.verified = result["verified"]
+        self.first_token_s = result.admit_s
+        self.source_runs, self.destination_runs = sent.source_runs, result.destination_runs
+        self.decode_prefix_hit_tokens = result.prefix_hit_tokens
+        self.verified = result.verified
         self.pair = pair
-        self.tokens, self.decode_s, self.error = result["tokens"], result["decode_s"], None
+        self.tokens, self.decode_s, self.error = result.tokens, result.decode_s, None
 
     @property
     def ttft_s(self) -> float:

@@ -10,8 +10,17 @@ import pytest
 
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
+from distpool.worker.messages import DecodeFinished, PrefillSent
 from tests.worker.test_synthetic_workers import synthetic_config
-from tests.worker.test_workers import ARGS, SPEC, assert_nothing_held, make_pair, serve, wait_finished
+from tests.worker.test_workers import (
+    ARGS,
+    SPEC,
+    assert_nothing_held,
+    make_pair,
+    prefill_one,
+    serve,
+    wait_finished,
+)
 from transfer import TransferOptions
 from transfer.faults import CORRUPT_PAYLOAD
 
@@ -37,7 +46,7 @@ def two_turns(config: WorkerConfig, fault: str | None = None) -> tuple[list[dict
     try:
         sent1 = serve(p, d, {"t1": FIRST}, MAX_NEW)["t1"]
         done1 = wait_finished(d, ["t1"])["t1"]
-        second = FIRST + done1["tokens"] + [40, 41, 42, 43, 44, 45, 46]
+        second = FIRST + done1.tokens + [40, 41, 42, 43, 44, 45, 46]
         sent2 = serve(p, d, {"t2": second}, MAX_NEW, fault=fault)["t2"]
         done2 = wait_finished(d, ["t2"])["t2"]
         assert_nothing_held(p, d)  # cached pages are the cache's alone
@@ -54,17 +63,17 @@ def test_the_next_turn_moves_only_the_pages_decode_does_not_hold():
     sent_plain, done_plain, _ = two_turns(reference_config(prefix_cache=False))
     # Decode held turn 1's prompt and its reply but the last token: 22 + 5 = 27 tokens, 6 full pages.
     held_pages = (len(FIRST) + MAX_NEW - 1) // PAGE_SIZE
-    assert done[1]["prefix_hit_tokens"] == held_pages * PAGE_SIZE
-    assert done[0]["prefix_hit_tokens"] == done_plain[1]["prefix_hit_tokens"] == 0
-    page_bytes = (sent_plain[1]["bytes"] - sent_plain[0]["bytes"]) // (
+    assert done[1].prefix_hit_tokens == held_pages * PAGE_SIZE
+    assert done[0].prefix_hit_tokens == done_plain[1].prefix_hit_tokens == 0
+    page_bytes = (sent_plain[1].transfer_bytes - sent_plain[0].transfer_bytes) // (
         -(-len(done[2]["prompt"]) // PAGE_SIZE) - -(-len(FIRST) // PAGE_SIZE)
     )
-    assert sent[0]["bytes"] == sent_plain[0]["bytes"]
-    assert sent[1]["bytes"] == sent_plain[1]["bytes"] - held_pages * page_bytes
+    assert sent[0].transfer_bytes == sent_plain[0].transfer_bytes
+    assert sent[1].transfer_bytes == sent_plain[1].transfer_bytes - held_pages * page_bytes
     # The same tokens as without any cache, and as the oracle.
     oracle = ReferenceModel(SPEC)
-    assert [r["tokens"] for r in done[:2]] == [r["tokens"] for r in done_plain[:2]]
-    assert done[1]["tokens"] == oracle.generate_nocache(done[2]["prompt"], MAX_NEW)
+    assert [r.tokens for r in done[:2]] == [r.tokens for r in done_plain[:2]]
+    assert done[1].tokens == oracle.generate_nocache(done[2]["prompt"], MAX_NEW)
     assert stats["cached_pages"] > 0 and stats["checkpoints"] == 0  # decode caches pages only
 
 
@@ -73,8 +82,8 @@ def test_synthetic_envelopes_verify_byte_for_byte_after_reuse():
     plain = dataclasses.replace(config, pool_args=dataclasses.replace(config.pool_args, prefix_cache=False))
     sent, done, stats = two_turns(config)
     sent_plain, done_plain, _ = two_turns(plain)
-    assert done[1]["prefix_hit_tokens"] > 0 and sent[1]["bytes"] < sent_plain[1]["bytes"]
-    assert [r["tokens"] for r in done[:2]] == [r["tokens"] for r in done_plain[:2]]
+    assert done[1].prefix_hit_tokens > 0 and sent[1].transfer_bytes < sent_plain[1].transfer_bytes
+    assert [r.tokens for r in done[:2]] == [r.tokens for r in done_plain[:2]]
     # Verified on arrival (the held pages included) and again before release, both turns.
     assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (2, 0)
 
@@ -86,17 +95,17 @@ def test_a_corrupted_transfer_never_touches_the_held_prefix():
     p, d = make_pair(config=config)
     try:
         serve(p, d, {"t1": FIRST}, MAX_NEW)
-        tokens = wait_finished(d, ["t1"])["t1"]["tokens"]
+        tokens = wait_finished(d, ["t1"])["t1"].tokens
         second = FIRST + tokens + [40, 41, 42]
         d.plan_fault("t2", CORRUPT_PAYLOAD)
         d.reserve("t2", second, MAX_NEW, "prefill-0")
-        assert p.prefill_and_send([("t2", second, "decode-0")])["t2"]["outcome"] == "sent"
+        assert isinstance(prefill_one(p, "t2", second), PrefillSent)
         result = wait_finished(d, ["t2"])["t2"]
-        assert "corrupt envelope" in result["error"] and "state" in result["error"]  # the slot, first
+        assert "corrupt envelope" in result.reason and "state" in result.reason  # the slot, first
         retry = serve(p, d, {"t2": second}, MAX_NEW)["t2"]
-        assert retry["outcome"] == "sent"
+        assert isinstance(retry, PrefillSent)
         again = wait_finished(d, ["t2"])["t2"]
-        assert again["prefix_hit_tokens"] > 0 and "error" not in again
+        assert isinstance(again, DecodeFinished) and again.prefix_hit_tokens > 0
         assert (d.stats()["verified_envelopes"], d.stats()["corrupt_envelopes"]) == (2, 1)
     finally:
         p.shutdown()
@@ -110,15 +119,15 @@ def test_admission_evicts_idle_cached_pages_instead_of_refusing():
         finished = 0
         for i in range(20):  # distinct prompts: each leaves its full pages cached
             rid, prompt = f"r{i}", [i % 50 + 1] * 40
-            if serve(p, d, {rid: prompt}, 20)[rid]["outcome"] == "sent":
+            if isinstance(serve(p, d, {rid: prompt}, 20)[rid], PrefillSent):
                 finished += len(wait_finished(d, [rid]))
         stats = d.stats()
         assert finished == 20 and stats["evicted_pages"] > 0
         assert stats["pages_used"] == 0 and stats["cached_pages"] > 0
         # A request that needs most of the pool: admitted by evicting what the cache holds.
         big = list(range(50, 90)) * 2
-        assert serve(p, d, {"big": big}, 40)["big"]["outcome"] == "sent"
-        assert "tokens" in wait_finished(d, ["big"])["big"]
+        assert isinstance(serve(p, d, {"big": big}, 40)["big"], PrefillSent)
+        assert isinstance(wait_finished(d, ["big"])["big"], DecodeFinished)
         assert d.drop_prefix_cache() == {"pages_used": 0, "slots_used": 0}
     finally:
         p.shutdown()
@@ -132,7 +141,7 @@ def test_no_reuse_without_a_shared_prefix(prefix_cache):
         serve(p, d, {"a": FIRST}, MAX_NEW)
         wait_finished(d, ["a"])
         serve(p, d, {"b": [90] + FIRST}, MAX_NEW)  # shifted by one token: no page matches
-        assert wait_finished(d, ["b"])["b"]["prefix_hit_tokens"] == 0
+        assert wait_finished(d, ["b"])["b"].prefix_hit_tokens == 0
     finally:
         p.shutdown()
         d.shutdown()

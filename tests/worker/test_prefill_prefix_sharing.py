@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from distpool.model_impl.reference.model import ReferenceModel
+from distpool.worker.messages import DecodeFinished, PrefillSent
 from tests.worker.test_synthetic_workers import synthetic_config
 from tests.worker.test_workers import ARGS, SPEC, assert_nothing_held, make_pair, serve, wait_finished
 
@@ -33,11 +34,11 @@ def serve_batches(
         hits, tokens = {}, {}
         for prompts in batches:
             sent = serve(p, d, prompts, MAX_NEW)
-            assert {r["outcome"] for r in sent.values()} == {"sent"}
-            hits |= {rid: len(prompts[rid]) - r["computed_tokens"] for rid, r in sent.items()}
+            assert {type(r) for r in sent.values()} == {PrefillSent}
+            hits |= {rid: len(prompts[rid]) - r.computed_tokens for rid, r in sent.items()}
             done = wait_finished(d, list(prompts))
-            assert all("error" not in r for r in done.values()), done
-            tokens |= {rid: r["tokens"] for rid, r in done.items()}
+            assert {type(r) for r in done.values()} == {DecodeFinished}, done
+            tokens |= {rid: r.tokens for rid, r in done.items()}
         assert_nothing_held(p, d)
         stats = p.stats()
         assert p.drop_prefix_cache() == {"pages_used": 0, "slots_used": 0}

@@ -13,8 +13,9 @@ from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.workload import Request
 from distpool.worker.config import WorkerConfig
+from distpool.worker.messages import DecodeFailed, PrefillSent
 from tests.factories import make_spec
-from tests.worker.test_workers import assert_nothing_held, make_pair, serve, wait_finished
+from tests.worker.test_workers import assert_nothing_held, make_pair, prefill_one, serve, wait_finished
 from transfer import TransferOptions
 from transfer.faults import CORRUPT_PAYLOAD
 
@@ -55,12 +56,12 @@ def test_every_envelope_verifies_and_tokens_match_colocated(kind, unified):
     p, d = make_pair(config=config)
     try:
         sent = serve(p, d, PROMPTS, 6)
-        assert {r["outcome"] for r in sent.values()} == {"sent"}
+        assert {type(r) for r in sent.values()} == {PrefillSent}
         done = wait_finished(d, list(PROMPTS))
-        assert {rid: r["tokens"] for rid, r in done.items()} == colocated(config, PROMPTS, 6)
+        assert {rid: r.tokens for rid, r in done.items()} == colocated(config, PROMPTS, 6)
         stats = d.stats()
         assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (3, 0)
-        assert all(r["runs"] >= 1 and r["admit_s"] >= 0 for r in done.values())
+        assert all(r.destination_runs >= 1 and r.admit_s >= 0 for r in done.values())
         assert_nothing_held(p, d)
     finally:
         p.shutdown()
@@ -77,10 +78,10 @@ def test_an_attention_free_model_is_served_with_slot_only_envelopes():
     p, d = make_pair(config=config)
     try:
         sent = serve(p, d, PROMPTS, 6)
-        assert {r["outcome"] for r in sent.values()} == {"sent"}
-        assert {r["bytes"] for r in sent.values()} == {spec.slot_bytes}  # the slot, nothing else
+        assert {type(r) for r in sent.values()} == {PrefillSent}
+        assert {r.transfer_bytes for r in sent.values()} == {spec.slot_bytes}  # the slot, nothing else
         done = wait_finished(d, list(PROMPTS), timeout_s=10)
-        assert {rid: r["tokens"] for rid, r in done.items()} == colocated(config, PROMPTS, 6)
+        assert {rid: r.tokens for rid, r in done.items()} == colocated(config, PROMPTS, 6)
         assert (d.stats()["verified_envelopes"], d.stats()["pages_capacity"]) == (3, 0)
         assert_nothing_held(p, d)
     finally:
@@ -90,8 +91,8 @@ def test_an_attention_free_model_is_served_with_slot_only_envelopes():
 
 def fails_as_corrupt(d, rid: str, where: str) -> None:
     result = wait_finished(d, [rid])[rid]
-    assert result["corrupt"] and "corrupt envelope" in result["error"] and where in result["error"]
-    assert "tokens" not in result
+    assert isinstance(result, DecodeFailed)  # no tokens handed out
+    assert result.corrupt and "corrupt envelope" in result.reason and where in result.reason
     assert d.stats()["corrupt_envelopes"] == 1
 
 
@@ -99,7 +100,7 @@ def test_a_byte_flipped_on_landing_fails_the_request_as_corrupt(pair):
     p, d = pair
     d.plan_fault("x", CORRUPT_PAYLOAD)  # the checksum is off
     d.reserve("x", PROMPTS["a"], 4, "prefill-0")
-    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0")])["x"]["outcome"] == "sent"
+    assert isinstance(prefill_one(p, "x", PROMPTS["a"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
 
@@ -136,7 +137,7 @@ def test_damaged_landings_fail_as_corrupt_with_nothing_held(pair, damage):
     p, d = pair
     damage_on_landing(d, damage)
     d.reserve("x", PROMPTS["c"], 4, "prefill-0")
-    assert p.prefill_and_send([("x", PROMPTS["c"], "decode-0")])["x"]["outcome"] == "sent"
+    assert isinstance(prefill_one(p, "x", PROMPTS["c"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
 
@@ -156,7 +157,7 @@ def test_a_stale_slot_fails_as_corrupt(pair):
     d.reserve("x", PROMPTS["a"], 4, "prefill-0")
     offset, nbytes = d.pool.envelope_ranges("x")[0].tolist()
     stale["bytes"] = d.pool.buffer[offset : offset + nbytes].clone()  # what "earlier" left behind
-    assert p.prefill_and_send([("x", PROMPTS["a"], "decode-0")])["x"]["outcome"] == "sent"
+    assert isinstance(prefill_one(p, "x", PROMPTS["a"]), PrefillSent)
     fails_as_corrupt(d, "x", "state")
     assert_nothing_held(p, d)
 
@@ -195,9 +196,9 @@ def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(p
 
     d._landed = wrong_first_token
     d.reserve("x", PROMPTS["b"], 3, "prefill-0")
-    assert p.prefill_and_send([("x", PROMPTS["b"], "decode-0")])["x"]["outcome"] == "sent"
+    assert isinstance(prefill_one(p, "x", PROMPTS["b"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     d._landed = original
-    assert serve(p, d, {"y": PROMPTS["a"]}, 3)["y"]["outcome"] == "sent"  # the decode loop lives on
-    assert len(wait_finished(d, ["y"])["y"]["tokens"]) == 3
+    assert isinstance(serve(p, d, {"y": PROMPTS["a"]}, 3)["y"], PrefillSent)  # the decode loop lives on
+    assert len(wait_finished(d, ["y"])["y"].tokens) == 3
     assert_nothing_held(p, d)

@@ -13,6 +13,7 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
+from distpool.worker.messages import DecodeFailed, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
 from prefill.worker import PrefillWorker
 from transfer import ChannelError, TransferOptions
 from transfer.defaults import MAX_CHUNK_BYTES
@@ -45,14 +46,23 @@ def pair():
     d.shutdown()
 
 
-def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) -> dict[str, dict]:
+def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) -> dict[str, PrefillResult]:
     """The driver's calls: reserve on decode, prefill-and-send (with `fault` planned into each
     transfer through the prefill worker's seam, if given)."""
     for rid, prompt in prompts.items():
         d.reserve(rid, prompt, max_new_tokens, "prefill-0")
         if fault is not None:
             p.plan_fault(rid, fault)
-    return p.prefill_and_send([(rid, prompt, "decode-0") for rid, prompt in prompts.items()])
+    return p.prefill_and_send([to_decode_0(rid, prompt) for rid, prompt in prompts.items()])
+
+
+def prefill_one(p, request_id: str, prompt: list[int]) -> PrefillResult:
+    """Prefill one request already reserved on decode-0: what became of it."""
+    return p.prefill_and_send([to_decode_0(request_id, prompt)])[request_id]
+
+
+def to_decode_0(request_id: str, prompt: list[int]) -> PrefillItem:
+    return PrefillItem(request_id=request_id, prompt=prompt, decode_worker="decode-0")
 
 
 def wait_finished(d, rids, timeout_s=30.0):
@@ -74,15 +84,15 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
     started = time.monotonic()
     sent = serve(p, d, prompts, 5)
     wall_s = time.monotonic() - started
-    assert {r["outcome"] for r in sent.values()} == {"sent"}
+    assert {type(r) for r in sent.values()} == {PrefillSent}
     # the rate counts only the time bytes were moving, not the wait for the peer
-    assert all(r["bytes"] > 0 and 0 < r["seconds"] < wall_s for r in sent.values())
+    assert all(r.transfer_bytes > 0 and 0 < r.transfer_s < wall_s for r in sent.values())
     streamed = d.poll(list(prompts))  # tokens as they are produced: a prefix of the final answer
     assert all(1 <= len(t) <= 5 for t in streamed.values())
     done = wait_finished(d, list(prompts))
-    assert all(done[rid]["tokens"][: len(t)] == t for rid, t in streamed.items())
+    assert all(done[rid].tokens[: len(t)] == t for rid, t in streamed.items())
     oracle = ReferenceModel(SPEC)
-    assert {rid: r["tokens"] for rid, r in done.items()} == {
+    assert {rid: r.tokens for rid, r in done.items()} == {
         rid: oracle.generate_nocache(prompt, 5) for rid, prompt in prompts.items()
     }
     assert_nothing_held(p, d)
@@ -92,24 +102,22 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
 def test_the_first_token_travels_in_the_transfer_header(pair):
     p, d = pair
     sent = serve(p, d, {"one": [5, 4, 3]}, 1)  # decode generates nothing: its only token is prefill's
-    assert sent["one"]["outcome"] == "sent"
-    assert wait_finished(d, ["one"])["one"]["tokens"] == ReferenceModel(SPEC).generate_nocache([5, 4, 3], 1)
+    assert isinstance(sent["one"], PrefillSent)
+    assert wait_finished(d, ["one"])["one"].tokens == ReferenceModel(SPEC).generate_nocache([5, 4, 3], 1)
 
 
 def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
     p, d = pair
     sent = serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3, fault="sender_abort")
-    assert sent["x"]["outcome"] == "failed" and sent["x"]["retry"]
-    assert "injected fault" in sent["x"]["reason"]
+    assert isinstance(sent["x"], PrefillFailed) and sent["x"].retry
+    assert "injected fault" in sent["x"].reason
     deadline = time.monotonic() + 5
     while d.stats()["pages_used"] and time.monotonic() < deadline:  # decode frees on its own thread
         time.sleep(0.01)
     assert_nothing_held(p, d)
     # the retry on the same pair goes through
-    assert serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3)["x"]["outcome"] == "sent"
-    assert wait_finished(d, ["x"])["x"]["tokens"] == ReferenceModel(SPEC).generate_nocache(
-        [3, 1, 4, 1, 5, 9], 3
-    )
+    assert isinstance(serve(p, d, {"x": [3, 1, 4, 1, 5, 9]}, 3)["x"], PrefillSent)
+    assert wait_finished(d, ["x"])["x"].tokens == ReferenceModel(SPEC).generate_nocache([3, 1, 4, 1, 5, 9], 3)
 
 
 def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
@@ -138,8 +146,8 @@ def test_cancel_returns_the_reservation(pair):
     assert d.cancel("r")
     assert_nothing_held(p, d)
     # the prefill that comes too late is refused by decode, and frees its own copy
-    sent = p.prefill_and_send([("r", list(range(10)), "decode-0")])
-    assert sent["r"]["outcome"] == "failed" and "no reservation" in sent["r"]["reason"]
+    sent = prefill_one(p, "r", list(range(10)))
+    assert isinstance(sent, PrefillFailed) and "no reservation" in sent.reason
     assert_nothing_held(p, d)
 
 
@@ -170,7 +178,7 @@ def test_workers_use_nothing_but_the_pool_interface():
     p, d = make_pair(wrap=InterfaceOnly)
     try:
         sent = serve(p, d, {"a": [1, 2, 3, 4, 5], "b": list(range(30))}, 6)
-        assert {r["outcome"] for r in sent.values()} == {"sent"}
+        assert {type(r) for r in sent.values()} == {PrefillSent}
         assert len(wait_finished(d, ["a", "b"])) == 2
         with pytest.raises(DoesNotFit):
             for i in range(1000):
@@ -204,9 +212,9 @@ def test_a_transfer_at_the_largest_allowed_chunk_goes_through():
     try:
         prompts = {"big-chunk": list(range(40))}
         sent = serve(p, d, prompts, 3)
-        assert sent["big-chunk"]["outcome"] == "sent", sent
+        assert isinstance(sent["big-chunk"], PrefillSent), sent
         done = wait_finished(d, list(prompts))
-        assert done["big-chunk"]["tokens"] == ReferenceModel(SPEC).generate_nocache(prompts["big-chunk"], 3)
+        assert done["big-chunk"].tokens == ReferenceModel(SPEC).generate_nocache(prompts["big-chunk"], 3)
         assert_nothing_held(p, d)
     finally:
         p.shutdown()
@@ -226,16 +234,16 @@ def test_a_reservation_refused_while_prefill_computes_refuses_its_transfer_and_f
     before = d.stats()
     with pytest.raises(DoesNotFit):
         d.reserve("late", prompt, 120, "prefill-0")
-    sent = p.prefill_and_send([("late", prompt, "decode-0")])
-    assert sent["late"]["outcome"] == "failed" and sent["late"]["retry"]
-    assert "reservation refused" in sent["late"]["reason"]
+    sent = prefill_one(p, "late", prompt)
+    assert isinstance(sent, PrefillFailed) and sent.retry
+    assert "reservation refused" in sent.reason
     assert_nothing_held(p)
     assert d.stats() == before
     for rid in filled:
         assert d.cancel(rid)
     assert not d.cancel("late")  # held nothing; forgets the refusal for the next attempt
-    assert serve(p, d, {"late": prompt}, 120)["late"]["outcome"] == "sent"
-    assert wait_finished(d, ["late"])["late"]["tokens"] == ReferenceModel(SPEC).generate_nocache(prompt, 120)
+    assert isinstance(serve(p, d, {"late": prompt}, 120)["late"], PrefillSent)
+    assert wait_finished(d, ["late"])["late"].tokens == ReferenceModel(SPEC).generate_nocache(prompt, 120)
     assert_nothing_held(p, d)
 
 
@@ -251,15 +259,12 @@ def test_an_exception_in_the_decode_loop_fails_its_requests_and_the_loop_goes_on
     prompts = {"a": [1, 2, 3, 4, 5], "b": list(range(12))}
     with monkeypatch.context() as patch:
         patch.setattr(d.model, "decode_step", broken_step)
-        assert {r["outcome"] for r in serve(p, d, prompts, 4).values()} == {"sent"}
+        assert {type(r) for r in serve(p, d, prompts, 4).values()} == {PrefillSent}
         done = wait_finished(d, list(prompts))
     assert set(done) == set(prompts)
+    reason = "the decode loop failed: RuntimeError: a bug in the decode step"
     for result in done.values():
-        assert result == {
-            "error": "the decode loop failed: RuntimeError: a bug in the decode step",
-            "corrupt": False,
-            "retry": False,
-        }
+        assert result == DecodeFailed(reason=reason, corrupt=False, retry=False)
     assert_nothing_held(p, d)
-    assert serve(p, d, {"c": [7, 8, 9]}, 3)["c"]["outcome"] == "sent"
-    assert wait_finished(d, ["c"])["c"]["tokens"] == ReferenceModel(SPEC).generate_nocache([7, 8, 9], 3)
+    assert isinstance(serve(p, d, {"c": [7, 8, 9]}, 3)["c"], PrefillSent)
+    assert wait_finished(d, ["c"])["c"].tokens == ReferenceModel(SPEC).generate_nocache([7, 8, 9], 3)

@@ -1,0 +1,75 @@
+"""What crosses between the driver and the workers, per request: one typed value each way.
+
+The driver hands a prefill worker `PrefillItem`s and gets back one `PrefillResult` per request; a
+decode worker's `next_finished` hands out one `DecodeResult` per request. Both sides import these
+(serving above, prefill and decode below); Ray pickles them as they are. The driver counts from
+them: a worker's own counters go with it when it dies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefillItem:
+    """One request of a prefill batch: prefill `prompt`, send its envelope to `decode_worker`."""
+
+    request_id: str
+    prompt: list[int]
+    decode_worker: str  # reserved the destination; expects the envelope from this prefill worker
+
+
+# ---- prefill's result, per request --------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillSent:
+    """The envelope reached its decode worker; the transfer header carried the first token."""
+
+    transfer_bytes: int
+    transfer_s: float  # first byte to last
+    source_runs: int  # runs of consecutive bytes the source envelope sat in
+    computed_tokens: int  # prompt tokens prefill computed (after its cached prefix)
+
+
+@dataclass(frozen=True)
+class PrefillBusy:
+    """No room on the prefill worker now; nothing is held there. Try again later."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class PrefillFailed:
+    """Prefill or its transfer failed; nothing is held there. `retry`: another pair may succeed
+    (False: retrying would only repeat it)."""
+
+    reason: str
+    retry: bool
+
+
+PrefillResult = PrefillSent | PrefillBusy | PrefillFailed
+
+
+# ---- decode's result, per request ---------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeFinished:
+    """Every token generated; the envelope's bytes were checked where the model can check them."""
+
+    tokens: list[int]  # the first came from prefill
+    decode_s: float  # first token to last
+    admit_s: float  # landed to verified and in the decode batch
+    destination_runs: int  # runs of consecutive bytes the transfer wrote into
+    prefix_hit_tokens: int  # of the prompt, in pages held here already (never transferred)
+    verified: bool  # every byte checked on arrival and at release
+
+
+@dataclass(frozen=True)
+class DecodeFailed:
+    """Decode gave the request up after it was admitted; it holds nothing there any more."""
+
+    reason: str
+    corrupt: bool  # its envelope's bytes were wrong (never retried)
+    retry: bool  # whether another pair may succeed (False: a bug on decode's side)
+
+
+DecodeResult = DecodeFinished | DecodeFailed
