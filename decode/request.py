@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
-from transfer import Transfer
+from transfer import FailureKind, Transfer
 
 
 @dataclass
@@ -19,8 +19,8 @@ class DecodeRequest:
     admitted_at: float = 0.0
     finished_at: float = 0.0
     transfer: Transfer | None = None
-    error: str | None = None  # set when decode gave it up after receiving it
-    corrupt: bool = False  # its bytes failed verification
+    error: str | None = None  # set when decode gave it up after receiving it, with its kind:
+    failure: FailureKind | None = None  # CORRUPT: its bytes failed verification
     retry: bool = True  # whether another pair may succeed (False: a bug here, e.g. the decode loop raised)
     verified: bool = False  # its bytes were checked on arrival (and are again at release)
 
@@ -31,7 +31,8 @@ class DecodeRequest:
     def result(self) -> DecodeResult:
         """What `next_finished` hands out for this request once it finished or failed."""
         if self.error is not None:
-            return DecodeFailed(reason=self.error, corrupt=self.corrupt, retry=self.retry)
+            assert self.failure is not None, "a request given up says what kind of failure it was"
+            return DecodeFailed(kind=self.failure, reason=self.error, retry=self.retry)
         return DecodeFinished(
             tokens=self.tokens,
             decode_s=self.finished_at - self.admitted_at,

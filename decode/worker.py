@@ -27,7 +27,7 @@ from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult
-from transfer import Transfer, TransferError
+from transfer import FailureKind, Transfer, TransferError
 from transfer.plan import moving_ranges
 
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
@@ -97,7 +97,8 @@ class DecodeWorker(WorkerBase):
                 if not self.can_admit(prompt_len, max_new_tokens, held_pages * self.pool.page_size):
                     reason = f"{self.name} has no room with headroom for running requests"
                     # Its prefill may be computing already: its header is refused when it comes.
-                    self.channels.refuse(request_id, f"reservation refused: {reason}", peer=prefill)
+                    refusal = f"reservation refused: {reason}"
+                    self.channels.refuse(request_id, FailureKind.NO_ROOM, refusal, peer=prefill)
                     raise DoesNotFit(request_id, reason)
                 # Its final length keeps room for the tokens it will generate right after its pages.
                 final = prompt_len + max_new_tokens
@@ -128,7 +129,7 @@ class DecodeWorker(WorkerBase):
             if req is None or req.transfer is not transfer:
                 return
             if transfer.error is not None:
-                self.metrics.add_failure(transfer.error.reason)
+                self.metrics.add_failure(transfer.error.kind)
                 self._free(self._waiting, rid, pinned=True)
                 return
             del self._waiting[rid]
@@ -160,8 +161,8 @@ class DecodeWorker(WorkerBase):
     def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str) -> None:
         """Under the lock: the request's bytes are wrong; it is never decoded (further)."""
         self.corrupt_envelopes += 1
-        req.error, req.corrupt = f"corrupt envelope: {what}", True
-        self.metrics.add_failure(req.error)
+        req.error, req.failure = f"corrupt envelope: {what}", FailureKind.CORRUPT
+        self.metrics.add_failure(req.failure)
         print(f"distpool: {self.name}: {rid}: {req.error}", file=sys.stderr, flush=True)
         self.model.forget(rid)
         self.pool.release(rid)
@@ -177,7 +178,10 @@ class DecodeWorker(WorkerBase):
         this worker held it."""
         # With `notify` its prefill may still be on its way: the header is refused when it comes.
         # Without, the driver is done with this attempt: no refusal is left for the next one.
-        self.channels.refuse(request_id, "cancelled: the request was given up here" if notify else None)
+        if notify:
+            self.channels.refuse(request_id, FailureKind.ABORTED, "cancelled: the request was given up here")
+        else:
+            self.channels.refuse(request_id, None)
         with self._lock:
             if self._give_up_admitted(request_id, notify=notify):
                 return True
@@ -204,7 +208,7 @@ class DecodeWorker(WorkerBase):
         self._free(self._running, request_id)
         self._finished.pop(request_id, None)
         if notify:
-            req.error = "decode gave the request up (receiver cancel)"
+            req.error, req.failure = "decode gave the request up (receiver cancel)", FailureKind.ABORTED
             self._finished[request_id] = req
             self._wake.notify_all()
         return True
@@ -264,14 +268,14 @@ class DecodeWorker(WorkerBase):
         reason = f"the decode loop failed: {type(exc).__name__}: {exc}"
         print(f"distpool: {self.name}: {reason}", file=sys.stderr, flush=True)
         traceback.print_exc()
-        self.metrics.add_failure(reason)
+        self.metrics.add_failure(FailureKind.INTERNAL)
         for owned in (self._arrived, self._running):
             for rid, req in list(owned.items()):
                 try:
                     self._free(owned, rid)
                 except Exception:  # its memory stays behind: the run's leak check reports it
                     owned.pop(rid, None)
-                req.error, req.retry = reason, False
+                req.error, req.failure, req.retry = reason, FailureKind.INTERNAL, False
                 req.finished_at = time.monotonic()
                 self._finished[rid] = req
         self._verify_by = None

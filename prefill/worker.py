@@ -17,7 +17,7 @@ from distpool.memory.prefix_index import PrefixMatch
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
 from prefill.checkpoints import Waves, checkpoint_depth, split_waves
-from transfer import ChannelError, Transfer, TransferError
+from transfer import ChannelError, FailureKind, Transfer, TransferError
 
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
@@ -78,7 +78,7 @@ class PrefillWorker(WorkerBase):
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, job.rid, pinned=True)
-                out[job.rid] = PrefillFailed(reason=str(exc), retry=True)
+                out[job.rid] = PrefillFailed(kind=exc.kind, reason=str(exc), retry=True)
                 continue
             transfers.append((job, transfer))
         for job, transfer in transfers:
@@ -93,8 +93,8 @@ class PrefillWorker(WorkerBase):
                     computed_tokens=job.computed,
                 )
             except TransferError as exc:
-                self.metrics.add_failure(exc.reason)
-                out[job.rid] = PrefillFailed(reason=exc.reason, retry=True)
+                self.metrics.add_failure(exc.kind)
+                out[job.rid] = PrefillFailed(kind=exc.kind, reason=exc.reason, retry=True)
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out
@@ -119,7 +119,8 @@ class PrefillWorker(WorkerBase):
         for item, pages in zip(wave, shared, strict=True):
             rid = item.request_id
             if rid in self._held:
-                out[rid] = PrefillFailed(reason=f"{rid!r} is already held here", retry=False)
+                reason = f"{rid!r} is already held here"
+                out[rid] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=reason, retry=False)
                 continue
             match = cache.match(item.prompt) if cache is not None else None
             try:
@@ -163,7 +164,7 @@ class PrefillWorker(WorkerBase):
                 envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
             except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
                 self._free(self._held, rid)
-                out[rid] = PrefillFailed(reason=str(exc), retry=False)
+                out[rid] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=str(exc), retry=False)
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
             outgoing.append(_Outgoing(rid, item.decode_worker, int(token), envelope, ranges, computed[rid]))

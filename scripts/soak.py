@@ -8,7 +8,7 @@ compared token for token: a mismatch is a corrupt envelope that was accepted.
 
     .venv/bin/python scripts/soak.py --quick --json out/soak.json
 
-Targets: every request completes or fails with a reason, 0 leaked pages or slots, 0 corrupt
+Targets: every request completes or fails with a failure kind, 0 leaked pages or slots, 0 corrupt
 envelopes accepted; --quick injects at least 500 faults within five minutes.
 """
 
@@ -22,7 +22,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ from distpool.serving import workload  # noqa: E402
 from distpool.serving.deployment import Deployment, DeploymentSpec  # noqa: E402
 from distpool.serving.driver import ServeOptions, Server  # noqa: E402
 from distpool.serving.parity import colocated_tokens  # noqa: E402
-from distpool.serving.report import leak_counts  # noqa: E402
+from distpool.serving.report import failures_by_reason, leak_counts  # noqa: E402
 from distpool.serving.run import worker_stats  # noqa: E402
 from distpool.worker.config import WorkerConfig  # noqa: E402
 from transfer import TransferOptions  # noqa: E402
@@ -121,10 +120,8 @@ def main() -> int:
         "requests": total,
         "completed": len(done),
         "failed": total - len(done),
-        "failed_reasons": dict(
-            Counter(o.error.split(":")[0] for o in outcomes if o.tokens is None and o.error)
-        ),
-        "unexplained_failures": sum(1 for o in outcomes if o.tokens is None and not o.error),
+        "failures_by_reason": failures_by_reason(outcomes),
+        "unexplained_failures": sum(1 for o in outcomes if o.tokens is None and o.failure is None),
         "faults_injected": sum(kinds.values()),
         "kinds": kinds,
         "retried": server.retried,

@@ -2,6 +2,7 @@
 
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, ReshardRefused, TransferError
+from transfer.failure import FailureKind
 from transfer.handle import Transfer, TransferOptions, TransferState
 from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
 from transfer.receiver import EnvelopeReceiver
@@ -15,6 +16,7 @@ __all__ = [
     "Chunk",
     "EnvelopeReceiver",
     "EnvelopeSender",
+    "FailureKind",
     "FingerprintMismatch",
     "Message",
     "ProtocolError",

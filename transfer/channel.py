@@ -25,6 +25,7 @@ from distpool.memory.tp_layout import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
+from transfer.failure import FailureKind
 from transfer.groups import close_links, destroy_group, gloo_group, nccl_group
 from transfer.handshake import exchange_hello, make_hello
 from transfer.pair_store import PairStore
@@ -263,16 +264,17 @@ class Channel:
         if remaining <= 0:
             reason = f"{what}: the deadline passed before the wait began"
             self.mark_broken(reason)
-            raise ChannelError(reason)
+            raise ChannelError(reason, kind=FailureKind.TIMEOUT)
         try:
             work.wait(delta(remaining))
         except Exception as exc:
             # Gloo raises the same RuntimeError for a wait that timed out and for a peer that went
-            # away; either way the group is unusable and the reason keeps torch's own words.
+            # away; either way the group is unusable and the reason keeps torch's own words. A
+            # deadline is what ended the wait: it counts as a timeout.
             reason = f"{what}: timed out after {remaining:.2f} s, or the peer or link failed: "
             reason += str(exc).splitlines()[0][:200]
             self.mark_broken(reason)
-            raise ChannelError(reason) from None
+            raise ChannelError(reason, kind=FailureKind.TIMEOUT) from None
 
     # ---- bells: the sequence of transfers on this generation ------------------------------------
     def ring_bell(self, header: bytes) -> int:

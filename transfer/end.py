@@ -23,6 +23,7 @@ from distpool.memory.envelope import Envelope
 from transfer.activity import Activity, ActivityLock
 from transfer.channel import Channel
 from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
 from transfer.plan import check_ranges, moving_ranges
 from transfer.protocol import decode_message
@@ -44,16 +45,23 @@ class Job:
 class Stopped(Exception):
     """This transfer ends without success (refused, withdrawn, aborted); the channel is still in step."""
 
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
 
 def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> TransferError:
     """The TransferError a transfer concludes with after `exc`; anything unexpected breaks the channel."""
     if isinstance(exc, TransferError):
         return exc
     if isinstance(exc, Stopped):
-        return TransferError(request_id, str(exc))
-    reason = str(exc) if isinstance(exc, ChannelError) else f"internal error: {type(exc).__name__}: {exc}"
+        return TransferError(request_id, exc.kind, str(exc))
+    if isinstance(exc, ChannelError):
+        kind, reason = exc.kind, str(exc)
+    else:
+        kind, reason = FailureKind.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
     channel.mark_broken(reason)
-    return TransferError(request_id, reason, channel_broken=True)
+    return TransferError(request_id, kind, reason, channel_broken=True)
 
 
 class ChannelEnd(abc.ABC):
@@ -90,14 +98,15 @@ class ChannelEnd(abc.ABC):
         with self.cond:
             self.cond.notify_all()
 
-    def close(self) -> None:
-        """Fail what is pending, tear the channel down and stop the worker."""
+    def close(self, kind: FailureKind = FailureKind.ABORTED) -> None:
+        """Fail what is pending (as `kind`: PEER_LOST when the peer went), tear the channel down and
+        stop the worker."""
         with self.cond:
             self.closed = True
             pending = self.drop_pending()
             self.cond.notify_all()
         for job in pending:
-            job.transfer.conclude(TransferError(job.transfer.request_id, f"the {self.role} was closed"))
+            job.transfer.conclude(TransferError(job.transfer.request_id, kind, f"the {self.role} was closed"))
         with self.io_lock:
             self.channel.close()  # also wakes a worker waiting for the next control message
         if self._thread.is_alive():

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from transfer.failure import FailureKind
+
 
 class ChannelError(Exception):
-    """A channel could not be connected, or is broken and must be rebuilt before it carries more."""
+    """A channel could not be connected, or is broken and must be rebuilt before it carries more.
+
+    `kind`: how a transfer that meets it fails; the link or the peer is gone unless said otherwise
+    (a wait that ran past its deadline says TIMEOUT)."""
+
+    kind = FailureKind.PEER_LOST
+
+    def __init__(self, message: str, *, kind: FailureKind | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
 
 
 class FingerprintMismatch(ChannelError):
@@ -30,22 +42,29 @@ class ReshardRefused(ChannelError):
 class TransferError(Exception):
     """One envelope transfer failed; the caller must release what it holds for `request_id`.
 
-    `channel_broken` says whether the channel went down with it (rebuild before the next transfer).
+    `kind` says what kind of failure it was (read it, not the wording); `reason` says it to a
+    person. `channel_broken` says whether the channel went down with it (rebuild before the next
+    transfer).
     """
 
-    def __init__(self, request_id: str, reason: str, *, channel_broken: bool = False) -> None:
-        super().__init__(f"transfer of request {request_id!r} failed: {reason}")
+    def __init__(
+        self, request_id: str, kind: FailureKind, reason: str, *, channel_broken: bool = False
+    ) -> None:
+        super().__init__(f"transfer of request {request_id!r} failed ({kind.value}): {reason}")
         self.request_id = request_id
+        self.kind = FailureKind(kind)
         self.reason = reason
         self.channel_broken = channel_broken
 
     def __reduce__(self):  # crosses Ray's process boundary as itself
-        return _rebuild_transfer_error, (self.request_id, self.reason, self.channel_broken)
+        return _rebuild_transfer_error, (self.request_id, self.kind.value, self.reason, self.channel_broken)
 
 
 class ProtocolError(ChannelError):
     """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
 
+    kind = FailureKind.PROTOCOL
 
-def _rebuild_transfer_error(request_id: str, reason: str, channel_broken: bool) -> TransferError:
-    return TransferError(request_id, reason, channel_broken=channel_broken)
+
+def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
+    return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)

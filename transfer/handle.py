@@ -38,6 +38,7 @@ from transfer.defaults import (
     MIN_TIMEOUT_S,
 )
 from transfer.errors import TransferError
+from transfer.failure import FailureKind
 
 
 class TransferState(enum.Enum):
@@ -176,6 +177,13 @@ class Transfer:
                 self._abort_reason = reason
         if self._state is TransferState.WAITING and self._on_expire is not None:
             self._on_expire(self)  # not started yet: fail it now
+
+    def unstarted_error(self, deadline_reason: str) -> TransferError:
+        """Why a transfer the engine never started fails: its abort, if it was aborted; else its
+        deadline (`deadline_reason` says which wait it was)."""
+        if self._abort_reason is not None:
+            return TransferError(self.request_id, FailureKind.ABORTED, self._abort_reason)
+        return TransferError(self.request_id, FailureKind.TIMEOUT, deadline_reason)
 
     def wait(self, timeout_s: float | None = None) -> Transfer:
         """Block until the transfer concludes; return it on SUCCESS, raise its TransferError on FAILED.

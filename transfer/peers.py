@@ -16,6 +16,7 @@ from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S
 from transfer.errors import ChannelError
+from transfer.failure import FailureKind
 from transfer.faults import FaultInjector
 from transfer.handle import Transfer, TransferOptions
 from transfer.link import measure
@@ -127,14 +128,16 @@ class PeerChannels:
             envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook
         )
 
-    def refuse(self, request_id: str, reason: str | None, peer: str | None = None) -> None:
-        """Refuse the next header for `request_id` from `peer` (None: from any peer) at once, with
-        `reason`; None forgets such a refusal. See `EnvelopeReceiver.refuse`."""
+    def refuse(
+        self, request_id: str, kind: FailureKind | None, reason: str = "", peer: str | None = None
+    ) -> None:
+        """Refuse the next header for `request_id` from `peer` (None: from any peer) at once, as
+        `kind` with `reason`; a `kind` of None forgets such a refusal. See `EnvelopeReceiver.refuse`."""
         with self._lock:
             ends = [self._ends[peer]] if peer in self._ends else [] if peer else list(self._ends.values())
         for end in ends:
             assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-            end.refuse(request_id, reason)
+            end.refuse(request_id, kind, reason)
 
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
         """Time `repeats` raw messages of `nbytes` to or from `peer` (who must call this at the same
@@ -164,7 +167,7 @@ class PeerChannels:
                 return  # the peer came back already, and this channel is to its new life
             end = self._ends.pop(peer, None)
         if end is not None:
-            end.close()
+            end.close(FailureKind.PEER_LOST)  # its transfers fail as the peer's loss
 
     def close_all(self) -> None:
         with self._lock:

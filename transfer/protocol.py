@@ -4,8 +4,11 @@
     bell/{seq}   := HEADER (source table, first token) ->  (waiting for bell/{seq})
                                                     <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
-    end/{seq}    := END (checksum) | ABORT (reason) ->  read once its receives completed
-                                                    <-  status/{seq} := STATUS (ok | reason, broken)
+    end/{seq}    := END (checksum) | ABORT (failure) -> read once its receives completed
+                                                    <-  status/{seq} := STATUS (ok | failure, broken)
+
+A failure travels as its kind (a `FailureKind` value, which the other end reads) and a reason (a
+sentence for a person, truncated to MAX_REASON_CHARS).
 
 A sender whose deadline passes before the reply comes sends withdraw/{seq} := WITHDRAWN and fails
 its transfer; the receiver, if it has not answered yet, answers REFUSE, and the channel stays in
@@ -26,8 +29,9 @@ import msgpack
 import torch
 
 from transfer.errors import ProtocolError
+from transfer.failure import WIRE_VALUES, FailureKind
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
@@ -54,11 +58,13 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     # held: the destination holds the envelope's first `held` pages; table lists the rows it takes
     READY: {"seq": int, "table": bytes, "held": int},
-    REFUSE: {"seq": int, "reason": str},
+    # failure: a FailureKind's value, what the peer reads; reason: the same for a person
+    REFUSE: {"seq": int, "failure": str, "reason": str},
     WITHDRAWN: {"seq": int, "reason": str},
     END: {"seq": int, "checksum": (int, type(None))},
-    ABORT: {"seq": int, "reason": str},
-    STATUS: {"seq": int, "ok": bool, "reason": str, "broken": bool},  # broken: the receiver tore down
+    ABORT: {"seq": int, "failure": str, "reason": str},
+    # broken: the receiver tore down; failure is "" exactly when ok
+    STATUS: {"seq": int, "ok": bool, "failure": str, "reason": str, "broken": bool},
 }
 
 # Control messages (transfer.control) go with TAG_CONTROL. A payload message goes with TAG_DATA + its
@@ -102,9 +108,12 @@ def hello_key(rank: int) -> str:
 
 
 def encode_message(kind: str, **fields: Any) -> bytes:
-    """A msgpack map of `kind` and `fields` (a reason is truncated to MAX_REASON_CHARS)."""
+    """A msgpack map of `kind` and `fields` (a reason is truncated to MAX_REASON_CHARS, a failure
+    kind goes as its value)."""
     if "reason" in fields:
         fields["reason"] = str(fields["reason"])[:MAX_REASON_CHARS]
+    if isinstance(fields.get("failure"), FailureKind):
+        fields["failure"] = fields["failure"].value
     return msgpack.packb({"kind": kind, **fields}, use_bin_type=True)
 
 
@@ -144,6 +153,14 @@ def decode_message(blob: object, *, expect: tuple[str, ...], max_bytes: int) -> 
             raise ProtocolError(f"{kind} message field {name} has type {type(value).__name__}")
         if type(value) is int and value < 0:
             raise ProtocolError(f"{kind} message field {name} is negative ({value})")
+    if (
+        "failure" in spec
+        and fields["failure"] not in WIRE_VALUES
+        and (fields["failure"], kind) != ("", STATUS)
+    ):
+        raise ProtocolError(f"{kind} message names no known failure kind: {fields['failure'][:40]!r}")
+    if kind == STATUS and (fields["failure"] == "") != fields["ok"]:
+        raise ProtocolError("a STATUS message names a failure kind exactly when it is not ok")
     return fields
 
 

@@ -37,6 +37,7 @@ from transfer.defaults import (
 )
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
 from transfer.plan import DST, NBYTES, Chunk, assign_streams, moving_ranges, plan_messages, plan_runs
 from transfer.protocol import (
@@ -58,6 +59,8 @@ from transfer.protocol import (
     withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+
+Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
 
 
 class EnvelopeReceiver(ChannelEnd):
@@ -88,7 +91,7 @@ class EnvelopeReceiver(ChannelEnd):
         self._expected: dict[str, Job] = {}
         # request id -> why its header is refused at once: the destination was refused or given up
         # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
-        self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[str, Refusal] = collections.OrderedDict()
 
     def expect(
         self,
@@ -127,14 +130,15 @@ class EnvelopeReceiver(ChannelEnd):
             self.cond.notify_all()
         return job.transfer
 
-    def refuse(self, request_id: str, reason: str | None) -> None:
-        """Refuse the next header for `request_id` at once (with `reason`) unless it is expected by
-        then; a header already waiting for it is refused now. None forgets an earlier refusal."""
+    def refuse(self, request_id: str, kind: FailureKind | None, reason: str = "") -> None:
+        """Refuse the next header for `request_id` at once (as `kind`, with `reason`) unless it is
+        expected by then; a header already waiting for it is refused now. A `kind` of None forgets
+        an earlier refusal."""
         with self.cond:
-            if reason is None:
+            if kind is None:
                 self._refused.pop(request_id, None)
                 return
-            self._refused[request_id] = reason
+            self._refused[request_id] = (kind, reason)
             self._refused.move_to_end(request_id)
             while len(self._refused) > MAX_REFUSALS_KEPT:  # never read ones go, oldest first
                 self._refused.popitem(last=False)
@@ -151,10 +155,9 @@ class EnvelopeReceiver(ChannelEnd):
             if job is None or job.transfer is not transfer:
                 return  # already taken by the worker, which concludes it
             del self._expected[transfer.request_id]
-        reason = transfer.abort_reason or "no transfer arrived from the sender before the deadline"
-        transfer.conclude(TransferError(transfer.request_id, reason))
+        transfer.conclude(transfer.unstarted_error("no transfer arrived from the sender before the deadline"))
 
-    def _take(self, request_id: str) -> tuple[Job | None, str | None]:
+    def _take(self, request_id: str) -> tuple[Job | None, Refusal | None]:
         """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
         limit = time.monotonic() + self.unexpected_wait_s
         with self.io_lock.waiting(), self.cond:  # for the reservation, perhaps: nothing moves
@@ -168,7 +171,7 @@ class EnvelopeReceiver(ChannelEnd):
             job = self._expected.pop(request_id, None)
             refused = self._refused.pop(request_id, None)  # read once: a later attempt may be expected
         if job is None:
-            return None, refused or "no reservation for this request on the receiver"
+            return None, refused or (FailureKind.REFUSED, "no reservation for this request on the receiver")
         return job, None
 
     # ---- worker ----------------------------------------------------------------------------------
@@ -188,31 +191,31 @@ class EnvelopeReceiver(ChannelEnd):
                 self._receive_one(*bell)
 
     def _receive_one(self, seq: int, blob: bytes) -> None:
-        header, job, reason = None, None, None
+        header, job, refusal = None, None, None
         try:
             header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
-            job, reason = self._take(header["request_id"])
+            job, refusal = self._take(header["request_id"])
             if job is not None:
-                reason = self._check_header(job, seq, header)
+                refusal = self._check_header(job, seq, header)
         except ProtocolError as exc:
-            reason = f"malformed header: {exc}"
+            refusal = (FailureKind.PROTOCOL, f"malformed header: {exc}")
         rid = header["request_id"] if header is not None else "?"
 
         def receive() -> None:
-            if reason is None and self.channel.control.holds(withdraw_key(seq)):
-                refusal = "the sender withdrew the transfer (its deadline passed)"
+            if refusal is None and self.channel.control.holds(withdraw_key(seq)):
+                answer = (FailureKind.TIMEOUT, "the sender withdrew the transfer (its deadline passed)")
             else:
-                refusal = reason
+                answer = refusal
             reply = (
-                encode_message(REFUSE, seq=seq, reason=refusal)
-                if refusal is not None
+                encode_message(REFUSE, seq=seq, failure=answer[0], reason=answer[1])
+                if answer is not None
                 else encode_message(
                     READY, seq=seq, table=table_bytes(job.ranges), held=job.envelope.held_pages
                 )
             )
             self.channel.control.send(reply_key(seq), reply)
-            if refusal is not None:
-                raise Stopped(f"refused the sender's header: {refusal}")
+            if answer is not None:
+                raise Stopped(answer[0], f"refused the sender's header: {answer[1]}")
             assert job is not None and header is not None
             job.transfer.first_token = header["first_token"]
             job.transfer.begin()
@@ -221,7 +224,9 @@ class EnvelopeReceiver(ChannelEnd):
         def tell_sender(error: TransferError) -> None:
             if job is not None and job.transfer.began_at is not None:
                 # The sender fails now, and knows why, rather than at its deadline.
-                broken = encode_message(STATUS, seq=seq, ok=False, reason=error.reason, broken=True)
+                broken = encode_message(
+                    STATUS, seq=seq, ok=False, failure=error.kind, reason=error.reason, broken=True
+                )
                 try:
                     self.channel.control.send(status_key(seq), broken, wait_s=TELL_PEER_S)
                 except ChannelError:  # the link is what failed: the sender hears it closing instead
@@ -230,13 +235,13 @@ class EnvelopeReceiver(ChannelEnd):
         # A withdrawal that comes after the answer is never read: tidied with the transfer.
         self.conclude(rid, job, receive, unread=[withdraw_key(seq)], on_broken=tell_sender)
 
-    def _check_header(self, job: Job, seq: int, header: dict) -> str | None:
+    def _check_header(self, job: Job, seq: int, header: dict) -> Refusal | None:
         """Why the header cannot fill this reservation, or None if it can."""
         expected, transfer = job.envelope, job.transfer
         if transfer.abort_reason is not None:
-            return transfer.abort_reason
+            return FailureKind.ABORTED, transfer.abort_reason
         if time.monotonic() >= transfer.deadline:
-            return "the reservation's deadline passed before the transfer could start"
+            return FailureKind.TIMEOUT, "the reservation's deadline passed before the transfer could start"
         num_rows = len(header["table"]) // 16
         checks = [
             ("protocol version", PROTOCOL_VERSION, header["version"]),
@@ -246,9 +251,9 @@ class EnvelopeReceiver(ChannelEnd):
         ]
         for what, mine, theirs in checks:
             if mine != theirs:
-                return f"{what} differs: reserved {mine!r}, sender has {theirs!r}"
+                return FailureKind.REFUSED, f"{what} differs: reserved {mine!r}, sender has {theirs!r}"
         if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
-            return (
+            return FailureKind.REFUSED, (
                 f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} must "
                 f"be in (0, {self.max_chunk_bytes}] and > 0"
             )
@@ -256,11 +261,15 @@ class EnvelopeReceiver(ChannelEnd):
             source = moving_ranges(expected, table_from_bytes(header["table"], num_rows=num_rows))
             job.runs = plan_runs(source, job.ranges)
         except (ProtocolError, ValueError) as exc:
-            return str(exc)
+            return FailureKind.REFUSED, str(exc)
         return None
 
-    def _status(self, seq: int, *, ok: bool, reason: str = "") -> None:
-        message = encode_message(STATUS, seq=seq, ok=ok, reason=reason, broken=False)
+    def _status(self, seq: int, failure: Refusal | None = None) -> None:
+        """STATUS ok (no `failure`), or failed as `failure`: (kind, reason)."""
+        kind, reason = failure or ("", "")
+        message = encode_message(
+            STATUS, seq=seq, ok=failure is None, failure=kind, reason=reason, broken=False
+        )
         self.channel.control.send(status_key(seq), message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
@@ -296,19 +305,25 @@ class EnvelopeReceiver(ChannelEnd):
             end_key(seq), seq, expect=(END, ABORT), timeout_s=deadline - time.monotonic(), max_bytes=4096
         )
         if end is None:
-            raise ChannelError("the sender did not finish the transfer before the deadline")
-        if end["kind"] == ABORT or aborted is not None:
-            reason = aborted or f"sender aborted: {end['reason']}"
-            self._status(seq, ok=False, reason=reason)
-            raise Stopped(reason)
-        if header["checksum"]:
+            reason = "the sender did not finish the transfer before the deadline"
+            raise ChannelError(reason, kind=FailureKind.TIMEOUT)
+        failure: Refusal | None = None
+        if aborted is not None:
+            failure = (FailureKind.ABORTED, aborted)
+        elif end["kind"] == ABORT:
+            failure = (FailureKind(end["failure"]), f"sender aborted: {end['reason']}")
+        elif header["checksum"]:
             ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
             if end["checksum"] != ours:
-                reason = f"checksum mismatch: sender {end['checksum']}, receiver {ours}"
-                self._status(seq, ok=False, reason=reason)
-                raise Stopped(reason)
+                failure = (
+                    FailureKind.CORRUPT,
+                    f"checksum mismatch: sender {end['checksum']}, receiver {ours}",
+                )
+        if failure is not None:
+            self._status(seq, failure)
+            raise Stopped(*failure)
         self.stream.synchronize()  # the bytes are in place before anyone hears "success"
-        self._status(seq, ok=True)
+        self._status(seq)
 
     def _post(self, job: Job, chunk: Chunk, streams: list[int]) -> tuple[Chunk, list, list]:
         """Post the receives of one chunk (message i on stream `streams[i]`): direct messages

@@ -35,6 +35,7 @@ from transfer.activity import Activity
 from transfer.channel import SENDER_RANK, Channel
 from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
+from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer, TransferOptions
 from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages, plan_runs
 from transfer.protocol import (
@@ -107,14 +108,16 @@ class EnvelopeSender(ChannelEnd):
         )
         with self.cond:
             if self.closed:
-                job.transfer.conclude(TransferError(envelope.request_id, "the sender is closed"))
+                job.transfer.conclude(
+                    TransferError(envelope.request_id, FailureKind.ABORTED, "the sender is closed")
+                )
             else:
                 self._queue.append(job)
                 self.cond.notify_all()
         return job.transfer
 
-    def close(self) -> None:
-        super().close()
+    def close(self, kind: FailureKind = FailureKind.ABORTED) -> None:
+        super().close(kind)
         if self._gatherer is not None:
             self._gatherer.shutdown(wait=True)
 
@@ -129,8 +132,7 @@ class EnvelopeSender(ChannelEnd):
             if job is None:
                 return
             self._queue.remove(job)
-        reason = transfer.abort_reason or "the deadline passed while queued behind other transfers"
-        transfer.conclude(TransferError(transfer.request_id, reason))
+        transfer.conclude(transfer.unstarted_error("the deadline passed while queued behind other transfers"))
 
     @property
     def _direct_min_bytes(self) -> int:
@@ -152,14 +154,17 @@ class EnvelopeSender(ChannelEnd):
                     self.cond.wait(min(0.05, max(job.transfer.deadline - time.monotonic(), 0.0)))
             transfer, channel = job.transfer, self.channel
             if transfer.abort_reason is not None:
-                transfer.conclude(TransferError(transfer.request_id, transfer.abort_reason))
+                transfer.conclude(
+                    TransferError(transfer.request_id, FailureKind.ABORTED, transfer.abort_reason)
+                )
             elif time.monotonic() >= transfer.deadline:
                 state = channel.broken_reason or "busy"
                 reason = f"deadline passed before the transfer started (channel: {state})"
-                transfer.conclude(TransferError(transfer.request_id, reason))
+                transfer.conclude(TransferError(transfer.request_id, FailureKind.TIMEOUT, reason))
             elif not channel.healthy:
                 reason = f"channel down: {channel.broken_reason}"
-                transfer.conclude(TransferError(transfer.request_id, reason, channel_broken=True))
+                error = TransferError(transfer.request_id, FailureKind.PEER_LOST, reason, channel_broken=True)
+                transfer.conclude(error)
             else:
                 with self.io_lock:
                     self.conclude(transfer.request_id, job, lambda job=job: self._send_one(job), unread=[])
@@ -207,15 +212,17 @@ class EnvelopeSender(ChannelEnd):
             reason = "the receiver did not answer the header before the deadline"
             channel.control.send(withdraw_key(seq), encode_message(WITHDRAWN, seq=seq, reason=reason))
             transfer.abort("the sender withdrew the transfer (its deadline passed)")
-            transfer.conclude(TransferError(transfer.request_id, reason))
+            transfer.conclude(TransferError(transfer.request_id, FailureKind.TIMEOUT, reason))
             blob = channel.control.wait_value(key, channel.timeout_s)
             if blob is None:
-                raise ChannelError(f"{reason}, nor its withdrawal within {channel.timeout_s:.1f} s")
+                withdrawal = f"{reason}, nor its withdrawal within {channel.timeout_s:.1f} s"
+                raise ChannelError(withdrawal, kind=FailureKind.TIMEOUT)
             deadline = time.monotonic() + channel.timeout_s
         max_bytes = job.ranges.shape[0] * 16 + 1024
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:
-            raise TransferError(transfer.request_id, f"receiver refused: {reply['reason']}")
+            kind = FailureKind(reply["failure"])
+            raise TransferError(transfer.request_id, kind, f"receiver refused: {reply['reason']}")
         try:  # the receiver holds the first `held` pages already: they do not move
             ours = moving_rows(job.ranges, reply["held"], has_slot=job.envelope.slot_id is not None)
             runs = plan_runs(ours, table_from_bytes(reply["table"], num_rows=ours.shape[0]))
@@ -262,7 +269,9 @@ class EnvelopeSender(ChannelEnd):
                     transfer.on_chunk(transfer, chunk.index)
         aborted = transfer.abort_reason
         if aborted is not None:
-            end = encode_message(ABORT, seq=seq, reason=aborted)
+            # Failed already (its deadline passed before the READY came): the ABORT says as what.
+            kind = transfer.error.kind if transfer.error is not None else FailureKind.ABORTED
+            end = encode_message(ABORT, seq=seq, failure=kind, reason=aborted)
         else:
             value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
             end = encode_message(END, seq=seq, checksum=value)
@@ -272,7 +281,7 @@ class EnvelopeSender(ChannelEnd):
                 channel.wait(work, deadline, f"sending chunk {index}")
         self._await_status(job, seq, deadline)
         if aborted is not None:
-            raise Stopped(aborted)
+            raise Stopped(FailureKind.ABORTED, aborted)
 
     def _stage(self, job: Job, chunk: Chunk) -> Future | None:
         """Start gathering the chunk's staged message into its buffer (None: nothing to gather).
@@ -301,10 +310,14 @@ class EnvelopeSender(ChannelEnd):
             max_bytes=4096,
         )
         if status is None:
-            channel.mark_broken("the receiver sent no status before the deadline")
-            raise TransferError(rid, "the receiver sent no status before the deadline", channel_broken=True)
+            reason = "the receiver sent no status before the deadline"
+            channel.mark_broken(reason)
+            raise TransferError(rid, FailureKind.TIMEOUT, reason, channel_broken=True)
+        if status["ok"]:
+            return
+        kind, reason = FailureKind(status["failure"]), status["reason"]  # the protocol checked both
         if status["broken"]:
-            channel.mark_broken(f"the receiver tore the channel down: {status['reason']}")
-            raise TransferError(rid, f"receiver failed: {status['reason']}", channel_broken=True)
-        if not status["ok"] and job.transfer.abort_reason is None:
-            raise TransferError(rid, f"receiver failed: {status['reason']}")
+            channel.mark_broken(f"the receiver tore the channel down: {reason}")
+            raise TransferError(rid, kind, f"receiver failed: {reason}", channel_broken=True)
+        if job.transfer.abort_reason is None:
+            raise TransferError(rid, kind, f"receiver failed: {reason}")

@@ -27,6 +27,7 @@ from distpool.serving.reservations import ADMISSION_POLL_S, Busy, Reservations, 
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, PrefillItem, PrefillResult
+from transfer.failure import FailureKind
 from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
@@ -47,8 +48,13 @@ class ServeOptions:
     overlap_reservation: bool = True
 
 
-class _Corrupt(Exception):
-    """Decode found the envelope's bytes wrong; the request fails as corrupt."""
+class _GiveUp(Exception):
+    """The request fails as `kind` without another attempt: a damaged envelope (CORRUPT) is a bug to
+    see, not bad luck to retry; so is anything a worker says retrying would only repeat."""
+
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 class Server:
@@ -147,7 +153,7 @@ class Server:
                     not self.recovery.pending
                     or time.monotonic() - submitted > self.options.admission_timeout_s
                 ):
-                    out.error = str(exc)
+                    out.error, out.failure = str(exc), FailureKind.WORKER_LOST
                     return out
                 out.attempts -= 1  # waiting for a lost worker to come back is not a failed attempt
                 await asyncio.sleep(ADMISSION_POLL_S * 20)
@@ -155,18 +161,20 @@ class Server:
                 out.attempts -= 1
                 if time.monotonic() - submitted > self.options.admission_timeout_s:
                     out.error = f"not admitted within {self.options.admission_timeout_s} s: {exc}"
+                    out.failure = FailureKind.NOT_ADMITTED
                     return out
                 await asyncio.sleep(ADMISSION_POLL_S)
-            except _Corrupt as exc:  # a damaged envelope is a bug to see, not bad luck to retry
-                out.error, out.corrupt = str(exc), True
+            except _GiveUp as exc:
+                out.error, out.failure = str(exc), exc.kind
+                out.corrupt = exc.kind is FailureKind.CORRUPT
                 return out
             except Retry as exc:  # both sides already freed what they held
-                out.error = str(exc)
+                out.error, out.failure = str(exc), exc.kind
                 if out.attempts < self.options.max_attempts:
                     self.retried += 1
                     self.metrics.count("retried")
             except Exception as exc:  # a bug, not bad luck: retrying would only repeat it
-                out.error = one_line(exc)
+                out.error, out.failure = one_line(exc), FailureKind.INTERNAL
                 return out
         return out
 
@@ -216,11 +224,11 @@ class Server:
                 raise Busy(sent.reason)
             if isinstance(sent, PrefillFailed):
                 avoid.add(decode_name)
-                raise (Retry if sent.retry else RuntimeError)(sent.reason)
+                raise (Retry if sent.retry else _GiveUp)(sent.kind, sent.reason)
             result = await future
             if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
-                kind = _Corrupt if result.corrupt else Retry if result.retry else RuntimeError
-                raise kind(result.reason)
+                retry = result.retry and not result.corrupt
+                raise (Retry if retry else _GiveUp)(result.kind, result.reason)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
             if self.cache_affinity:  # what that worker now caches: all but the last token have KV
@@ -269,7 +277,7 @@ class Server:
         try:
             return await self.recovery.call(name, awaitable, silence_s=self.silence_s)
         except WorkerLost as exc:
-            raise Retry(str(exc)) from exc
+            raise Retry(FailureKind.WORKER_LOST, str(exc)) from exc
 
     async def _quiet(self, ref) -> None:
         """Await a call whose outcome does not matter, as long as its worker answers in time."""
@@ -300,7 +308,7 @@ class Server:
     def _fail_results_on(self, decode_name: str) -> None:
         for name, future in list(self.waiting.values()):
             if name == decode_name and not future.done():
-                future.set_exception(Retry(f"{decode_name} died"))
+                future.set_exception(Retry(FailureKind.WORKER_LOST, f"{decode_name} died"))
 
     def _on_return(self, name: str) -> None:
         if name in self.dep.decode:  # its result stream ended when it was lost

@@ -6,13 +6,15 @@ import re
 from dataclasses import dataclass
 
 from distpool.worker.messages import DecodeFinished, PrefillSent
+from transfer.failure import FailureKind
 
 
 @dataclass
 class Outcome:
     request_id: str
     tokens: list[int] | None = None
-    error: str | None = None
+    error: str | None = None  # why it failed, for a person; with its kind:
+    failure: FailureKind | None = None  # what the summary counts (`failures_by_reason`)
     attempts: int = 0
     corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
     verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
@@ -52,7 +54,7 @@ class Outcome:
         self.decode_prefix_hit_tokens = result.prefix_hit_tokens
         self.verified = result.verified
         self.pair = pair
-        self.tokens, self.decode_s, self.error = result.tokens, result.decode_s, None
+        self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
 
     @property
     def ttft_s(self) -> float:

@@ -4,6 +4,7 @@ link, envelope sizes, verification, occupancy and leaks."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
@@ -51,6 +52,12 @@ def leak_counts(worker_stats: list[dict], *, unchecked: dict[str, str] | None = 
     return {**counts, "leaks_unchecked": unread}
 
 
+def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
+    """Failed requests by the kind of failure that ended them (`FailureKind` values), most first."""
+    counts = Counter(o.failure.value for o in outcomes if o.tokens is None and o.failure is not None)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def summarize(
     outcomes: list[Outcome],
     *,
@@ -91,6 +98,7 @@ def summarize(
         "unfinished": unfinished,
         "completed": len(done),
         "failed": len(outcomes) - len(done),
+        "failures_by_reason": failures_by_reason(outcomes),
         "retried": retried,
         "workers_lost": workers_lost,
         "workers_restarted": workers_restarted,
@@ -152,6 +160,11 @@ def _leaks(report: dict) -> str:
     return f"unknown (not read: {why})"
 
 
+def _failed(report: dict) -> str:
+    reasons = ", ".join(f"{kind} {count}" for kind, count in report["failures_by_reason"].items())
+    return f"{report['failed']}" + (f" ({reasons})" if reasons else "")
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -184,7 +197,7 @@ def format_summary(report: dict) -> str:
         ("requests", report["requests"]),
         *([("interrupted: not finished", report["unfinished"])] if report["interrupted"] else []),
         ("completed", report["completed"]),
-        ("failed", report["failed"]),
+        ("failed", _failed(report)),
         ("retried", report["retried"]),
         *_conversation_rows(report.get("multi_turn")),
         ("workers lost / restarted", _lost(report)),

@@ -19,7 +19,7 @@ from distpool.memory.pool import DoesNotFit
 from distpool.serving.deployment import Deployment
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
-from transfer import ChannelError
+from transfer import ChannelError, FailureKind
 
 ADMISSION_POLL_S = 0.005
 # A decode worker that refused a reservation this recently is asked first, before prefill starts: a
@@ -33,7 +33,12 @@ class Busy(Exception):
 
 
 class Retry(Exception):
-    """This attempt failed in a way another pair may not (a failed transfer, a dead worker)."""
+    """This attempt failed in a way another pair may not (a failed transfer, a dead worker), as
+    `kind`; the message says why."""
+
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 class Reservations:
@@ -59,7 +64,7 @@ class Reservations:
         if not self.overlap:
             return None
         if prefill_name in self.router.dead:  # it died since it was chosen: choose again
-            raise Retry(f"{prefill_name} died")
+            raise Retry(FailureKind.WORKER_LOST, f"{prefill_name} died")
         prompt = req.prompt if self.cache_affinity else None
         name = self.router.decode_candidates(avoid, tokens=prompt)[0]
         if time.monotonic() - self.refused_at.get(name, -math.inf) < REFUSAL_MEMORY_S:
@@ -103,7 +108,7 @@ class Reservations:
         deadline = time.monotonic() + self.admission_timeout_s
         while True:
             if prefill_name in self.router.dead:  # it died since it was chosen: choose again
-                raise Retry(f"{prefill_name} died")
+                raise Retry(FailureKind.WORKER_LOST, f"{prefill_name} died")
             prompt = req.prompt if self.cache_affinity else None
             for name in self.router.decode_candidates(avoid, tokens=prompt):
                 # Counted as in flight from the moment of asking, so concurrent requests spread out.

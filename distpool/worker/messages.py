@@ -3,12 +3,16 @@
 The driver hands a prefill worker `PrefillItem`s and gets back one `PrefillResult` per request; a
 decode worker's `next_finished` hands out one `DecodeResult` per request. Both sides import these
 (serving above, prefill and decode below); Ray pickles them as they are. The driver counts from
-them: a worker's own counters go with it when it dies.
+them: a worker's own counters go with it when it dies. A failed result says what kind of failure it
+was (`kind`, which the driver reads) and why, in words (`reason`, which a person reads).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from transfer.failure import FailureKind
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class PrefillSent:
 class PrefillBusy:
     """No room on the prefill worker now; nothing is held there. Try again later."""
 
+    kind: ClassVar[FailureKind] = FailureKind.NO_ROOM
     reason: str
 
 
@@ -43,6 +48,7 @@ class PrefillFailed:
     """Prefill or its transfer failed; nothing is held there. `retry`: another pair may succeed
     (False: retrying would only repeat it)."""
 
+    kind: FailureKind
     reason: str
     retry: bool
 
@@ -67,9 +73,13 @@ class DecodeFinished:
 class DecodeFailed:
     """Decode gave the request up after it was admitted; it holds nothing there any more."""
 
+    kind: FailureKind  # CORRUPT: its envelope's bytes were wrong (never retried)
     reason: str
-    corrupt: bool  # its envelope's bytes were wrong (never retried)
     retry: bool  # whether another pair may succeed (False: a bug on decode's side)
+
+    @property
+    def corrupt(self) -> bool:
+        return self.kind is FailureKind.CORRUPT
 
 
 DecodeResult = DecodeFinished | DecodeFailed

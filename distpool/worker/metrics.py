@@ -16,29 +16,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from transfer.failure import FailureKind
+
 logger = logging.getLogger(__name__)
 
 TAG_KEYS = ("worker", "role")
-
-# Transfer failure reasons are free text (see `transfer.errors.TransferError`); the `reason` tag is
-# one of these few categories so that the number of series stays fixed. The first category with a
-# phrase in the reason wins: a deadline or a lost peer that ended in an abort counts as such.
-FAILURE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("corrupt", ("checksum", "corrupt", "malformed")),
-    ("timeout", ("timed out", "timeout", "deadline")),
-    ("peer_lost", ("peer", "link", "channel down", "unreachable", "lost", "died", "dead")),
-    ("aborted", ("abort", "cancel", "withdrawn", "refused", "closed")),  # closed: this end shut down
-)
-OTHER_FAILURE = "other"
-
-
-def failure_category(reason: str) -> str:
-    """The `reason` tag for a transfer failure: "corrupt", "timeout", "aborted", "peer_lost" or "other"."""
-    text = reason.lower()
-    for category, phrases in FAILURE_CATEGORIES:
-        if any(phrase in text for phrase in phrases):
-            return category
-    return OTHER_FAILURE
 
 
 def ray_is_running() -> bool:
@@ -106,7 +88,7 @@ class _WorkerInstruments:
             transfer_bytes=counter("distpool_transfer_bytes_total", "Envelope bytes transferred."),
             transfer_seconds=counter("distpool_transfer_seconds_total", "Wall seconds spent transferring."),
             transfer_failures=counter(
-                "distpool_transfer_failures_total", "Failed transfers, by reason category.", ("reason",)
+                "distpool_transfer_failures_total", "Failed transfers, by failure kind.", ("reason",)
             ),
         )
 
@@ -156,9 +138,9 @@ class WorkerMetrics:
             increment(m.transfer_bytes, nbytes)
             increment(m.transfer_seconds, seconds)
 
-    def add_failure(self, reason: str) -> None:
-        """One transfer that failed with `reason` (free text; tagged by `failure_category`)."""
+    def add_failure(self, kind: FailureKind) -> None:
+        """One transfer (or received envelope) that failed as `kind`, its `reason` tag."""
         if (m := self._instruments) is None:
             return
         with self._errors.guard():
-            m.transfer_failures.inc(1.0, {"reason": failure_category(reason)})
+            m.transfer_failures.inc(1.0, {"reason": FailureKind(kind).value})

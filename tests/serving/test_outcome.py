@@ -15,6 +15,7 @@ from distpool.worker.messages import (
     PrefillItem,
     PrefillSent,
 )
+from transfer import FailureKind
 
 SENT = PrefillSent(transfer_bytes=4096, transfer_s=0.25, source_runs=2, computed_tokens=12)
 FINISHED = DecodeFinished(
@@ -41,9 +42,9 @@ def test_a_successful_attempt_reads_both_workers_results():
         PrefillItem(request_id="r", prompt=[1, 2, 3], decode_worker="decode-0"),
         SENT,
         PrefillBusy(reason="prefill-0 has no room"),
-        PrefillFailed(reason="injected fault", retry=True),
+        PrefillFailed(kind=FailureKind.ABORTED, reason="injected fault", retry=True),
         FINISHED,
-        DecodeFailed(reason="corrupt envelope: received page 3", corrupt=True, retry=False),
+        DecodeFailed(kind=FailureKind.CORRUPT, reason="corrupt envelope: received page 3", retry=False),
     ],
     ids=lambda message: type(message).__name__,
 )
@@ -51,3 +52,5 @@ def test_every_message_crosses_a_process_boundary_unchanged(message):
     """Ray pickles what a call takes and returns: each message comes back equal and of its type."""
     back = pickle.loads(pickle.dumps(message))
     assert type(back) is type(message) and back == message
+    if hasattr(message, "kind"):  # a failure's kind comes back as the enum member itself
+        assert back.kind is message.kind

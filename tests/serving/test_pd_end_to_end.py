@@ -7,8 +7,10 @@ import torch
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.serving.faults import RECEIVER_CANCEL
 from distpool.serving.parity import colocated_tokens
+from distpool.serving.report import failures_by_reason
 from distpool.serving.workload import Request
 from tests.serving.helpers import make_spec, mixed_requests, serve
+from transfer import FailureKind
 from transfer.faults import DELAY_CONTROL, SENDER_ABORT
 
 pytestmark = pytest.mark.ray
@@ -54,6 +56,19 @@ def test_fault_rate_retries_every_failed_transfer_without_leaks(ray_session):
     assert all(o.tokens is not None for o in outcomes), [o.error for o in outcomes]
     assert server.retried > 0
     assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
+    assert_drained(stats)
+
+
+def test_a_request_aborted_on_every_attempt_fails_as_aborted(ray_session):
+    """The kind travels: the sender's abort -> prefill's PrefillFailed.kind -> the driver's retry ->
+    the outcome, and the summary counts it by kind. (Seed 6 draws a fault for each of its first 30
+    attempts at 0.99.)"""
+    spec = make_spec()
+    requests = mixed_requests(3, max_new_tokens=2, seed=9)
+    outcomes, stats, server = serve(spec, requests, faults={SENDER_ABORT: 0.99}, max_attempts=2, seed=6)
+    assert [(o.failure, o.attempts) for o in outcomes] == [(FailureKind.ABORTED, 2)] * 3
+    assert server.retried == 3 and not any(o.corrupt for o in outcomes)
+    assert failures_by_reason(outcomes) == {"aborted": 3}
     assert_drained(stats)
 
 

@@ -7,8 +7,9 @@ import pytest
 from distpool.serving import workload
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
-from distpool.serving.report import percentile, summarize
+from distpool.serving.report import format_summary, percentile, summarize
 from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
+from transfer import FailureKind
 
 
 def test_prefill_goes_to_least_loaded_live_worker():
@@ -192,14 +193,20 @@ def test_summary_counts_and_rates():
             transfer_bytes=1000,
             transfer_s=1e-6,
         ),
-        Outcome(request_id="b", error="TransferError: boom"),
+        Outcome(request_id="b", error="TransferError: boom", failure=FailureKind.PEER_LOST),
+        Outcome(request_id="c", error="not admitted within 60 s", failure=FailureKind.NOT_ADMITTED),
+        Outcome(request_id="d", error="TransferError: bang", failure=FailureKind.PEER_LOST),
     ]
     worker = dict(pages_used=0, slots_used=1)  # still held after the drain: a leaked slot
     report = summarize(outcomes, retried=2, worker_stats=[worker], parity=Parity(checked=1), wall_s=1.0)
-    assert (report["requests"], report["completed"], report["failed"], report["retried"]) == (2, 1, 1, 2)
+    assert (report["requests"], report["completed"], report["failed"], report["retried"]) == (4, 1, 3, 2)
+    assert report["failures_by_reason"] == {"peer_lost": 2, "not_admitted": 1}  # most first
+    rows = [line.split(None, 1) for line in format_summary({**report, "workers": []}).splitlines()]
+    assert ["failed", "3 (peer_lost 2, not_admitted 1)"] in rows
     assert report["transfer_gbps"] == pytest.approx(1.0)
     assert report["tpot_ms_p50"] == pytest.approx(10.0)
-    assert report["leaked_slots"] == 1 and report["errors"] == ["TransferError: boom"]
+    assert report["leaked_slots"] == 1
+    assert report["errors"] == ["TransferError: bang", "TransferError: boom", "not admitted within 60 s"]
 
 
 def test_typed_errors_cross_process_boundaries_as_themselves():
@@ -208,12 +215,21 @@ def test_typed_errors_cross_process_boundaries_as_themselves():
     import pickle
 
     from distpool.memory.allocator import NeedsCompaction
-    from transfer import TransferError
+    from transfer import ChannelError, TransferError
 
     err = pickle.loads(pickle.dumps(NeedsCompaction("r1", "fragmented")))
     assert type(err) is NeedsCompaction and (err.request_id, err.reason) == ("r1", "fragmented")
-    err = pickle.loads(pickle.dumps(TransferError("r2", "peer died", channel_broken=True)))
-    assert (err.request_id, err.reason, err.channel_broken) == ("r2", "peer died", True)
+    err = pickle.loads(
+        pickle.dumps(TransferError("r2", FailureKind.PEER_LOST, "peer died", channel_broken=True))
+    )
+    assert (err.request_id, err.kind, err.reason, err.channel_broken) == (
+        "r2",
+        FailureKind.PEER_LOST,
+        "peer died",
+        True,
+    )
+    err = pickle.loads(pickle.dumps(ChannelError("recv: timed out", kind=FailureKind.TIMEOUT)))
+    assert type(err) is ChannelError and err.kind is FailureKind.TIMEOUT
 
 
 def test_errors_in_the_summary_are_one_line_without_ray_colour_codes():

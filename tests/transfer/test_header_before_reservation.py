@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 
-from tests.transfer.transfer_peer import digest, envelope_for, fragmented_ranges, make_arena
-from transfer import TransferError
+from tests.transfer.transfer_peer import digest, envelope_for, failure_of, fragmented_ranges, make_arena
+from transfer import FailureKind
 
 ARENA_BYTES = 1 << 20
 PAGE_BYTES = 4096
@@ -55,9 +54,8 @@ def test_a_refused_reservation_refuses_the_waiting_header_at_once(pair):
         envelope_for("refused", src, has_slot=False), make_arena(ARENA_BYTES, 6), src, deadline_s=30
     )
     wait_until_the_header_waits(receiver)
-    receiver.refuse("refused", "reservation refused: no room")
-    with pytest.raises(TransferError, match="reservation refused: no room"):
-        outgoing.wait()  # an event, not the minute the header would otherwise wait
+    receiver.refuse("refused", FailureKind.NO_ROOM, "reservation refused: no room")
+    assert failure_of(outgoing).kind is FailureKind.NO_ROOM  # an event, not the minute's wait
 
 
 def test_a_refusal_is_read_once_and_a_later_reservation_clears_it(pair):
@@ -66,9 +64,8 @@ def test_a_refusal_is_read_once_and_a_later_reservation_clears_it(pair):
     src, dst = ranges(7), ranges(8)
     src_arena, dst_arena = make_arena(ARENA_BYTES, 9), make_arena(ARENA_BYTES, 10)
     envelope = envelope_for("again", src, has_slot=False)
-    receiver.refuse("again", "given up")  # before its header comes: refused when it does
-    with pytest.raises(TransferError, match="given up"):
-        sender.submit(envelope, src_arena, src, deadline_s=30).wait()
+    receiver.refuse("again", FailureKind.ABORTED, "given up")  # before its header comes: refused when it does
+    assert failure_of(sender.submit(envelope, src_arena, src, deadline_s=30)).kind is FailureKind.ABORTED
     # The next attempt of the same request: its header waits for the reservation again.
     outgoing = sender.submit(envelope, src_arena, src, deadline_s=30)
     wait_until_the_header_waits(receiver)
@@ -77,7 +74,7 @@ def test_a_refusal_is_read_once_and_a_later_reservation_clears_it(pair):
     incoming.wait()
     assert digest(dst_arena, dst) == digest(src_arena, src)
     # A refusal forgotten (None) refuses nothing: the header waits for its reservation.
-    receiver.refuse("later", "given up")
+    receiver.refuse("later", FailureKind.ABORTED, "given up")
     receiver.refuse("later", None)
     outgoing = sender.submit(envelope_for("later", src, has_slot=False), src_arena, src, deadline_s=30)
     wait_until_the_header_waits(receiver)

@@ -4,7 +4,8 @@ import msgpack
 import pytest
 
 from transfer.errors import ProtocolError
-from transfer.protocol import HEADER, STATUS, decode_message, encode_message
+from transfer.failure import FailureKind
+from transfer.protocol import ABORT, HEADER, REFUSE, STATUS, decode_message, encode_message
 
 HOSTILE = [
     None,
@@ -28,6 +29,23 @@ def test_hostile_control_messages_raise_protocol_error_only(blob):
 
 
 def test_a_valid_message_round_trips():
-    blob = encode_message(STATUS, seq=3, ok=False, reason="x" * 1000, broken=True)
+    blob = encode_message(
+        STATUS, seq=3, ok=False, failure=FailureKind.CORRUPT, reason="x" * 1000, broken=True
+    )
     message = decode_message(blob, expect=(STATUS,), max_bytes=4096)
     assert (message["seq"], message["ok"], message["broken"], len(message["reason"])) == (3, False, True, 300)
+    assert FailureKind(message["failure"]) is FailureKind.CORRUPT
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        (REFUSE, {"failure": "sunspots", "reason": ""}),  # not a FailureKind
+        (ABORT, {"failure": "", "reason": "no kind"}),
+        (STATUS, {"ok": True, "failure": "timeout", "reason": "", "broken": False}),  # ok, yet failed
+        (STATUS, {"ok": False, "failure": "", "reason": "why not", "broken": False}),  # failed, no kind
+    ],
+)
+def test_a_failure_kind_the_protocol_does_not_know_is_refused(kind, fields):
+    with pytest.raises(ProtocolError):
+        decode_message(encode_message(kind, seq=1, **fields), expect=(kind,), max_bytes=4096)

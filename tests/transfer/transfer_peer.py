@@ -24,6 +24,7 @@ from transfer import (
     EnvelopeReceiver,
     EnvelopeSender,
     FingerprintMismatch,
+    Transfer,
     TransferError,
     TransferOptions,
 )
@@ -33,6 +34,15 @@ from transfer.rendezvous import free_port
 FINGERPRINT = "f00dfeedf00dfeed"
 SECRET = b"transfer-tests-secret-0123456789"  # both ends of every test channel share it
 LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
+
+
+def failure_of(transfer: Transfer, timeout_s: float | None = None) -> TransferError:
+    """Wait for `transfer`, which must fail; its TransferError (read its `kind`)."""
+    try:
+        transfer.wait(timeout_s)
+    except TransferError as exc:
+        return exc
+    raise AssertionError(f"{transfer!r} succeeded; it was to fail")
 
 
 def make_arena(num_bytes: int, seed: int, device: str = "cpu") -> torch.Tensor:
@@ -281,7 +291,7 @@ def _wait(state: dict, *, name: str, rid: str) -> dict:
         transfer.wait()
         error = None
     except TransferError as exc:
-        error = {"reason": exc.reason, "channel_broken": exc.channel_broken}
+        error = {"kind": exc.kind, "reason": exc.reason, "channel_broken": exc.channel_broken}
     arena = state["arenas"][name]
     return {
         "state": transfer.state.value,

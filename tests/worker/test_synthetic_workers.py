@@ -16,7 +16,7 @@ from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, PrefillSent
 from tests.factories import make_spec
 from tests.worker.test_workers import assert_nothing_held, make_pair, prefill_one, serve, wait_finished
-from transfer import TransferOptions
+from transfer import FailureKind, TransferOptions
 from transfer.faults import CORRUPT_PAYLOAD
 
 PROMPTS = {"a": list(range(1, 30)), "b": [7, 7, 7], "c": list(range(50, 90))}
@@ -92,7 +92,8 @@ def test_an_attention_free_model_is_served_with_slot_only_envelopes():
 def fails_as_corrupt(d, rid: str, where: str) -> None:
     result = wait_finished(d, [rid])[rid]
     assert isinstance(result, DecodeFailed)  # no tokens handed out
-    assert result.corrupt and "corrupt envelope" in result.reason and where in result.reason
+    assert result.kind is FailureKind.CORRUPT and result.corrupt
+    assert where in result.reason  # which check found it: the reason names the part and the moment
     assert d.stats()["corrupt_envelopes"] == 1
 
 
