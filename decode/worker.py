@@ -22,11 +22,13 @@ import threading
 import time
 import traceback
 from contextlib import nullcontext
+from dataclasses import asdict
 
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult
+from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Transfer, TransferError
 from transfer.plan import moving_ranges
 
@@ -316,18 +318,18 @@ class DecodeWorker(WorkerBase):
             done, self._finished = self._finished, {}
         return {rid: req.result() for rid, req in done.items()}
 
-    def stats(self) -> dict:
+    def stats(self) -> DecodeStats:
         with self._lock:
-            return {
-                **super().stats(),
-                "waiting": len(self._waiting),
-                "arrived": len(self._arrived),
-                "running": len(self._running),
-                "verified_envelopes": self.verified_envelopes,
-                "corrupt_envelopes": self.corrupt_envelopes,
-                "finished_uncollected": len(self._finished),
-                "steps": self.num_steps,
-            }
+            return DecodeStats(
+                **asdict(super().stats()),
+                waiting=len(self._waiting),
+                arrived=len(self._arrived),
+                running=len(self._running),
+                verified_envelopes=self.verified_envelopes,
+                corrupt_envelopes=self.corrupt_envelopes,
+                finished_uncollected=len(self._finished),
+                steps=self.num_steps,
+            )
 
     def shutdown(self) -> None:
         with self._lock:

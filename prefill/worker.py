@@ -7,7 +7,7 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -16,6 +16,7 @@ from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import PrefixMatch
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
+from distpool.worker.stats import PrefillStats
 from prefill.checkpoints import Waves, checkpoint_depth, split_waves
 from transfer import ChannelError, FailureKind, Transfer, TransferError
 
@@ -215,6 +216,6 @@ class PrefillWorker(WorkerBase):
         for rid, prompt, snap in zip(rids, prompts, snapshots, strict=True):
             cache.cache_request(rid, prompt, {snap[0]: snap[2]} if snap else None)
 
-    def stats(self) -> dict:
+    def stats(self) -> PrefillStats:
         with self._lock:
-            return {**super().stats(), "held": len(self._held)}
+            return PrefillStats(**asdict(super().stats()), held=len(self._held))

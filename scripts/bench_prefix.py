@@ -40,6 +40,7 @@ from distpool.serving.driver import ServeOptions, Server  # noqa: E402
 from distpool.serving.run import worker_stats  # noqa: E402
 from distpool.serving.workload import Request  # noqa: E402
 from distpool.worker.config import WorkerConfig  # noqa: E402
+from distpool.worker.stats import DecodeStats, PrefillStats  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
@@ -100,7 +101,7 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
         try:
             server = Server(deployment, ServeOptions(progress=False, seed=SEED))
             outcomes = asyncio.run(server.serve(requests))
-            stats = worker_stats(deployment)
+            readings = worker_stats(deployment)
         finally:
             deployment.shutdown()
     finally:
@@ -109,6 +110,10 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
     failed = [o.error for o in outcomes if o.tokens is None]
     if failed:
         raise RuntimeError(f"{name}: {len(failed)} requests failed: {failed[:3]}")
+    if unread := [f"{w.name}: {w.state}" for w in readings if w.stats is None]:
+        raise RuntimeError(f"{name}: workers not read at the end: {unread}")
+    prefill = [w.stats for w in readings if isinstance(w.stats, PrefillStats)]
+    decode = [w.stats for w in readings if isinstance(w.stats, DecodeStats)]
     mismatches = 0
     if config.model_impl == "reference":  # token parity with the no-cache oracle
         oracle = ReferenceModel(config.spec, seed=config.seed)
@@ -116,9 +121,8 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
         mismatches = sum(expected[rid] != o.tokens for rid, o in by_id.items())
     shared = shared_tokens(requests)
     hits = [by_id[r.request_id].prompt_tokens - by_id[r.request_id].prefill_tokens_computed for r in requests]
-    prefill = [s for s in stats if s["name"].startswith("prefill")]
     slot_stride = size_pools(config.spec, config.for_role("prefill"), config.budget_bytes).slot_stride_bytes
-    checkpoints = sum(s["checkpoints"] for s in prefill)
+    checkpoints = sum(s.checkpoints for s in prefill)
     return {
         "workload": name,
         "requests": len(requests),
@@ -129,9 +133,9 @@ def serve_case(name: str, config: WorkerConfig, requests: list[Request]) -> dict
         "prefill_tokens_computed": sum(o.prefill_tokens_computed for o in outcomes),
         "checkpoints_at_end": checkpoints,
         "checkpoint_bytes_at_end": checkpoints * slot_stride,
-        "evicted_checkpoints": sum(s["evicted_checkpoints"] for s in prefill),
-        "verified_envelopes": sum(s.get("verified_envelopes", 0) for s in stats),
-        "corrupt_envelopes": sum(s.get("corrupt_envelopes", 0) for s in stats),
+        "evicted_checkpoints": sum(s.evicted_checkpoints for s in prefill),
+        "verified_envelopes": sum(s.verified_envelopes for s in decode),
+        "corrupt_envelopes": sum(s.corrupt_envelopes for s in decode),
         "oracle_mismatches": mismatches,
     }
 

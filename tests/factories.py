@@ -9,6 +9,7 @@ The default hybrid-Mamba spec is small enough to reason about byte by byte:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from distpool.memory.arena_pool import ArenaPool, build_pool
@@ -24,6 +25,7 @@ from distpool.model.spec import (
     ModelSpec,
     StateTensorSpec,
 )
+from distpool.worker.stats import DecodeStats
 
 PAGE_SIZE = 4
 CONTEXT_LEN = 16
@@ -222,3 +224,11 @@ def tp_spec(name: str) -> ModelSpec:
 def make_rank_pool(shard: RankShard, *, unified: bool, budget_bytes: int = 64 << 10) -> ArenaPool:
     """One TP rank's pool: sized for the shapes the rank stores (`shard.spec`)."""
     return make_pool(shard.spec, unified=unified, budget_bytes=budget_bytes, context_len=32)
+
+
+def make_decode_stats(name: str = "decode-0", **figures: int) -> DecodeStats:
+    """A decode worker's stats after a drained run (every count 0, 8 pages and 2 slots), with
+    `figures` changed."""
+    zero = {f.name: 0 for f in dataclasses.fields(DecodeStats)}
+    base = zero | {"name": name, "role": "decode", "node_id": None, "pages_capacity": 8, "slots_capacity": 2}
+    return DecodeStats(**(base | figures))

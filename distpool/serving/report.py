@@ -8,7 +8,7 @@ from collections import Counter
 
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
-from distpool.worker.base import BANDS
+from distpool.serving.worker_reading import ALIVE, WorkerReading
 
 TTFT_PARTS = ("queue", "reserve", "prefill", "transfer", "first_token")
 
@@ -40,16 +40,18 @@ def link_summary(done: list[Outcome], link_s: dict[tuple[str, str], float], nbyt
     }
 
 
-def leak_counts(worker_stats: list[dict], *, unchecked: dict[str, str] | None = None) -> dict:
+def leak_counts(workers: list[WorkerReading], *, unchecked: dict[str, str] | None = None) -> dict:
     """Pages and slots still held after the run drained, summed over the workers; None (unknown,
     not zero) when some worker's could not be read: `leaks_unchecked` maps each such worker to why
     (`unchecked`, and every worker listed dead or not answering: its memory went unread)."""
     unread = dict(unchecked or {})
-    unread |= {s["name"]: s["state"] for s in worker_stats if s.get("state", "alive") != "alive"}
-    counts = {
-        f"leaked_{band}": None if unread else sum(s[f"{band}_used"] for s in worker_stats) for band in BANDS
+    unread |= {w.name: w.state for w in workers if w.stats is None}
+    stats = [w.stats for w in workers if w.stats is not None]
+    return {
+        "leaked_pages": None if unread else sum(s.pages_used for s in stats),
+        "leaked_slots": None if unread else sum(s.slots_used for s in stats),
+        "leaks_unchecked": unread,
     }
-    return {**counts, "leaks_unchecked": unread}
 
 
 def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
@@ -62,7 +64,7 @@ def summarize(
     outcomes: list[Outcome],
     *,
     retried: int,
-    worker_stats: list[dict],
+    worker_stats: list[WorkerReading],
     parity: Parity,
     wall_s: float,
     workers_lost: int = 0,
@@ -82,6 +84,7 @@ def summarize(
     `lost_why`: how each lost worker was lost (died, stopped answering). `interrupted`: Ctrl-C ended
     the run, with `unfinished` requests not ended yet."""
     done = [o for o in outcomes if o.tokens is not None]
+    read = [w.stats for w in worker_stats if w.stats is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
     tpot_ms = [o.decode_s * 1e3 / (len(o.tokens) - 1) for o in done if len(o.tokens) > 1]
     moved, seconds = sum(o.transfer_bytes for o in done), sum(o.transfer_s for o in done)
@@ -115,9 +118,9 @@ def summarize(
         "prefill_tokens_computed": sum(o.prefill_tokens_computed for o in done),
         # decode's prefix cache: prompt tokens whose pages decode held, so the transfer skipped them
         "decode_prefix_hit_tokens": sum(o.decode_prefix_hit_tokens for o in done),
-        "cached_pages": sum(s.get("cached_pages", 0) for s in worker_stats),  # at the end, before dropping
-        "checkpoints": sum(s.get("checkpoints", 0) for s in worker_stats),
-        "evictions": sum(s.get("evicted_pages", 0) + s.get("evicted_checkpoints", 0) for s in worker_stats),
+        "cached_pages": sum(s.cached_pages for s in read),  # at the end, before dropping
+        "checkpoints": sum(s.checkpoints for s in read),
+        "evictions": sum(s.evicted_pages + s.evicted_checkpoints for s in read),
         "transfer_gbps": transfer_gbps,
         **link,
         "link_utilization": transfer_gbps / link["link_gbps"] if link["link_gbps"] else 0.0,
@@ -137,7 +140,7 @@ def summarize(
         # `worker_stats` is read after the run drained and each prefix cache dropped (run.py): anything
         # still held then belongs to no request and to no cache.
         **leak_counts(worker_stats, unchecked=unchecked),
-        "workers": worker_stats,
+        "workers": [w.to_json() for w in worker_stats],
         "errors": [*parity.notes, *sorted({o.error for o in outcomes if o.tokens is None and o.error})][:10],
         **({"multi_turn": multi_turn} if multi_turn is not None else {}),
     }
@@ -242,7 +245,7 @@ def format_summary(report: dict) -> str:
         pages = "/".join(_known(s[f"pages_{what}"]) for what in ("used", "peak", "capacity"))
         slots = "/".join(_known(s[f"slots_{what}"]) for what in ("used", "peak", "capacity"))
         cached = f"{_known(s.get('cached_pages'))}/{_known(s.get('checkpoints'))}"
-        state = f"  ({s['state']})" if s.get("state", "alive") != "alive" else ""
+        state = f"  ({s['state']})" if s["state"] != ALIVE else ""
         lines.append(f"{s['name']:<12}{pages:>24}{slots:>24}{cached:>14}{state}")
     for error in report["errors"]:
         lines.append(f"error: {error}")

@@ -24,43 +24,42 @@ from distpool.serving.output import write_text
 from distpool.serving.parity import Parity, check_parity
 from distpool.serving.recovery import PING_TIMEOUT_S
 from distpool.serving.report import format_summary, link_summary, percentile, summarize
+from distpool.serving.worker_reading import WorkerReading
 from distpool.serving.workload import Request
-from distpool.worker.base import BANDS
 
 
 def worker_stats(
     deployment: Deployment, *, timeout_s: float = 30.0, lost: set[str] = frozenset()
-) -> list[dict]:
+) -> list[WorkerReading]:
     """Every worker's stats, asked of all at once; a worker that cannot answer within `timeout_s`
     (`PING_TIMEOUT_S` for one known `lost`) is listed as dead or not answering, its figures unknown
     (None), not zero."""
     refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
-    deadline, stats = time.monotonic() + timeout_s, []
+    deadline, readings = time.monotonic() + timeout_s, []
     for name, ref in refs.items():
         wait_s = PING_TIMEOUT_S if name in lost else max(deadline - time.monotonic(), 0.1)
         try:
-            stats.append({**ray.get(ref, timeout=wait_s), "state": "alive"})
+            readings.append(WorkerReading(name=name, stats=ray.get(ref, timeout=wait_s)))
         except Exception as exc:  # dead, or stuck: the summary is written all the same
             state = "not answering" if isinstance(exc, ray.exceptions.GetTimeoutError) else "dead"
-            unknown = {f"{band}_{what}": None for band in BANDS for what in ("used", "peak", "capacity")}
-            stats.append({"name": name, "state": state, "error": one_line(exc), **unknown})
-    return stats
+            readings.append(WorkerReading(name=name, state=state, error=one_line(exc)))
+    return readings
 
 
-def drop_prefix_caches(deployment: Deployment, stats: list[dict]) -> None:
+def drop_prefix_caches(deployment: Deployment, readings: list[WorkerReading]) -> list[WorkerReading]:
     """Drop every live worker's prefix cache; what a pool still holds then is a leak, counted in
-    its stats' `*_used` (the larger of before and after)."""
+    its reading's `*_used` (the larger of before and after). The readings, so completed."""
     handles = deployment.handles()
-    for s in stats:
-        if s.get("state") != "alive" or s["name"] not in handles:
-            continue
-        try:
-            left = ray.get(handles[s["name"]].drop_prefix_cache.remote(), timeout=30)
-        except Exception as exc:  # the summary is written all the same
-            s["error"] = one_line(exc)
-            continue
-        for key, value in left.items():
-            s[key] = max(s[key], value)
+    out = []
+    for reading in readings:
+        if reading.stats is not None and reading.name in handles:
+            try:
+                held = ray.get(handles[reading.name].drop_prefix_cache.remote(), timeout=30)
+                reading = reading.after_drop(held)
+            except Exception as exc:  # the summary is written all the same
+                reading = reading.failed(one_line(exc))
+        out.append(reading)
+    return out
 
 
 LINK_REPEATS = 5  # raw messages per channel; the median counts
@@ -166,8 +165,7 @@ def run(
             wall_s = time.monotonic() - started
             outcomes = sorted(server.outcomes, key=lambda o: o.request_id)
             link = measure_links(deployment, outcomes, server.router.dead)
-            stats = worker_stats(deployment, lost=server.router.dead)
-            drop_prefix_caches(deployment, stats)
+            stats = drop_prefix_caches(deployment, worker_stats(deployment, lost=server.router.dead))
             drained = True
             parity = parity_of(spec, feed.latest_turns_first() if feed else requests, outcomes, parity_sample)
         except KeyboardInterrupt:
@@ -195,7 +193,7 @@ def run(
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
             # Memory held by requests still in flight is no leak: before the drain, leaks go unread.
-            unchecked=dict.fromkeys([s["name"] for s in stats] or ["every worker"], "interrupted")
+            unchecked=dict.fromkeys([s.name for s in stats] or ["every worker"], "interrupted")
             if interrupted and not drained
             else None,
             interrupted=interrupted,
@@ -269,7 +267,7 @@ def exit_status(report: dict) -> int:
     # Leaks: the totals, or (when some worker could not be read) what the workers that were read hold.
     held = [report["leaked_pages"], report["leaked_slots"]]
     if None in held:
-        held = [s[f"{band}_used"] or 0 for s in report["workers"] for band in BANDS]
+        held = [s[field] or 0 for s in report["workers"] for field in ("pages_used", "slots_used")]
     if not healthy or any(held):
         return 1
     return 3 if report["workers_lost"] or report["leaks_unchecked"] else 0

@@ -17,11 +17,13 @@ from distpool.memory.sizing import size_pools
 from distpool.model_impl.select import build_model_impl
 from distpool.worker.config import WorkerConfig
 from distpool.worker.metrics import WorkerMetrics
+from distpool.worker.stats import PoolHeld, WorkerStats
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
 from transfer.plan import plan_runs
 from transfer.rendezvous import free_port
 
-BANDS = ("pages", "slots")  # what the summary reports per worker
+BANDS = ("pages", "slots")  # the bands whose peak a worker tracks
+NO_BAND = BandUsage(capacity=0, free=0, held=0, pinned=0)  # a pool without that band
 
 
 def byte_runs(ranges: torch.Tensor) -> int:
@@ -133,8 +135,7 @@ class WorkerBase:
         for name, band in usage.items():
             if name in self._peak:
                 self._peak[name] = max(self._peak[name], band.held)
-        none = BandUsage(capacity=0, free=0, held=0, pinned=0)
-        pages, slots = usage.get("pages", none), usage.get("slots", none)
+        pages, slots = usage.get("pages", NO_BAND), usage.get("slots", NO_BAND)
         self.metrics.set_usage(pages.held, pages.capacity, slots.held, slots.capacity)
         count, moved, _ = self.pool.compactions()
         seen_count, seen_moved = self._compactions_seen
@@ -142,33 +143,44 @@ class WorkerBase:
             self.metrics.add_compactions(count - seen_count, moved - seen_moved)
             self._compactions_seen = (count, moved)
 
-    def stats(self) -> dict:
+    def stats(self) -> WorkerStats:
+        """The pool's occupancy and this worker's counters (a role adds its own: `PrefillStats`,
+        `DecodeStats`); checks the pool's invariants."""
         with self._lock:
             self._note_peak()
             usage = self.pool.usage()
             self.pool.check_invariants()
-            out: dict = {"name": self.name, "role": self.role, "node_id": self.node_id()}
-            out["rejected_control_messages"] = self.channels.rejected_messages()
-            for name in BANDS:
-                band = usage.get(name)
-                out[f"{name}_used"] = band.held - band.cached if band else 0  # held by requests
-                out[f"{name}_peak"] = self._peak[name]
-                out[f"{name}_capacity"] = band.capacity if band else 0
+            pages, slots = usage.get("pages", NO_BAND), usage.get("slots", NO_BAND)
             cache = self.pool.prefix_cache
-            out["cached_pages"] = usage["pages"].cached if "pages" in usage else 0
-            out["checkpoints"] = usage["slots"].cached if "slots" in usage else 0
-            out["evicted_pages"], out["evicted_checkpoints"] = cache.evicted if cache is not None else (0, 0)
-            return out
+            evicted_pages, evicted_checkpoints = cache.evicted if cache is not None else (0, 0)
+            return WorkerStats(
+                name=self.name,
+                role=self.role,
+                node_id=self.node_id(),
+                rejected_control_messages=self.channels.rejected_messages(),
+                pages_used=pages.held - pages.cached,  # held by requests
+                pages_peak=self._peak["pages"],
+                pages_capacity=pages.capacity,
+                slots_used=slots.held - slots.cached,
+                slots_peak=self._peak["slots"],
+                slots_capacity=slots.capacity,
+                cached_pages=pages.cached,
+                checkpoints=slots.cached,
+                evicted_pages=evicted_pages,
+                evicted_checkpoints=evicted_checkpoints,
+            )
 
-    def drop_prefix_cache(self) -> dict:
+    def drop_prefix_cache(self) -> PoolHeld:
         """Give back everything the prefix cache holds (the run is over); returns what the pool
-        still holds then, per band: with nothing in flight, anything left is a leak."""
+        still holds then: with nothing in flight, anything left is a leak."""
         with self._lock:
             if self.pool.prefix_cache is not None:
                 self.pool.prefix_cache.drop_all()
             self.pool.check_invariants()
             usage = self.pool.usage()
-            return {f"{name}_used": usage[name].held if name in usage else 0 for name in BANDS}
+        return PoolHeld(
+            pages_used=usage.get("pages", NO_BAND).held, slots_used=usage.get("slots", NO_BAND).held
+        )
 
     def shutdown(self) -> None:
         self.channels.close_all()

@@ -15,6 +15,8 @@ from distpool.worker.messages import (
     PrefillItem,
     PrefillSent,
 )
+from distpool.worker.stats import PoolHeld
+from tests.factories import make_decode_stats
 from transfer import FailureKind
 
 SENT = PrefillSent(transfer_bytes=4096, transfer_s=0.25, source_runs=2, computed_tokens=12)
@@ -45,6 +47,8 @@ def test_a_successful_attempt_reads_both_workers_results():
         PrefillFailed(kind=FailureKind.ABORTED, reason="injected fault", retry=True),
         FINISHED,
         DecodeFailed(kind=FailureKind.CORRUPT, reason="corrupt envelope: received page 3", retry=False),
+        make_decode_stats(steps=7),
+        PoolHeld(pages_used=0, slots_used=1),
     ],
     ids=lambda message: type(message).__name__,
 )

@@ -21,7 +21,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu2, two_gpus])]
 
 def assert_drained(stats):
     for s in stats:
-        assert (s["pages_used"], s["slots_used"]) == (0, 0), s
+        assert (s.pages_used, s.slots_used) == (0, 0), s
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -46,7 +46,7 @@ def test_2p2d_static_pools_use_every_worker(ray_session):
     outcomes, stats, _ = serve(spec, requests)
     assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
     assert_drained(stats)
-    assert all(s["pages_peak"] > 0 for s in stats), "a worker received no request"
+    assert all(s.pages_peak > 0 for s in stats), "a worker received no request"
 
 
 def test_fault_rate_retries_every_failed_transfer_without_leaks(ray_session):

@@ -16,6 +16,7 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.parity import Parity, colocated_tokens
 from distpool.serving.run import worker_stats
+from distpool.worker.stats import DecodeStats
 from tests.factories import FIXTURES
 from tests.serving import helpers
 from tests.serving.helpers import mixed_requests
@@ -79,11 +80,11 @@ def test_killing_a_worker_mid_run_retries_on_the_survivor(ray_session, victim, l
     # A peer blocked on the dead one fails within its transfer deadline; the rest is ordinary work.
     assert after_kill_s < 60
     assert victim in server.router.dead
-    states = {s["name"]: s["state"] for s in stats}
+    states = {w.name: w.state for w in stats}
     assert states[victim] == "dead" and list(states.values()).count("alive") == len(states) - 1
-    for s in stats:
-        if s["name"] != victim:  # the dead one's figures are unknown (None), not zero
-            assert (s["pages_used"], s["slots_used"]) == (0, 0), s
+    for w in stats:
+        if w.name != victim:  # the dead one's figures are unknown (None), not zero
+            assert (w.stats.pages_used, w.stats.slots_used) == (0, 0), w
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -141,9 +142,9 @@ def test_a_killed_worker_process_is_restarted_and_the_run_ends_honestly(
     assert len(completed) >= 0.9 * len(requests), {o.error for o in server.outcomes if o.tokens is None}
     assert after_kill_s < 60
     assert server.recovery.lost == [victim] and server.recovery.restarted == [victim]
-    assert all(s["state"] == "alive" for s in stats)  # the restarted worker answers too
-    for s in stats:
-        assert (s["pages_used"], s["slots_used"]) == (0, 0), s
+    assert all(w.state == "alive" for w in stats)  # the restarted worker answers too
+    for w in stats:
+        assert (w.stats.pages_used, w.stats.slots_used) == (0, 0), w
     got = {o.request_id: o.tokens for o in completed}
     expected = colocated_tokens(spec, [r for r in requests if r.request_id in got][:20])
     assert all(got[rid] == tokens for rid, tokens in expected.items())
@@ -178,7 +179,8 @@ def test_a_restarted_decode_workers_first_life_still_counts_in_the_summary(ray_s
     )
     assert report["completed"] == len(requests), report["errors"]
     # The workers' own counters lost decode-0's first life; the summary did not.
-    assert sum(s.get("verified_envelopes") or 0 for s in stats) < report["completed"]
+    decode = [w.stats for w in stats if isinstance(w.stats, DecodeStats)]
+    assert sum(s.verified_envelopes for s in decode) < report["completed"]
     assert report["verified_envelopes"] == report["completed"]
     assert exit_status(report) == 3
 
@@ -213,4 +215,4 @@ def test_a_stopped_decode_worker_is_lost_and_routed_around(ray_session):
     assert server.recovery.lost == ["decode-1"]
     assert server.recovery.why["decode-1"].startswith("stopped answering")
     assert after_stop_s < 60  # detection takes silence_s + a ping; the rest is ordinary work
-    assert {s["name"]: s["state"] for s in stats}["decode-1"] == "not answering"
+    assert {w.name: w.state for w in stats}["decode-1"] == "not answering"

@@ -20,6 +20,7 @@ from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.run import exit_status, run
 from distpool.worker.config import WorkerConfig
+from distpool.worker.stats import DecodeStats
 from tests.factories import FIXTURES, make_spec
 from tests.serving.helpers import mixed_requests
 from transfer import TransferOptions
@@ -73,7 +74,7 @@ def test_synthetic_tokens_are_the_colocated_ones(ray_session):
     requests = mixed_requests(6, max_new_tokens=4, seed=2, max_prompt=100)
     outcomes, stats, _ = serve(spec, requests)
     assert {o.request_id: o.tokens for o in outcomes} == colocated_tokens(spec, requests)
-    assert sum(s.get("verified_envelopes", 0) for s in stats) == 6
+    assert sum(s.verified_envelopes for s in stats if isinstance(s, DecodeStats)) == 6
 
 
 def scrape(port: int) -> str:

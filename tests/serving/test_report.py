@@ -8,27 +8,25 @@ from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
 from distpool.serving.report import format_summary, summarize
 from distpool.serving.run import exit_status
+from distpool.serving.worker_reading import WorkerReading
+from distpool.worker.stats import PoolHeld
+from tests.factories import make_decode_stats
 
 
 def completed(rid: str) -> Outcome:
     return Outcome(request_id=rid, tokens=[1, 2], verified=True, transfer_bytes=100, transfer_s=1e-6)
 
 
-def alive(name: str, verified: int) -> dict:
-    figures = {f"{band}_{what}": 0 for band in ("pages", "slots") for what in ("used", "peak")}
-    return {"name": name, "state": "alive", "verified_envelopes": verified, **figures} | {
-        "pages_capacity": 8,
-        "slots_capacity": 2,
-    }
+def alive(name: str, verified: int, **figures: int) -> WorkerReading:
+    return WorkerReading(name=name, stats=make_decode_stats(name, verified_envelopes=verified, **figures))
 
 
-def dead(name: str) -> dict:
+def dead(name: str) -> WorkerReading:
     """What `run.worker_stats` lists for a worker that does not answer."""
-    figures = {f"{band}_{what}": None for band in ("pages", "slots") for what in ("used", "peak", "capacity")}
-    return {"name": name, "state": "dead", "error": "RayActorError: died", **figures}
+    return WorkerReading(name=name, state="dead", error="RayActorError: died")
 
 
-def report_of(outcomes: list[Outcome], stats: list[dict], *, retried: int = 0, **lost) -> dict:
+def report_of(outcomes: list[Outcome], stats: list[WorkerReading], *, retried: int = 0, **lost) -> dict:
     """The summary of a synthetic-cache run whose workers listed `stats`."""
     return summarize(
         outcomes,
@@ -68,7 +66,23 @@ def test_the_leaks_of_a_worker_that_cannot_be_read_are_unknown_not_zero():
 
 
 def test_a_leak_on_a_worker_that_was_read_fails_the_run_though_another_could_not_be():
-    stats = [alive("decode-0", 1) | {"slots_used": 1}, dead("decode-1")]
+    stats = [alive("decode-0", 1, slots_used=1), dead("decode-1")]
     report = report_of([completed("a")], stats)
     assert report["leaked_slots"] is None  # the total is unknown, but decode-0 holds a slot
     assert exit_status(report) == 1
+
+
+def test_a_reading_keeps_the_larger_use_once_the_prefix_cache_is_dropped():
+    """`drop_prefix_caches`: what a pool still holds after the drop counts where it is larger."""
+    reading = WorkerReading(name="decode-0", stats=make_decode_stats(pages_used=3, slots_used=0))
+    after = reading.after_drop(PoolHeld(pages_used=1, slots_used=2))
+    assert (after.stats.pages_used, after.stats.slots_used) == (3, 2)
+    entry = after.failed("TimeoutError: drop").to_json()  # one entry of the summary's `workers`
+    assert (entry["name"], entry["state"], entry["role"], entry["slots_used"]) == (
+        "decode-0",
+        "alive",
+        "decode",
+        2,
+    )
+    assert entry["error"] == "TimeoutError: drop" and json.loads(json.dumps(entry)) == entry
+    assert dead("decode-1").to_json()["pages_capacity"] is None  # unknown, not zero

@@ -9,6 +9,8 @@ from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
 from distpool.serving.report import format_summary, percentile, summarize
 from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
+from distpool.serving.worker_reading import WorkerReading
+from tests.factories import make_decode_stats
 from transfer import FailureKind
 
 
@@ -197,11 +199,13 @@ def test_summary_counts_and_rates():
         Outcome(request_id="c", error="not admitted within 60 s", failure=FailureKind.NOT_ADMITTED),
         Outcome(request_id="d", error="TransferError: bang", failure=FailureKind.PEER_LOST),
     ]
-    worker = dict(pages_used=0, slots_used=1)  # still held after the drain: a leaked slot
+    worker = WorkerReading(
+        name="decode-0", stats=make_decode_stats(slots_used=1)
+    )  # held after the drain: leaked
     report = summarize(outcomes, retried=2, worker_stats=[worker], parity=Parity(checked=1), wall_s=1.0)
     assert (report["requests"], report["completed"], report["failed"], report["retried"]) == (4, 1, 3, 2)
     assert report["failures_by_reason"] == {"peer_lost": 2, "not_admitted": 1}  # most first
-    rows = [line.split(None, 1) for line in format_summary({**report, "workers": []}).splitlines()]
+    rows = [line.split(None, 1) for line in format_summary(report).splitlines()]
     assert ["failed", "3 (peer_lost 2, not_admitted 1)"] in rows
     assert report["transfer_gbps"] == pytest.approx(1.0)
     assert report["tpot_ms_p50"] == pytest.approx(10.0)

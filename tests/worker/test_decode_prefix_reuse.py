@@ -11,6 +11,7 @@ import pytest
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFinished, PrefillSent
+from distpool.worker.stats import PoolHeld
 from tests.worker.test_synthetic_workers import synthetic_config
 from tests.worker.test_workers import (
     ARGS,
@@ -51,7 +52,7 @@ def two_turns(config: WorkerConfig, fault: str | None = None) -> tuple[list[dict
         done2 = wait_finished(d, ["t2"])["t2"]
         assert_nothing_held(p, d)  # cached pages are the cache's alone
         stats = d.stats()
-        assert p.drop_prefix_cache() == d.drop_prefix_cache() == {"pages_used": 0, "slots_used": 0}
+        assert p.drop_prefix_cache() == d.drop_prefix_cache() == PoolHeld(pages_used=0, slots_used=0)
         return [sent1, sent2], [done1, done2, {"prompt": second}], stats
     finally:
         p.shutdown()
@@ -74,7 +75,7 @@ def test_the_next_turn_moves_only_the_pages_decode_does_not_hold():
     oracle = ReferenceModel(SPEC)
     assert [r.tokens for r in done[:2]] == [r.tokens for r in done_plain[:2]]
     assert done[1].tokens == oracle.generate_nocache(done[2]["prompt"], MAX_NEW)
-    assert stats["cached_pages"] > 0 and stats["checkpoints"] == 0  # decode caches pages only
+    assert stats.cached_pages > 0 and stats.checkpoints == 0  # decode caches pages only
 
 
 def test_synthetic_envelopes_verify_byte_for_byte_after_reuse():
@@ -85,7 +86,7 @@ def test_synthetic_envelopes_verify_byte_for_byte_after_reuse():
     assert done[1].prefix_hit_tokens > 0 and sent[1].transfer_bytes < sent_plain[1].transfer_bytes
     assert [r.tokens for r in done[:2]] == [r.tokens for r in done_plain[:2]]
     # Verified on arrival (the held pages included) and again before release, both turns.
-    assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (2, 0)
+    assert (stats.verified_envelopes, stats.corrupt_envelopes) == (2, 0)
 
 
 def test_a_corrupted_transfer_never_touches_the_held_prefix():
@@ -107,7 +108,7 @@ def test_a_corrupted_transfer_never_touches_the_held_prefix():
         assert isinstance(retry, PrefillSent)
         again = wait_finished(d, ["t2"])["t2"]
         assert isinstance(again, DecodeFinished) and again.prefix_hit_tokens > 0
-        assert (d.stats()["verified_envelopes"], d.stats()["corrupt_envelopes"]) == (2, 1)
+        assert (d.stats().verified_envelopes, d.stats().corrupt_envelopes) == (2, 1)
     finally:
         p.shutdown()
         d.shutdown()
@@ -123,13 +124,13 @@ def test_admission_evicts_idle_cached_pages_instead_of_refusing():
             if isinstance(serve(p, d, {rid: prompt}, 20)[rid], PrefillSent):
                 finished += len(wait_finished(d, [rid]))
         stats = d.stats()
-        assert finished == 20 and stats["evicted_pages"] > 0
-        assert stats["pages_used"] == 0 and stats["cached_pages"] > 0
+        assert finished == 20 and stats.evicted_pages > 0
+        assert stats.pages_used == 0 and stats.cached_pages > 0
         # A request that needs most of the pool: admitted by evicting what the cache holds.
         big = list(range(50, 90)) * 2
         assert isinstance(serve(p, d, {"big": big}, 40)["big"], PrefillSent)
         assert isinstance(wait_finished(d, ["big"])["big"], DecodeFinished)
-        assert d.drop_prefix_cache() == {"pages_used": 0, "slots_used": 0}
+        assert d.drop_prefix_cache() == PoolHeld(pages_used=0, slots_used=0)
     finally:
         p.shutdown()
         d.shutdown()

@@ -12,6 +12,7 @@ import pytest
 
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.messages import DecodeFinished, PrefillSent
+from distpool.worker.stats import PoolHeld
 from tests.worker.test_synthetic_workers import synthetic_config
 from tests.worker.test_workers import ARGS, SPEC, assert_nothing_held, make_pair, serve, wait_finished
 
@@ -41,7 +42,7 @@ def serve_batches(
             tokens |= {rid: r.tokens for rid, r in done.items()}
         assert_nothing_held(p, d)
         stats = p.stats()
-        assert p.drop_prefix_cache() == {"pages_used": 0, "slots_used": 0}
+        assert p.drop_prefix_cache() == PoolHeld(pages_used=0, slots_used=0)
         return hits, tokens, stats
     finally:
         p.shutdown()
@@ -67,7 +68,7 @@ def test_identical_prompts_in_one_batch_wait_for_the_first_and_hit():
     hits, tokens, stats = serve_batches(None, [batch])
     assert hits == {"r0": 0, "r1": 12, "r2": 12, "r3": 12}
     assert tokens == oracle(batch)
-    assert stats["checkpoints"] == 1  # one checkpoint serves all three
+    assert stats.checkpoints == 1  # one checkpoint serves all three
 
 
 def test_prompts_behind_one_system_prompt_hit_it_from_the_second_batch_on():
@@ -89,4 +90,4 @@ def test_one_batch_behind_one_system_prompt_shares_it_through_its_first_request(
     if cache == "reference":
         assert tokens == oracle(prompts)
     # r0's checkpoint at the system prompt, then r1..r3's own ends (7 full pages usable each)
-    assert stats["checkpoints"] == 4
+    assert stats.checkpoints == 4

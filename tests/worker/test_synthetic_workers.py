@@ -60,7 +60,7 @@ def test_every_envelope_verifies_and_tokens_match_colocated(kind, unified):
         done = wait_finished(d, list(PROMPTS))
         assert {rid: r.tokens for rid, r in done.items()} == colocated(config, PROMPTS, 6)
         stats = d.stats()
-        assert (stats["verified_envelopes"], stats["corrupt_envelopes"]) == (3, 0)
+        assert (stats.verified_envelopes, stats.corrupt_envelopes) == (3, 0)
         assert all(r.destination_runs >= 1 and r.admit_s >= 0 for r in done.values())
         assert_nothing_held(p, d)
     finally:
@@ -82,7 +82,7 @@ def test_an_attention_free_model_is_served_with_slot_only_envelopes():
         assert {r.transfer_bytes for r in sent.values()} == {spec.slot_bytes}  # the slot, nothing else
         done = wait_finished(d, list(PROMPTS), timeout_s=10)
         assert {rid: r.tokens for rid, r in done.items()} == colocated(config, PROMPTS, 6)
-        assert (d.stats()["verified_envelopes"], d.stats()["pages_capacity"]) == (3, 0)
+        assert (d.stats().verified_envelopes, d.stats().pages_capacity) == (3, 0)
         assert_nothing_held(p, d)
     finally:
         p.shutdown()
@@ -94,7 +94,7 @@ def fails_as_corrupt(d, rid: str, where: str) -> None:
     assert isinstance(result, DecodeFailed)  # no tokens handed out
     assert result.kind is FailureKind.CORRUPT and result.corrupt
     assert where in result.reason  # which check found it: the reason names the part and the moment
-    assert d.stats()["corrupt_envelopes"] == 1
+    assert d.stats().corrupt_envelopes == 1
 
 
 def test_a_byte_flipped_on_landing_fails_the_request_as_corrupt(pair):
@@ -179,7 +179,7 @@ def test_damage_while_decoding_is_caught_before_release(pair):
     d._verify_arrived = then_damage
     serve(p, d, {"x": PROMPTS["a"]}, 8)
     fails_as_corrupt(d, "x", "at release")
-    assert d.stats()["verified_envelopes"] == 1
+    assert d.stats().verified_envelopes == 1
     assert_nothing_held(p, d)
 
 

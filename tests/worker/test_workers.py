@@ -75,7 +75,7 @@ def wait_finished(d, rids, timeout_s=30.0):
 def assert_nothing_held(*workers):
     for worker in workers:
         s = worker.stats()
-        assert (s["pages_used"], s["slots_used"]) == (0, 0)
+        assert (s.pages_used, s.slots_used) == (0, 0)
 
 
 def test_prefill_transfer_decode_matches_the_oracle(pair):
@@ -96,7 +96,7 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
         rid: oracle.generate_nocache(prompt, 5) for rid, prompt in prompts.items()
     }
     assert_nothing_held(p, d)
-    assert d.stats()["steps"] >= 4
+    assert d.stats().steps >= 4
 
 
 def test_the_first_token_travels_in_the_transfer_header(pair):
@@ -112,7 +112,7 @@ def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
     assert isinstance(sent["x"], PrefillFailed) and sent["x"].retry
     assert sent["x"].kind is FailureKind.ABORTED
     deadline = time.monotonic() + 5
-    while d.stats()["pages_used"] and time.monotonic() < deadline:  # decode frees on its own thread
+    while d.stats().pages_used and time.monotonic() < deadline:  # decode frees on its own thread
         time.sleep(0.01)
     assert_nothing_held(p, d)
     # the retry on the same pair goes through
@@ -135,14 +135,14 @@ def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
     assert d.stats() == before  # the refused request holds nothing
     # 4 MiB holds about 95 requests at their full 128 tokens (32 pages of 1 KiB + a 9.6 KB slot)
     assert 80 <= admitted <= 100
-    assert d.stats()["pages_used"] == admitted * 2
+    assert d.stats().pages_used == admitted * 2
     assert d.cancel("never-reserved") is False
 
 
 def test_cancel_returns_the_reservation(pair):
     p, d = pair
     d.reserve("r", list(range(10)), 2, "prefill-0")
-    assert d.stats()["pages_used"] > 0
+    assert d.stats().pages_used > 0
     assert d.cancel("r")
     assert_nothing_held(p, d)
     # the prefill that comes too late is refused by decode, and frees its own copy
@@ -196,7 +196,7 @@ def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
         # the pool holds it; the envelope cannot carry the id
         d.reserve("x" * 300, list(range(10)), 2, "prefill-0")
     assert_nothing_held(d)
-    assert d.stats()["pages_peak"] > 0  # it did take memory before it failed
+    assert d.stats().pages_peak > 0  # it did take memory before it failed
 
 
 def test_a_transfer_at_the_largest_allowed_chunk_goes_through():
