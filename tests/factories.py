@@ -10,6 +10,7 @@ The default hybrid-Mamba spec is small enough to reason about byte by byte:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from distpool.memory.arena_pool import ArenaPool, build_pool
@@ -25,6 +26,8 @@ from distpool.model.spec import (
     ModelSpec,
     StateTensorSpec,
 )
+from distpool.model_impl.pool_model import PoolModel
+from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.stats import DecodeStats
 
 PAGE_SIZE = 4
@@ -107,6 +110,13 @@ def make_sizes(
 def make_pool(spec: ModelSpec | None = None, *, device: str = "cpu", **size_args: object) -> ArenaPool:
     """A pool (CPU unless told otherwise) built from `make_sizes(spec, **size_args)`."""
     return build_pool(make_sizes(spec, **size_args), device)
+
+
+def prefill_tokens(model: PoolModel, pool, prompts: dict[str, Sequence[int]]) -> list[int]:
+    """Prefill each request (reserved with its prompt's length) from nothing, as one batch: the
+    first tokens, in order."""
+    jobs = [PrefillJob(request_id, prompt) for request_id, prompt in prompts.items()]
+    return [done.first_token for done in model.prefill(pool, jobs)]
 
 
 def free_units(pool: ArenaPool) -> dict[str, int]:

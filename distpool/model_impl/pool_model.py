@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from distpool.model_impl.prefill_job import Prefilled, PrefillJob
+
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
@@ -34,33 +36,16 @@ class PoolModel(ABC):
 
     name: str  # "transformers" | "reference" | "synthetic"
     verifies: bool  # whether admit / check look at the bytes at all
-    # Tokens each request of the last `prefill` call computed (len(prompt) - cached), in batch order.
-    last_prefill_computed: tuple[int, ...] = ()
 
     @abstractmethod
-    def prefill(
-        self,
-        pool: Pool,
-        request_ids: Sequence[str],
-        prompts: Sequence[Sequence[int]],
-        *,
-        cached: Sequence[int] | None = None,
-        checkpoints: Sequence[int | None] | None = None,
-        snapshots: Sequence[tuple[int, int] | None] | None = None,
-    ) -> list[int]:
-        """Fill each request's envelope (reserved with exactly len(prompt) tokens); the first tokens.
+    def prefill(self, pool: Pool, jobs: Sequence[PrefillJob]) -> list[Prefilled]:
+        """Fill each job's request (reserved or extended to exactly len(job.prompt) tokens): the K/V
+        rows after its cached prefix, its final state into its own slot, and its snapshot's state
+        where it asks for one; per job, in order, the first token and the tokens computed.
 
-        Prefix caching (prefill_job.py pictures who owns which token range), one entry per request:
-        - `cached[i]` (default 0): the first cached[i] tokens are in the request's pages already (the
-          shared pages of the match it was reserved with; a multiple of page_size, < len(prompt)).
-          Only tokens cached[i]..len(prompt)-1 are computed and only their K/V rows are written.
-        - `checkpoints[i]`: physical slot id of the state after cached[i] tokens
-          (`pool.prefix_cache.checkpoint_slot(match.checkpoint)`), needed when cached[i] > 0 and the
-          model has Mamba layers. It is read, never written; the final state goes to the own slot.
-        - `snapshots[i]`: (page depth k, physical slot id from `take_checkpoint`): also write the
-          state after k * page_size tokens there, cached[i] < k * page_size <= len(prompt).
-        Models without Mamba layers ignore checkpoints and snapshots. Misuse raises ValueError
-        before anything is written. `last_prefill_computed` tells what was computed.
+        prefill_job.py pictures who owns which token range and how a job starts from a cached
+        prefix or continues in place. Models without Mamba layers ignore checkpoints and snapshots.
+        Misuse raises ValueError before anything is written.
         """
 
     @abstractmethod
@@ -107,7 +92,8 @@ class PoolModel(ABC):
             for request_id, prompt in zip(ids, prompts, strict=True):
                 pool.reserve(request_id, len(prompt))
                 reserved.append(request_id)
-            tokens = self.prefill(pool, ids, prompts)
+            jobs = [PrefillJob(request_id, prompt) for request_id, prompt in zip(ids, prompts, strict=True)]
+            tokens = [done.first_token for done in self.prefill(pool, jobs)]
             generated = [[t] for t in tokens]
             for _ in range(max_new_tokens - 1):
                 if between_steps is not None:

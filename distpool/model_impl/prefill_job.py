@@ -1,21 +1,30 @@
-"""One prefill call, request by request: who owns which token range, checked once for every model.
+"""One request of a prefill call (`PrefillJob`), what it computed (`Prefilled`), and the check every
+model runs on a batch of jobs before it writes anything.
 
-A request of n prompt tokens, `cached` of them already in its pages (a cached prefix):
+A request of n tokens, `cached` of them already in its pages:
 
     tokens   [0 ........... cached)      [cached ........................ n)
-    pages    shared cached pages:        the request's own pages:
-             read only                   prefill writes exactly these rows
+    pages    read only: shared cached    the request's own pages:
+             pages, or its own rows      prefill writes exactly these rows
     state    checkpoint slot: the state  own slot: the state after n tokens
              after `cached` (read only)  snapshot slot: the state after `snapshot` tokens
 
-The caller gets `cached` and the checkpoint from `pool.prefix_cache.match(prompt)` (`num_tokens`, and
-`checkpoint_slot(match.checkpoint)`) and reserves the request with `prefix=match`.
+Two ways to start after a prefix:
+- **from the prefix cache** (a prefill worker; prefill/jobs.py builds these): the request was
+  reserved with a match, its first `cached` tokens are the match's shared pages (a whole number of
+  pages) and `checkpoint_slot` is the match's checkpoint, `pool.prefix_cache.checkpoint_slot(...)`;
+- **in place** (a request that continues its own sequence, e.g. a new turn on the decode worker that
+  holds it): `checkpoint_slot` is the request's own slot, which holds the state after `cached`
+  tokens, and rows `[0, cached)` are in its own pages (any `cached`, page boundary or not). The
+  caller extends the request to `len(tokens)` first:
+  `PrefillJob(rid, tokens, cached=pool.num_tokens(rid), checkpoint_slot=pool.slot_id(rid))` before
+  `pool.extend(rid, len(new_tokens))`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,13 +33,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PrefillJob:
-    """One request of a prefill call, checked against its pool."""
+    """One request of a prefill call: its tokens, what of them is in the pool already, and where the
+    state it starts from and any snapshot live (physical slot ids: valid until the next compaction)."""
 
     request_id: str
-    prompt: Sequence[int]
-    cached: int  # tokens already in the request's pages: a multiple of page_size, < len(prompt)
-    checkpoint_slot: int | None  # physical slot of the state after `cached` tokens; None when cached == 0
-    snapshot: tuple[int, int] | None  # (tokens, physical slot): also write the state after that many
+    prompt: Sequence[int]  # every token the request holds once prefilled, the cached prefix first
+    cached: int = 0  # tokens whose K/V rows are in the request's pages already (see the module doc)
+    checkpoint_slot: int | None = None  # the state after `cached` tokens; None when cached == 0
+    snapshot: tuple[int, int] | None = None  # (tokens, physical slot): also write the state there
 
     @property
     def num_computed(self) -> int:
@@ -38,94 +48,83 @@ class PrefillJob:
         return len(self.prompt) - self.cached
 
 
-def _entry(values: Sequence | None, i: int, what: str, count: int):
-    if values is None:
-        return None
-    if len(values) != count:
-        raise ValueError(f"{len(values)} entries in {what} for {count} requests. Fix: one per request")
-    return values[i]
+@dataclass(frozen=True)
+class Prefilled:
+    """What a prefill computed for one job: the first generated token and how many prompt tokens ran."""
+
+    request_id: str
+    first_token: int
+    computed_tokens: int
 
 
-def plan_prefill(
-    pool: Pool,
-    request_ids: Sequence[str],
-    prompts: Sequence[Sequence[int]],
-    *,
-    cached: Sequence[int] | None = None,
-    checkpoints: Sequence[int | None] | None = None,
-    snapshots: Sequence[tuple[int, int] | None] | None = None,
-    num_slots: int | None,
-) -> list[PrefillJob]:
-    """The jobs of `prefill(pool, request_ids, prompts, cached=, checkpoints=, snapshots=)`, or a
-    ValueError naming the fix. `num_slots`: slot positions of the pool's state views; None for a
-    model without recurrent state, whose checkpoints and snapshots are ignored."""
-    if len(request_ids) != len(prompts):
-        raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
-    if len(set(request_ids)) != len(request_ids):
-        raise ValueError(f"a batch names a request twice: {list(request_ids)}")
-    page_size, count = pool.page_size, len(request_ids)
-    prefix_cache = getattr(pool, "prefix_cache", None)  # test pools may lack the attribute
-    jobs = []
-    for i, (request_id, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
-        n = len(prompt)
-        if n == 0:
-            raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
-        if pool.num_tokens(request_id) != n:
-            raise ValueError(
-                f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-                f"prompt has {n}. Fix: reserve it with len(prompt) tokens before prefill"
-            )
-        num_cached = _entry(cached, i, "cached", count) or 0
-        if not 0 <= num_cached < n or num_cached % page_size:
-            raise ValueError(
-                f"request {request_id!r}: cached={num_cached} must be a multiple of page_size ({page_size}) "
-                f"below the prompt's {n} tokens. Fix: pass the match's num_tokens "
-                "(pool.prefix_cache.match(prompt) never covers the whole prompt)"
-            )
-        if prefix_cache is not None:
-            shared = len(prefix_cache.users.get(request_id, ())) * page_size
-            if num_cached != shared:
-                harm = "overwrite shared cached pages" if num_cached < shared else "read pages nobody wrote"
-                raise ValueError(
-                    f"request {request_id!r} was reserved with {shared} cached tokens (shared pages) but "
-                    f"prefill was told cached={num_cached}, so it would {harm}. Fix: pass "
-                    "cached=match.num_tokens of the match it was reserved with"
-                )
-        checkpoint = _entry(checkpoints, i, "checkpoints", count)
-        snapshot = _entry(snapshots, i, "snapshots", count)
-        if num_slots is None:  # no recurrent state: nothing to start from or to snapshot
-            checkpoint = snapshot = None
-        elif num_cached == 0:
-            checkpoint = None
-        else:
-            if checkpoint is None:
-                raise ValueError(
-                    f"request {request_id!r}: {num_cached} cached tokens but no checkpoint; the model's "
-                    "Mamba state after them must come from one. Fix: pass checkpoints[i] = "
-                    "pool.prefix_cache.checkpoint_slot(match.checkpoint)"
-                )
-            _check_slot(checkpoint, num_slots, request_id, "checkpoint")
-        if snapshot is not None:
-            depth, slot = snapshot
-            if not num_cached < depth * page_size <= n:
-                raise ValueError(
-                    f"request {request_id!r}: a snapshot at page depth {depth} ({depth * page_size} tokens) "
-                    f"must lie after the {num_cached} cached tokens and within the prompt's {n}. Fix: a "
-                    f"depth in {num_cached // page_size + 1}..{n // page_size}, or no snapshot"
-                )
-            _check_slot(slot, num_slots, request_id, "snapshot")
-            snapshot = (depth * page_size, slot)
-        jobs.append(
-            PrefillJob(
-                request_id=request_id,
-                prompt=prompt,
-                cached=num_cached,
-                checkpoint_slot=checkpoint,
-                snapshot=snapshot,
-            )
+def prefilled(jobs: Sequence[PrefillJob], first_tokens: Sequence[int]) -> list[Prefilled]:
+    """The results of `jobs`, given each one's first token."""
+    return [
+        Prefilled(job.request_id, int(token), job.num_computed)
+        for job, token in zip(jobs, first_tokens, strict=True)
+    ]
+
+
+def check_jobs(pool: Pool, jobs: Sequence[PrefillJob], *, num_slots: int | None) -> list[PrefillJob]:
+    """The jobs as a model runs them, or a ValueError naming the fix. `num_slots`: slot positions of
+    the pool's state views; None for a model without recurrent state, whose checkpoints and
+    snapshots are dropped."""
+    ids = [job.request_id for job in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"a batch names a request twice: {ids}")
+    checked = [_check_job(pool, job, num_slots) for job in jobs]
+    _check_slots_apart(pool, checked)
+    return checked
+
+
+def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob:
+    request_id, n, cached, page_size = job.request_id, len(job.prompt), job.cached, pool.page_size
+    if n == 0:
+        raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
+    if pool.num_tokens(request_id) != n:
+        raise ValueError(
+            f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
+            f"prompt has {n}. Fix: reserve it with len(prompt) tokens before prefill"
         )
-    _check_slots_apart(pool, jobs)
-    return jobs
+    in_place = num_slots is not None and cached > 0 and job.checkpoint_slot == pool.slot_id(request_id)
+    if not 0 <= cached < n or (cached % page_size and not in_place):
+        raise ValueError(
+            f"request {request_id!r}: cached={cached} must be a multiple of page_size ({page_size}) "
+            f"below the prompt's {n} tokens. Fix: pass the match's num_tokens "
+            "(pool.prefix_cache.match(prompt) never covers the whole prompt)"
+        )
+    prefix_cache = getattr(pool, "prefix_cache", None)  # test pools may lack the attribute
+    if prefix_cache is not None:
+        shared = len(prefix_cache.users.get(request_id, ())) * page_size
+        if cached < shared or (cached > shared and not in_place):
+            harm = "overwrite shared cached pages" if cached < shared else "read pages nobody wrote"
+            raise ValueError(
+                f"request {request_id!r} was reserved with {shared} cached tokens (shared pages) but "
+                f"prefill was told cached={cached}, so it would {harm}. Fix: pass "
+                "cached=match.num_tokens of the match it was reserved with"
+            )
+    if num_slots is None:  # no recurrent state: nothing to start from or to snapshot
+        return replace(job, checkpoint_slot=None, snapshot=None)
+    if cached == 0:
+        job = replace(job, checkpoint_slot=None)
+    elif job.checkpoint_slot is None:
+        raise ValueError(
+            f"request {request_id!r}: {cached} cached tokens but no checkpoint; the model's Mamba state "
+            "after them must come from one. Fix: checkpoint_slot = "
+            "pool.prefix_cache.checkpoint_slot(match.checkpoint)"
+        )
+    else:
+        _check_slot(job.checkpoint_slot, num_slots, request_id, "checkpoint")
+    if job.snapshot is not None:
+        num_tokens, slot = job.snapshot
+        if num_tokens % page_size or not cached < num_tokens <= n:
+            raise ValueError(
+                f"request {request_id!r}: a snapshot after {num_tokens} tokens must lie on a page "
+                f"boundary after the {cached} cached tokens and within the prompt's {n}. Fix: a depth "
+                f"in {cached // page_size + 1}..{n // page_size} pages, or no snapshot"
+            )
+        _check_slot(slot, num_slots, request_id, "snapshot")
+    return job
 
 
 def _check_slot(slot: int, num_slots: int, request_id: str, what: str) -> None:
@@ -137,12 +136,14 @@ def _check_slot(slot: int, num_slots: int, request_id: str, what: str) -> None:
 
 
 def _check_slots_apart(pool: Pool, jobs: Sequence[PrefillJob]) -> None:
-    """Every slot the call writes (own slots, snapshots) is written once and read by no checkpoint."""
+    """Every slot the call writes (own slots, snapshots) is written once and read by no checkpoint
+    but its own request's, continuing in place."""
+    own = {job.request_id: pool.slot_id(job.request_id) for job in jobs}
     snapshots = [job.snapshot[1] for job in jobs if job.snapshot]
-    read = {job.checkpoint_slot for job in jobs} - {None}
+    read = {job.checkpoint_slot for job in jobs if job.checkpoint_slot not in (None, own[job.request_id])}
     if not snapshots and not read:
         return
-    written = [pool.slot_id(job.request_id) for job in jobs] + snapshots
+    written = [*own.values(), *snapshots]
     if len(set(written)) != len(written) or read & set(written):
         raise ValueError(
             f"a prefill batch writes slots {written} and reads checkpoints {sorted(read)}: a snapshot slot "

@@ -4,6 +4,8 @@ prompt would: token for token for the reference model, byte for byte for the syn
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -11,10 +13,11 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import DENSE, ModelSpec
 from distpool.model_impl.pool_model import PoolModel
+from distpool.model_impl.prefill_job import PrefillJob
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.synthetic.model import CorruptCheckpoint, Mismatch, SyntheticCache
-from tests.factories import make_sizes, make_spec
+from tests.factories import make_sizes, make_spec, prefill_tokens
 from tests.model_impl.test_synthetic import NEMOTRON, copy_envelope
 
 PAGE = 4
@@ -52,10 +55,10 @@ def cache_first_request(cache: PoolModel, pool: ArenaPool, prompt: list[int], de
     checkpoint: (a's first token, the checkpoint's handle)."""
     pool.reserve("a", len(prompt))
     handle, slot = pool.prefix_cache.take_checkpoint()
-    (first,) = cache.prefill(pool, ["a"], [prompt], snapshots=[(depth, slot)])
-    assert cache.last_prefill_computed == (len(prompt),)
+    (done,) = cache.prefill(pool, [PrefillJob("a", prompt, snapshot=(depth * PAGE, slot))])
+    assert (done.request_id, done.computed_tokens) == ("a", len(prompt))
     assert pool.prefix_cache.cache_request("a", prompt, {depth: handle}).checkpoints == (handle,)
-    return first, handle
+    return done.first_token, handle
 
 
 def decode(
@@ -83,7 +86,7 @@ def test_reference_prefills_only_the_suffix_and_generates_the_tokens_of_a_full_p
     checkpoint = cache.checkpoint_slot(handle)
     # the snapshot holds exactly the state a prefill of a's first `depth` pages leaves
     pool.reserve("head", depth * PAGE)
-    model.prefill(pool, ["head"], [a[: depth * PAGE]])
+    model.prefill(pool, [PrefillJob("head", a[: depth * PAGE])])
     for layer in HYBRID.mamba_layers:
         for view in pool.state_view(layer):
             assert torch.equal(view[checkpoint], view[pool.slot_id("head")])
@@ -95,12 +98,12 @@ def test_reference_prefills_only_the_suffix_and_generates_the_tokens_of_a_full_p
     pool.reserve("c", len(c))  # no cached prefix, in the same batch
     assert pool.page_ids("b")[:depth].tolist() == pool.page_ids("a")[:depth].tolist()
     before = shared_bytes(pool, "b", depth, checkpoint)
-    cached, checkpoints = [match.num_tokens, 0], [checkpoint, None]
-    firsts = model.prefill(pool, ["b", "c"], [b, c], cached=cached, checkpoints=checkpoints)
-    assert model.last_prefill_computed == (len(b) - depth * PAGE, len(c))
+    jobs = [PrefillJob("b", b, cached=match.num_tokens, checkpoint_slot=checkpoint), PrefillJob("c", c)]
+    done = model.prefill(pool, jobs)
+    assert [d.computed_tokens for d in done] == [len(b) - depth * PAGE, len(c)]
     assert torch.equal(shared_bytes(pool, "b", depth, checkpoint), before)  # shared: read only
 
-    generated = decode(model, pool, ["a", "b", "c"], [first_a, *firsts], STEPS)
+    generated = decode(model, pool, ["a", "b", "c"], [first_a, *(d.first_token for d in done)], STEPS)
     assert generated == [model.generate_nocache(p, STEPS + 1) for p in (a, b, c)]
     pool.check_invariants()
 
@@ -127,8 +130,11 @@ def test_synthetic_suffix_prefill_verifies_at_check_and_after_a_transfer(spec: M
     pool.reserve("b", len(b), prefix=match)
     checkpoint = pool.prefix_cache.checkpoint_slot(match.checkpoint)
     before = shared_bytes(pool, "b", 2, checkpoint)
-    (first,) = synthetic.prefill(pool, ["b"], [b], cached=[match.num_tokens], checkpoints=[checkpoint])
-    assert synthetic.last_prefill_computed == (len(b) - 2 * PAGE,)
+    (done,) = synthetic.prefill(
+        pool, [PrefillJob("b", b, cached=match.num_tokens, checkpoint_slot=checkpoint)]
+    )
+    assert done.computed_tokens == len(b) - 2 * PAGE
+    first = done.first_token
     assert torch.equal(shared_bytes(pool, "b", 2, checkpoint), before)
     assert synthetic.check(pool, "b") is None
 
@@ -154,7 +160,7 @@ def test_synthetic_refuses_a_corrupt_checkpoint_and_writes_nothing() -> None:
     pool.state_view(layer)[1][checkpoint].view(torch.uint8).view(-1)[20] ^= 0xFF
     before = pool.buffer.clone()
     with pytest.raises(CorruptCheckpoint, match=f"slot {checkpoint} .* 12 cached tokens") as failure:
-        synthetic.prefill(pool, ["b"], [a[:12] + [1, 2]], cached=[12], checkpoints=[checkpoint])
+        synthetic.prefill(pool, [PrefillJob("b", a[:12] + [1, 2], cached=12, checkpoint_slot=checkpoint)])
     wrong = Mismatch(kind="state", layer=layer, tensor="ssm", position=None, byte_offset=20)
     assert failure.value.mismatch == wrong and str(wrong) in str(failure.value)
     assert torch.equal(pool.buffer, before)
@@ -169,14 +175,15 @@ def test_synthetic_dense_model_needs_no_checkpoint_and_ignores_snapshots() -> No
     b = a[:12] + tokens(3, 9, vocab)
     synthetic = SyntheticCache(spec)
     pool.reserve("a", len(a))
-    synthetic.prefill(pool, ["a"], [a], snapshots=[(2, 0)])  # no state: nothing to snapshot
+    synthetic.prefill(pool, [PrefillJob("a", a, snapshot=(2 * PAGE, 0))])  # no state: nothing to snapshot
     pool.prefix_cache.cache_request("a", a)
     match = pool.prefix_cache.match(b)
     assert (match.num_tokens, match.checkpoint) == (12, None)
     pool.reserve("b", len(b), prefix=match)
     before = shared_bytes(pool, "b", 3, None)
-    (first,) = synthetic.prefill(pool, ["b"], [b], cached=[12])
-    assert synthetic.last_prefill_computed == (3,)
+    (done,) = synthetic.prefill(pool, [PrefillJob("b", b, cached=12)])
+    assert done.computed_tokens == 3
+    first = done.first_token
     assert torch.equal(shared_bytes(pool, "b", 3, None), before)
     uncached = SyntheticCache(spec).generate(prefix_pool(spec), [b], STEPS + 1)[0]
     assert decode(synthetic, pool, ["b"], [first], STEPS) == [uncached]
@@ -196,26 +203,27 @@ def test_misuse_is_refused_with_the_fix_before_anything_is_written(model: Refere
     spare, spare_slot = pool.prefix_cache.take_checkpoint()
     num_slots = pool.state_view(HYBRID.mamba_layers[0])[0].shape[0]
     before = pool.buffer.clone()
-    usable = {"cached": [8], "checkpoints": [checkpoint]}  # b's cached prefix, as it was reserved
+    c = tokens(8, 11)
+    usable = PrefillJob("b", b, cached=8, checkpoint_slot=checkpoint)  # b's cached prefix, as reserved
     refusals = [
-        (["b"], {**usable, "cached": [6]}, "multiple of page_size"),
-        (["c"], usable, "below the prompt's 8 tokens"),
-        (["b"], {"cached": [0]}, "would overwrite shared cached pages"),
-        (["c"], {**usable, "cached": [4]}, "would read pages nobody wrote"),
-        (["b"], {"cached": [8]}, "no checkpoint.*checkpoint_slot\\(match.checkpoint\\)"),
-        (["b"], {**usable, "checkpoints": [num_slots]}, "outside the pool's"),
-        (["b"], {**usable, "snapshots": [(2, spare_slot)]}, "depth in 3..3"),
-        (["b"], {**usable, "snapshots": [(3, checkpoint)]}, "fresh checkpoint"),
-        (["b"], {**usable, "cached": [8, 0]}, "one per request"),
+        ([replace(usable, cached=6)], "multiple of page_size"),
+        ([PrefillJob("c", c, cached=8, checkpoint_slot=checkpoint)], "below the prompt's 8 tokens"),
+        ([PrefillJob("b", b)], "would overwrite shared cached pages"),
+        ([PrefillJob("c", c, cached=4, checkpoint_slot=checkpoint)], "would read pages nobody wrote"),
+        ([replace(usable, checkpoint_slot=None)], "no checkpoint.*checkpoint_slot\\(match.checkpoint\\)"),
+        ([replace(usable, checkpoint_slot=num_slots)], "outside the pool's"),
+        ([replace(usable, snapshot=(2 * PAGE, spare_slot))], "depth in 3..3"),
+        ([replace(usable, snapshot=(3 * PAGE - 1, spare_slot))], "on a page boundary"),
+        ([replace(usable, snapshot=(3 * PAGE, checkpoint))], "fresh checkpoint"),
+        ([usable, usable], "names a request twice"),
     ]
-    prompts = {"b": b, "c": tokens(8, 11)}
-    for ids, kwargs, message in refusals:
+    for jobs, message in refusals:
         with pytest.raises(ValueError, match=message):
-            cache.prefill(pool, ids, [prompts[rid] for rid in ids], **kwargs)
+            cache.prefill(pool, jobs)
     assert torch.equal(pool.buffer, before)
     # and used as meant, with a snapshot at b's last full page into the spare unit
-    cache.prefill(pool, ["b"], [b], cached=[8], checkpoints=[checkpoint], snapshots=[(3, spare_slot)])
-    assert cache.last_prefill_computed == (4,)
+    (done,) = cache.prefill(pool, [replace(usable, snapshot=(3 * PAGE, spare_slot))])
+    assert done.computed_tokens == 4
     adopted = pool.prefix_cache.cache_request("b", b, {3: spare})
     assert adopted.checkpoints == (spare,) and len(adopted.pages) == 1  # b's third page is new content
 
@@ -236,9 +244,28 @@ def test_prefill_never_writes_a_shared_page(model: ReferenceModel, kind: str) ->
     row[0] ^= 1
     marked = row.clone()
     checkpoint = pool.prefix_cache.checkpoint_slot(match.checkpoint)
-    cache.prefill(pool, ["b"], [b], cached=[12], checkpoints=[checkpoint])
+    cache.prefill(pool, [PrefillJob("b", b, cached=12, checkpoint_slot=checkpoint)])
     assert torch.equal(row, marked)
     if kind == "synthetic":  # and verification finds exactly that byte
         assert cache.check(pool, "b") == Mismatch(
             kind="kv", layer=layer, tensor="k", position=11, byte_offset=0
         )
+
+
+def test_a_request_continues_in_place_from_its_own_slot_with_only_its_new_tokens(
+    model: ReferenceModel,
+) -> None:
+    """A new turn of a sequence a worker holds (conditional disaggregation's decode-side prefill): the
+    job's checkpoint is the request's own slot, its cached tokens end off a page boundary, and only
+    the new tokens are computed."""
+    pool, turn, more = prefix_pool(HYBRID), tokens(10, 13), tokens(5, 14)
+    pool.reserve("a", len(turn))
+    prefill_tokens(model, pool, {"a": turn})
+    pool.extend("a", len(more))
+    job = PrefillJob("a", turn + more, cached=len(turn), checkpoint_slot=pool.slot_id("a"))
+    with pytest.raises(ValueError, match="multiple of page_size"):  # another slot: only whole cached pages
+        model.prefill(pool, [replace(job, checkpoint_slot=pool.prefix_cache.take_checkpoint()[1])])
+    (done,) = model.prefill(pool, [job])
+    assert done.computed_tokens == len(more)
+    oracle = model.generate_nocache(turn + more, STEPS + 1)
+    assert decode(model, pool, ["a"], [done.first_token], STEPS) == [oracle]

@@ -19,7 +19,7 @@ from distpool.model_impl.reference.configs import (
 )
 from distpool.model_impl.reference.layers import AttentionLayer, Mamba2Layer
 from distpool.model_impl.reference.model import ReferenceModel, unsupported_reason
-from tests.factories import FIXTURES, free_units
+from tests.factories import FIXTURES, free_units, prefill_tokens
 from tests.fake_pool import FakePool
 
 PROMPT_LENGTHS = (1, 5, 16, 17, 33)
@@ -131,7 +131,7 @@ def test_requests_joining_a_running_decode_batch_match_the_oracle(
     for group in (early, late):
         for rid in group:
             pool.reserve(rid, len(prompts[ids.index(rid)]))
-        firsts = model.prefill(pool, group, [prompts[ids.index(rid)] for rid in group])
+        firsts = prefill_tokens(model, pool, {rid: prompts[ids.index(rid)] for rid in group})
         generated.update({rid: [token] for rid, token in zip(group, firsts, strict=True)})
         # the running batch decodes 3 steps before the late group arrives, then all decode together
         steps = 3 if group is early else NEW_TOKENS - 1
@@ -175,7 +175,7 @@ def test_prefill_and_decode_write_exactly_the_rows_of_their_tokens(model: Refere
     pool = make_pool(model, page_size=4, num_pages=8, num_slots=3)
     pool.reserve("a", 5)  # pages 0, 1 (row 0 of page 1 used)
     pool.reserve("b", 1)  # page 2 (row 0)
-    first = model.prefill(pool, ["a", "b"], [[3, 1, 4, 1, 5], [9]])
+    first = prefill_tokens(model, pool, {"a": [3, 1, 4, 1, 5], "b": [9]})
     written = {(0, r) for r in range(4)} | {(1, 0), (2, 0)}
     for layer in model.spec.full_attention_layers:
         for cache in pool.kv_view(layer):
@@ -230,9 +230,9 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
     pool = make_pool(model, page_size=4)
     pool.reserve("short", 3)
     with pytest.raises(ValueError, match="reserve it with len\\(prompt\\) tokens"):
-        model.prefill(pool, ["short"], [[1, 2, 3, 4]])
+        prefill_tokens(model, pool, {"short": [1, 2, 3, 4]})
     pool.reserve("one", 1)
-    first = model.prefill(pool, ["one"], [[7]])
+    first = prefill_tokens(model, pool, {"one": [7]})
     with pytest.raises(ValueError, match="pool.extend"):
         model.decode_step(pool, ["one"], first)  # not extended: no row for the new token
     pool.extend("one", 1)

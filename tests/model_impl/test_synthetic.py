@@ -18,7 +18,7 @@ from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
 from distpool.model_impl.synthetic.model import Mismatch, SyntheticCache
 from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes
-from tests.factories import FIXTURES, accounting, make_pool, make_spec
+from tests.factories import FIXTURES, accounting, make_pool, make_spec, prefill_tokens
 
 PAGE = 4
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]  # 11 tokens: three pages, the last one partly filled
@@ -89,7 +89,7 @@ def landed(spec: ModelSpec, unified: bool = True) -> tuple[ArenaPool, ArenaPool,
     elsewhere: (source, destination, first token); nothing admitted yet."""
     src, dst = pool_for(spec, unified), pool_for(spec, unified)
     src.reserve("r", len(PROMPT))
-    (first,) = SyntheticCache(spec).prefill(src, ["r"], [PROMPT])
+    (first,) = prefill_tokens(SyntheticCache(spec), src, {"r": PROMPT})
     dst.reserve_batch([("filler-0", 9), ("filler-1", 9)])
     dst.reserve("r", len(PROMPT))
     assert dst.page_ids("r").tolist() != src.page_ids("r").tolist()
@@ -196,7 +196,7 @@ def test_swapped_pages_and_a_zero_last_page_are_found_at_their_first_token() -> 
 def test_a_stale_slot_is_found() -> None:
     src, dst, first = landed(NEMOTRON)
     src.reserve("other", len(PROMPT))
-    SyntheticCache(NEMOTRON).prefill(src, ["other"], [PROMPT[:-1] + [0]])
+    prefill_tokens(SyntheticCache(NEMOTRON), src, {"other": PROMPT[:-1] + [0]})
     other, nbytes = src.envelope_ranges("other")[0].tolist()
     slot, _ = dst.envelope_ranges("r")[0].tolist()
     good = dst.buffer[slot : slot + nbytes].clone()
@@ -229,7 +229,7 @@ def test_a_shared_prefix_holds_the_same_kv_bytes() -> None:
     cache, pool = SyntheticCache(NEMOTRON), pool_for(NEMOTRON)
     prompts = {"a": PROMPT[:9] + [1, 2], "b": PROMPT[:9] + [7], "c": [8] + PROMPT[1:9]}
     pool.reserve_batch([(rid, len(p)) for rid, p in prompts.items()])
-    cache.prefill(pool, list(prompts), list(prompts.values()))
+    prefill_tokens(cache, pool, prompts)
 
     def rows(rid: str, layer: int) -> torch.Tensor:  # (9, 2 * kv_heads * head_dim) of the first 9 tokens
         positions = torch.arange(9)
@@ -246,10 +246,10 @@ def test_misuse_is_refused_with_the_fix() -> None:
     cache, pool = SyntheticCache(NEMOTRON), pool_for(NEMOTRON)
     pool.reserve("short", 3)
     with pytest.raises(ValueError, match="reserve it with len\\(prompt\\) tokens"):
-        cache.prefill(pool, ["short"], [[1, 2, 3, 4]])
+        prefill_tokens(cache, pool, {"short": [1, 2, 3, 4]})
     with pytest.raises(ValueError, match="not registered"):
         cache.decode_step(pool, ["short"], [1])
-    (first,) = cache.prefill(pool, ["short"], [[1, 2, 3]])
+    (first,) = prefill_tokens(cache, pool, {"short": [1, 2, 3]})
     with pytest.raises(ValueError, match="pool.extend"):
         cache.decode_step(pool, ["short"], [first])
     pool.extend("short", 1)
@@ -296,5 +296,5 @@ def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
     assert synthetic.seed == 3 and synthetic.vocab_size == dense.vocab_size
     pool = pool_for(hybrid)
     pool.reserve("x", 2)
-    (first,) = reference.prefill(pool, ["x"], [[1, 2]])
+    (first,) = prefill_tokens(reference, pool, {"x": [1, 2]})
     assert reference.admit(pool, "x", [1, 2], first) is None and reference.check(pool, "x") is None

@@ -13,7 +13,7 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import shard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.synthetic.model import SyntheticCache
-from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, make_spec, tp_spec
+from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, make_spec, prefill_tokens, tp_spec
 
 PROMPT = [7, 1, 2, 9, 4, 4, 8, 3, 0, 5, 6]
 STEPS = 3
@@ -22,7 +22,7 @@ STEPS = 3
 def serve(spec: ModelSpec, pool: ArenaPool, cache: SyntheticCache) -> list[int]:
     """Prefill PROMPT as request "a" and run STEPS decode steps; the tokens generated."""
     pool.reserve("a", len(PROMPT))
-    tokens = cache.prefill(pool, ["a"], [PROMPT])
+    tokens = prefill_tokens(cache, pool, {"a": PROMPT})
     out = list(tokens)
     for _ in range(STEPS):
         pool.extend("a", 1)
@@ -94,6 +94,6 @@ def test_a_pool_that_is_not_the_shards_is_refused_with_the_fix():
     whole = make_rank_pool(shard(spec, 1, 0), unified=True)
     whole.reserve("a", len(PROMPT))
     with pytest.raises(ValueError, match="Fix: build the pool from the shard's spec"):
-        SyntheticCache(spec, seed=5, shard=rank_shard).prefill(whole, ["a"], [PROMPT])
+        prefill_tokens(SyntheticCache(spec, seed=5, shard=rank_shard), whole, {"a": PROMPT})
     with pytest.raises(ValueError, match="Fix: shard the spec the cache runs"):
         SyntheticCache(tp_spec("mamba2_groups8"), shard=rank_shard)

@@ -15,6 +15,7 @@ import torch
 from distpool.memory.arena_pool import ArenaPool
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model_impl.hf.runner import TransformersRunner
+from distpool.model_impl.prefill_job import PrefillJob
 from distpool.model_impl.select import Implementation, resolve_implementation
 from tests.hf_checkpoints import ARCHITECTURES, VOCAB, generate, load_for_generate
 from tests.model_impl.test_prefix_prefill import decode, shared_bytes
@@ -78,7 +79,7 @@ def test_prefill_continues_a_cached_prefix_from_its_checkpoint_and_equals_genera
     b = a[:17] + tokens(6, 2)  # shares a's first 4 pages, and one token more
     pool.reserve("a", len(a))
     handle, slot = cache.take_checkpoint()
-    (first_a,) = runner.prefill(pool, ["a"], [a], snapshots=[(4, slot)])  # the state after 16 tokens
+    (done_a,) = runner.prefill(pool, [PrefillJob("a", a, snapshot=(16, slot))])  # the state after 16 tokens
     cache.cache_request("a", a, {4: handle})
     match = cache.match(b)
     checkpoint = cache.checkpoint_slot(handle)
@@ -86,10 +87,14 @@ def test_prefill_continues_a_cached_prefix_from_its_checkpoint_and_equals_genera
     pool.reserve("b", len(b), prefix=match)
     pool.reserve("c", len(c))
     held = shared_bytes(pool, "b", 4, checkpoint)
-    firsts = runner.prefill(pool, ["b", "c"], [b, c], cached=[16, 0], checkpoints=[checkpoint, None])
-    assert runner.last_prefill_computed == (len(b) - 16, len(c))
+    done = runner.prefill(
+        pool, [PrefillJob("b", b, cached=16, checkpoint_slot=checkpoint), PrefillJob("c", c)]
+    )
+    assert [(d.request_id, d.computed_tokens) for d in done] == [("b", len(b) - 16), ("c", len(c))]
     assert torch.equal(shared_bytes(pool, "b", 4, checkpoint), held)  # shared pages, checkpoint: read only
-    generated = decode(runner, pool, ["a", "b", "c"], [first_a, *firsts], STEPS)
+    generated = decode(
+        runner, pool, ["a", "b", "c"], [done_a.first_token, *(d.first_token for d in done)], STEPS
+    )
     oracle = load_for_generate(hf_checkpoints[arch])
     assert generated == [generate(oracle, p, STEPS + 1) for p in (a, b, c)]
     pool.check_invariants()
@@ -108,14 +113,16 @@ def test_jamba_continues_a_checkpoint_token_by_token_because_its_scan_starts_fro
         cache = pool.prefix_cache
         pool.reserve("head", 8)
         handle, slot = cache.take_checkpoint()
-        runner.prefill(pool, ["head"], [prompt[:8]], snapshots=[(2, slot)])
+        runner.prefill(pool, [PrefillJob("head", prompt[:8], snapshot=(8, slot))])
         cache.cache_request("head", prompt[:8], {2: handle})
         match = cache.match(prompt)
         assert match.num_tokens == 8
         pool.reserve("x", len(prompt), prefix=match)
         runner.continues_in_one_pass = one_pass
         try:
-            runner.prefill(pool, ["x"], [prompt], cached=[8], checkpoints=[cache.checkpoint_slot(handle)])
+            runner.prefill(
+                pool, [PrefillJob("x", prompt, cached=8, checkpoint_slot=cache.checkpoint_slot(handle))]
+            )
         finally:
             runner.continues_in_one_pass = False
         return [
@@ -124,7 +131,7 @@ def test_jamba_continues_a_checkpoint_token_by_token_because_its_scan_starts_fro
 
     pool = pool_for(impl)
     pool.reserve("full", len(prompt))
-    runner.prefill(pool, ["full"], [prompt])
+    runner.prefill(pool, [PrefillJob("full", prompt)])
     full = [v[pool.slot_id("full")] for layer in impl.spec.mamba_layers for v in pool.state_view(layer)]
     stepped, one_pass = state_after_prefix_then_rest(False), state_after_prefix_then_rest(True)
 

@@ -13,7 +13,7 @@ import pytest
 from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
-from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, tp_spec
+from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, prefill_tokens, tp_spec
 from transfer.plan import plan_runs
 from transfer.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
 
@@ -44,7 +44,7 @@ def prefill_ranks(spec, shards, *, unified: bool) -> tuple[list[ArenaPool], int]
             pool.reserve(f"filler{i}", 1 + 4 * i)
         cache = SyntheticCache(spec, seed=3, shard=shard_)
         pool.reserve("r", len(PROMPT))
-        firsts.update(cache.prefill(pool, ["r"], [PROMPT]))
+        firsts.update(prefill_tokens(cache, pool, {"r": PROMPT}))
         pools.append(pool)
     assert len(firsts) == 1, "every rank computes the same first token"
     return pools, firsts.pop()

@@ -39,7 +39,7 @@ from distpool.model_impl.hf.state_cache import (
 )
 from distpool.model_impl.hf.support import architecture_of, unsupported_reason
 from distpool.model_impl.pool_model import Mismatch, PoolModel
-from distpool.model_impl.prefill_job import PrefillJob, plan_prefill
+from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
@@ -115,38 +115,19 @@ class TransformersRunner(PoolModel):
         return out.logits[:, -1].float()
 
     # ---- prefill ------------------------------------------------------------------------------
-    def prefill(
-        self,
-        pool: Pool,
-        request_ids: Sequence[str],
-        prompts: Sequence[Sequence[int]],
-        *,
-        cached: Sequence[int] | None = None,
-        checkpoints: Sequence[int | None] | None = None,
-        snapshots: Sequence[tuple[int, int] | None] | None = None,
-    ) -> list[int]:
+    def prefill(self, pool: Pool, jobs: Sequence[PrefillJob]) -> list[Prefilled]:
         """See `PoolModel.prefill`: each prompt after its cached prefix, from its checkpoint's state;
         its K/V rows into its own pages, its final state into its slot, snapshots where asked."""
         slots = self._views_of(pool).slots
-        jobs = plan_prefill(
-            pool,
-            request_ids,
-            prompts,
-            cached=cached,
-            checkpoints=checkpoints,
-            snapshots=snapshots,
-            num_slots=next(iter(slots.segments.values())).shape[0],
-        )
+        jobs = check_jobs(pool, jobs, num_slots=next(iter(slots.segments.values())).shape[0])
         for job in jobs:
             check_token_ids(job.prompt, self.vocab_size, "prompt")
-        firsts = [self._prefill_one(pool, slots, job) for job in jobs]
-        self.last_prefill_computed = tuple(job.num_computed for job in jobs)
-        return firsts
+        return prefilled(jobs, [self._prefill_one(pool, slots, job) for job in jobs])
 
     def _prefill_one(self, pool: Pool, slots: SlotStates, job: PrefillJob) -> int:
         slot = pool.slot_id(job.request_id)
         assert slot is not None
-        if job.cached:
+        if job.cached and job.checkpoint_slot != slot:  # else it continues in place
             assert job.checkpoint_slot is not None
             slots.copy(job.checkpoint_slot, slot)
         page_table = pool.page_ids(job.request_id).cpu()[None]

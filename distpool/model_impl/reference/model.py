@@ -18,7 +18,7 @@ import torch
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.pool_model import Mismatch, PoolModel
-from distpool.model_impl.prefill_job import PrefillJob, plan_prefill
+from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.reference.layers import (
     COMPUTE_DTYPE,
     AttentionLayer,
@@ -107,7 +107,7 @@ class ReferenceModel(PoolModel):
         """What the job's suffix starts from, read from the pool: None without a cached prefix."""
         if not job.cached:
             return None
-        assert job.checkpoint_slot is not None  # plan_prefill insists on one for a Mamba model
+        assert job.checkpoint_slot is not None  # check_jobs insists on one for a Mamba model
         return Past.read(
             pool,
             job.request_id,
@@ -145,31 +145,13 @@ class ReferenceModel(PoolModel):
         return tokens[len(prompt) :]
 
     # ---- cached passes through a pool ---------------------------------------------------------
-    def prefill(
-        self,
-        pool: Pool,
-        request_ids: Sequence[str],
-        prompts: Sequence[Sequence[int]],
-        *,
-        cached: Sequence[int] | None = None,
-        checkpoints: Sequence[int | None] | None = None,
-        snapshots: Sequence[tuple[int, int] | None] | None = None,
-    ) -> list[int]:
+    def prefill(self, pool: Pool, jobs: Sequence[PrefillJob]) -> list[Prefilled]:
         """Run each prompt after its cached prefix (its pages' K/V and its checkpoint's state, read
         from the pool), write the suffix's K/V rows into its pages, its final state into its slot and
-        any snapshot's state into the snapshot slot (see `PoolModel.prefill`); the first generated
-        token per request (greedy). Each request must be reserved with exactly `len(prompt)` tokens.
+        any snapshot's state into the snapshot slot (see `PoolModel.prefill`); greedy first tokens.
         """
         num_slots = pool.state_view(self.spec.mamba_layers[0])[0].shape[0]
-        jobs = plan_prefill(
-            pool,
-            request_ids,
-            prompts,
-            cached=cached,
-            checkpoints=checkpoints,
-            snapshots=snapshots,
-            num_slots=num_slots,
-        )
+        jobs = check_jobs(pool, jobs, num_slots=num_slots)
         for job in jobs:
             self._check_tokens(job.prompt, "prompt")
         firsts: list[int] = []
@@ -197,9 +179,8 @@ class ReferenceModel(PoolModel):
             slots.append(slot)
             for layer, state in snapshot.items():
                 state_parts[layer].append(state)
-        self.last_prefill_computed = tuple(job.num_computed for job in jobs)
         if not firsts:
-            return firsts
+            return []
         # One indexed write per layer and tensor for the whole batch.
         pages = torch.cat([p for p, _ in rows])
         offsets = torch.cat([r for _, r in rows])
@@ -210,7 +191,7 @@ class ReferenceModel(PoolModel):
         for layer, parts in state_parts.items():
             for view, part in zip(pool.state_view(layer), zip(*parts, strict=True), strict=True):
                 view[slot_ids.to(view.device)] = torch.stack(part).to(view)
-        return firsts
+        return prefilled(jobs, firsts)
 
     def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
         """One greedy token for each request, batched.

@@ -42,14 +42,15 @@ class Past:
         mamba_layers: Iterable[int],
         device: torch.device,
     ) -> Past:
-        """The rows of the request's first `num_tokens` tokens (whole pages) and the state in
-        `checkpoint_slot` (a physical slot id), read from the pool."""
-        assert num_tokens % pool.page_size == 0, (num_tokens, pool.page_size)
-        pages = pool.page_ids(request_id)[: num_tokens // pool.page_size]
+        """The rows of the request's first `num_tokens` tokens and the state in `checkpoint_slot` (a
+        physical slot id), read from the pool."""
+        pages = pool.page_ids(request_id)[: -(-num_tokens // pool.page_size)]
         kv = {}
         for layer in attention_layers:
             # (num_pages, page_size, kv_heads, head_dim) each -> (num_tokens, kv_heads, head_dim)
-            k, v = (_copy(c[pages.to(c.device)].flatten(0, 1), device) for c in pool.kv_view(layer))
+            k, v = (
+                _copy(c[pages.to(c.device)].flatten(0, 1)[:num_tokens], device) for c in pool.kv_view(layer)
+            )
             kv[layer] = (k, v)
         states = {}
         for layer in mamba_layers:

@@ -26,7 +26,7 @@ from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids
 from distpool.model_impl.pool_model import Mismatch, PoolModel
-from distpool.model_impl.prefill_job import plan_prefill
+from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.synthetic.envelope import EnvelopePattern
 from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, token_after
 
@@ -89,34 +89,18 @@ class SyntheticCache(PoolModel):
         self._records: dict[str, _Record] = {}
 
     # ---- the calling surface -------------------------------------------------------------------
-    def prefill(
-        self,
-        pool: Pool,
-        request_ids: Sequence[str],
-        prompts: Sequence[Sequence[int]],
-        *,
-        cached: Sequence[int] | None = None,
-        checkpoints: Sequence[int | None] | None = None,
-        snapshots: Sequence[tuple[int, int] | None] | None = None,
-    ) -> list[int]:
+    def prefill(self, pool: Pool, jobs: Sequence[PrefillJob]) -> list[Prefilled]:
         """Write the KV rows after each request's cached prefix, its whole state and any snapshot's
         state (see `PoolModel.prefill`); register it for decode steps; the first tokens.
 
-        Each request must already be reserved with exactly `len(prompt)` tokens. A checkpoint is
-        verified byte for byte before anything is written (`CorruptCheckpoint` otherwise). Sliding-
-        window rows are rewritten whole: the window's pages are the request's own, never shared.
+        A checkpoint is verified byte for byte before anything is written (`CorruptCheckpoint`
+        otherwise): it must hold the state a prefill of the cached prefix writes, so a job that
+        continues in place after decode steps is refused. Sliding-window rows are rewritten whole:
+        the window's pages are the request's own, never shared.
         """
         mamba_layers = self.spec.mamba_layers
         num_slots = pool.state_view(mamba_layers[0])[0].shape[0] if mamba_layers else None
-        jobs = plan_prefill(
-            pool,
-            request_ids,
-            prompts,
-            cached=cached,
-            checkpoints=checkpoints,
-            snapshots=snapshots,
-            num_slots=num_slots,
-        )
+        jobs = check_jobs(pool, jobs, num_slots=num_slots)
         for job in jobs:
             self._check_prompt(pool, job.request_id, job.prompt)
         hashes = [prefix_hashes(job.prompt) for job in jobs]  # H_0..H_n per request
@@ -149,8 +133,7 @@ class SyntheticCache(PoolModel):
                 num_tokens, slot = job.snapshot
                 self.pattern.write_state(pool, slot, int(prefix[num_tokens]), stripe=None)
             self._records[job.request_id] = record
-        self.last_prefill_computed = tuple(job.num_computed for job in jobs)
-        return [record.next_token for record in records]
+        return prefilled(jobs, [record.next_token for record in records])
 
     def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
         """Feed `last_tokens` as each request's newest position (the caller extended it by one):
