@@ -30,7 +30,6 @@ from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Transfer, TransferError
-from transfer.plan import moving_ranges
 
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
 # cores), for at most this long: a steady stream of transfers does not starve it.
@@ -81,10 +80,10 @@ class DecodeWorker(WorkerBase):
         """(request id, request) of every request holding memory here."""
         return (*self._waiting.items(), *self._arrived.items(), *self._running.items())
 
-    def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> bytes:
-        """Reserve the destination envelope for `prompt` and expect it from worker `prefill`;
-        returns the encoded Envelope. The request joins the decode batch when its transfer lands
-        (the transfer header carries its first token), and is freed if the transfer fails.
+    def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> None:
+        """Reserve the destination envelope for `prompt` and expect it from worker `prefill`. The
+        envelope stays here: the request joins the decode batch when its transfer lands (the
+        transfer header carries its first token), and is freed if the transfer fails.
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
         check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
@@ -113,14 +112,12 @@ class DecodeWorker(WorkerBase):
         try:  # whatever fails from here on gives back what the reservation took
             # The cached prefix's pages are shared: the transfer moves (and writes) only the rest.
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
-            ranges = self.pool.envelope_ranges(request_id)
-            req.runs = byte_runs(moving_ranges(envelope, ranges))
-            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer, ranges)
+            req.runs = byte_runs(envelope.moving)
+            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer)
         except BaseException:
             self._free(self._waiting, request_id, pinned=True)
             raise
         req.transfer.add_done_callback(self._landed)
-        return envelope.encode()
 
     def _landed(self, transfer: Transfer) -> None:
         """A destination's transfer concluded (on the engine's thread): hand it to the decode loop,

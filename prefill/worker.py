@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from distpool.memory.envelope import Envelope
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
@@ -29,7 +27,6 @@ class _Outgoing:
     peer: str  # the decode worker it goes to
     token: int  # the first generated token, sent in the transfer header
     envelope: Envelope
-    ranges: torch.Tensor  # (num_runs, 2) int64: offset and bytes of each byte run in the arena
     computed: int  # prompt tokens prefill computed (after the cached prefix)
 
 
@@ -69,11 +66,7 @@ class PrefillWorker(WorkerBase):
         for job in outgoing:
             try:
                 transfer = self.channels.submit(
-                    job.peer,
-                    job.envelope,
-                    self.pool.buffer,
-                    job.ranges,
-                    first_token=job.token,
+                    job.peer, job.envelope, self.pool.buffer, first_token=job.token
                 )
             except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
                 self._free(self._held, job.rid, pinned=True)
@@ -88,7 +81,7 @@ class PrefillWorker(WorkerBase):
                 out[job.rid] = PrefillSent(
                     transfer_bytes=transfer.num_bytes,
                     transfer_s=transfer_s,
-                    source_runs=byte_runs(job.ranges),
+                    source_runs=byte_runs(job.envelope.ranges),
                     computed_tokens=job.computed,
                 )
             except TransferError as exc:
@@ -131,15 +124,13 @@ class PrefillWorker(WorkerBase):
         for result in done:
             rid = result.request_id
             try:
-                envelope, ranges = self.pool.envelope(rid), self.pool.envelope_ranges(rid)
+                envelope = self.pool.envelope(rid)
             except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
                 self._free(self._held, rid)
                 out[rid] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=str(exc), retry=False)
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-            outgoing.append(
-                _Outgoing(rid, peers[rid], result.first_token, envelope, ranges, result.computed_tokens)
-            )
+            outgoing.append(_Outgoing(rid, peers[rid], result.first_token, envelope, result.computed_tokens))
         return outgoing
 
     def stats(self) -> PrefillStats:

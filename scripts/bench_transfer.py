@@ -138,14 +138,7 @@ def crc(arena: torch.Tensor, ranges: torch.Tensor) -> int:
 
 
 def envelope_of(rid: str, ranges: torch.Tensor) -> Envelope:
-    return Envelope(
-        request_id=rid,
-        fingerprint=FINGERPRINT,
-        page_ids=tuple(range(ranges.shape[0])),
-        slot_id=None,
-        num_tokens=16 * ranges.shape[0],
-        num_bytes=int(ranges[:, 1].sum()),
-    )
+    return Envelope(request_id=rid, num_tokens=16 * ranges.shape[0], ranges=ranges, has_slot=False)
 
 
 def make_channel(rank: int, port: int, streams: int) -> Channel:
@@ -202,7 +195,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         _, method, rid, rows, raw_chunk = command  # this side's ranges
         ranges = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
         if method == "envelope":
-            transfer = receiver.expect(envelope_of(rid, ranges), arena, ranges)
+            transfer = receiver.expect(envelope_of(rid, ranges), arena)
             conn.send("ready")
             cpu_started = time.process_time()
             transfer.wait()
@@ -280,7 +273,7 @@ class Bench:
         deadline = time.monotonic() + 300
         started, cpu_started, busy_started = time.perf_counter(), time.process_time(), machine_busy_s()
         if method == "envelope":
-            self.sender.submit(envelope_of(rid, ranges), self.arena, ranges, deadline_s=120).wait()
+            self.sender.submit(envelope_of(rid, ranges), self.arena, deadline_s=120).wait()
             seconds = time.perf_counter() - started
             cpu, busy = time.process_time() - cpu_started, machine_busy_s() - busy_started
             value, peer_cpu = self.conn.recv()

@@ -25,7 +25,7 @@ from transfer.channel import Channel
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import check_ranges, moving_ranges
+from transfer.plan import check_ranges
 from transfer.protocol import decode_message
 from transfer.staging import CopyStream, StagingBuffers
 
@@ -35,9 +35,8 @@ class Job:
     """One transfer's inputs at one end (the engine's own record; `runs` is set once planned)."""
 
     transfer: Transfer
-    envelope: Envelope
+    envelope: Envelope  # its `moving` rows: the bytes it moves here, canonical order
     buffer: torch.Tensor  # the arena's 1-D uint8 buffer, on the channel's device
-    ranges: torch.Tensor  # (n, 2) int64 on the host: the bytes it moves here, canonical order
     ready: torch.cuda.Event | None = None  # CUDA: the caller's writes the gather must wait for
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
 
@@ -116,7 +115,6 @@ class ChannelEnd(abc.ABC):
         self,
         envelope: Envelope,
         buffer: torch.Tensor,
-        ranges: torch.Tensor,
         *,
         deadline_s: float,
         on_chunk: ChunkHook | None,
@@ -137,20 +135,12 @@ class ChannelEnd(abc.ABC):
             raise ValueError(
                 f"the buffer is on {buffer.device} but the channel was built for {channel.device}"
             )
-        if ranges.device.type != "cpu":
-            raise ValueError("ranges must be a CPU tensor (the plan is computed on the host)")
-        check_ranges(ranges, buffer.shape[0])
-        total = int(ranges[:, 1].sum())
-        if total != envelope.num_bytes:
-            raise ValueError(
-                f"ranges cover {total} bytes but envelope {envelope.request_id!r} says {envelope.num_bytes}"
-            )
+        check_ranges(envelope.ranges, buffer.shape[0])
         # Only the rows a transfer moves are its to read or write: a held prefix is shared, read only.
-        ranges = moving_ranges(envelope, ranges)
         transfer = Transfer(
             request_id=envelope.request_id,
             role=self.role,
-            num_bytes=int(ranges[:, 1].sum()),
+            num_bytes=envelope.num_bytes,
             deadline_s=deadline_s,
             on_chunk=on_chunk,
             on_expire=on_expire,
@@ -158,13 +148,7 @@ class ChannelEnd(abc.ABC):
             first_token=first_token,
             held_pages=envelope.held_pages,
         )
-        return Job(
-            transfer=transfer,
-            envelope=envelope,
-            buffer=buffer,
-            ranges=ranges.clone(),
-            ready=self.stream.record(),
-        )
+        return Job(transfer=transfer, envelope=envelope, buffer=buffer, ready=self.stream.record())
 
     # ---- the skeleton every transfer concludes through ---------------------------------------------
     def conclude(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -97,10 +96,8 @@ class FaultInjector:
         kind = self._take(request_id, SENDER_FAULTS)
         return None if kind is None else sender_hook(kind, timeout_s)
 
-    def receiver_hook(
-        self, request_id: str, buffer: torch.Tensor, ranges: Callable[[], torch.Tensor]
-    ) -> ChunkHook | None:
-        """The hook of the receiver fault planned for `request_id` (taken), or None; `ranges()` gives
-        the bytes the transfer writes (a fault strikes one of them, never a held page)."""
+    def receiver_hook(self, request_id: str, buffer: torch.Tensor, ranges: torch.Tensor) -> ChunkHook | None:
+        """The hook of the receiver fault planned for `request_id` (taken), or None; `ranges` are the
+        bytes the transfer writes (a fault strikes one of them, never a held page)."""
         kind = self._take(request_id, RECEIVER_FAULTS)
-        return None if kind is None else receiver_hook(kind, buffer, ranges())
+        return None if kind is None else receiver_hook(kind, buffer, ranges)

@@ -10,7 +10,7 @@ Every wait has a deadline, so each transfer reaches SUCCESS or FAILED by its dea
 time to tell the peer). Either end may `abort()`; the other end then fails too. Memory is the
 caller's: whatever the outcome, it unpins and releases what it holds for the request, e.g.
 
-    transfer = sender.submit(envelope, pool.buffer, pool.envelope_ranges(rid), first_token=t)
+    transfer = sender.submit(pool.envelope(rid), pool.buffer, first_token=t)
     try:
         transfer.wait()
     finally:

@@ -20,7 +20,6 @@ from transfer.failure import FailureKind
 from transfer.faults import FaultInjector
 from transfer.handle import Transfer, TransferOptions
 from transfer.link import measure
-from transfer.plan import moving_ranges
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
@@ -101,32 +100,27 @@ class PeerChannels:
     def broken(self, peer: str) -> bool:
         return not self._end(peer).channel.healthy
 
-    def submit(
-        self, peer: str, envelope: Envelope, buffer: torch.Tensor, ranges: torch.Tensor, *, first_token: int
-    ) -> Transfer:
+    def submit(self, peer: str, envelope: Envelope, buffer: torch.Tensor, *, first_token: int) -> Transfer:
         """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeSender), "only the rank-0 end sends"
         hook = self.faults.sender_hook(envelope.request_id, self.options.timeout_s)
-        return end.submit(envelope, buffer, ranges, first_token=first_token, on_chunk=hook)
+        return end.submit(envelope, buffer, first_token=first_token, on_chunk=hook)
 
     def expect(
         self,
         peer: str,
         envelope: Envelope,
         buffer: torch.Tensor,
-        ranges: torch.Tensor,
         *,
         wait_s: float = EXPECT_WAIT_S,
     ) -> Transfer:
         """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it."""
         end = self._end(peer)
         assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
-        hook = self.faults.receiver_hook(envelope.request_id, buffer, lambda: moving_ranges(envelope, ranges))
+        hook = self.faults.receiver_hook(envelope.request_id, buffer, envelope.moving)
         timeout_s = self.options.timeout_s
-        return end.expect(
-            envelope, buffer, ranges, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook
-        )
+        return end.expect(envelope, buffer, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook)
 
     def refuse(
         self, request_id: str, kind: FailureKind | None, reason: str = "", peer: str | None = None

@@ -18,15 +18,12 @@ of torch's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import torch
 
-from distpool.memory.envelope import Envelope
+from distpool.memory.envelope import moving_rows  # the rows a transfer moves: the envelope's rule
 from distpool.memory.runs import DST, NBYTES, SRC, merge_runs
-
-Table = TypeVar("Table", torch.Tensor, np.ndarray)  # (n, 2) int64 rows: (offset, nbytes)
 
 __all__ = [
     "DST",
@@ -36,7 +33,6 @@ __all__ = [
     "Message",
     "assign_streams",
     "check_ranges",
-    "moving_ranges",
     "moving_rows",
     "plan_messages",
     "plan_runs",
@@ -61,25 +57,6 @@ def check_ranges(ranges: torch.Tensor, arena_bytes: int, *, name: str = "ranges"
     order = np.argsort(offsets, kind="stable")
     if (offsets[order][1:] < (offsets + nbytes)[order][:-1]).any():
         raise ValueError(f"{name} has overlapping rows: one byte cannot belong to two positions")
-
-
-def moving_rows(table: Table, held_pages: int, *, has_slot: bool) -> Table:
-    """The rows of an envelope's table that a transfer moves: all but its first `held_pages` pages,
-    which the destination holds already (a prefix it cached). The slot row stays first.
-
-    Both ends drop the same rows (the receiver says how many in READY), so row i still pairs with
-    row i. Raises ValueError when the table has fewer pages than that."""
-    first = int(has_slot)
-    if not 0 <= held_pages <= table.shape[0] - first:
-        raise ValueError(f"{held_pages} held pages, but the table has {table.shape[0] - first} pages")
-    if held_pages == 0:
-        return table
-    return table[[*range(first), *range(first + held_pages, table.shape[0])]]
-
-
-def moving_ranges(envelope: Envelope, ranges: Table) -> Table:
-    """`moving_rows` of a table in `envelope`'s canonical order, less the pages it holds."""
-    return moving_rows(ranges, envelope.held_pages, has_slot=envelope.slot_id is not None)
 
 
 def plan_runs(src_ranges: torch.Tensor | np.ndarray, dst_ranges: torch.Tensor | np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, assign_streams, moving_ranges, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages, plan_runs
 from transfer.protocol import (
     ABORT,
     END,
@@ -97,14 +97,13 @@ class EnvelopeReceiver(ChannelEnd):
         self,
         envelope: Envelope,
         buffer: torch.Tensor,
-        ranges: torch.Tensor,
         *,
         deadline_s: float = EXPECT_WAIT_S,
         active_timeout_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:
-        """Register a reserved destination (its bytes at `ranges` in `buffer`) for `envelope.request_id`;
-        its first `held_pages` pages are held here already: never received nor written.
+        """Register a reserved destination (its bytes at `envelope.ranges` in `buffer`); its first
+        `held_pages` pages are held here already: never received nor written.
 
         The transfer must begin within `deadline_s`; once it has, `active_timeout_s` (default: the
         rest of that deadline) bounds it. Its `first_token` is the header's. Raises ValueError for bad
@@ -114,7 +113,6 @@ class EnvelopeReceiver(ChannelEnd):
         job = self.new_job(
             envelope,
             buffer,
-            ranges,
             deadline_s=deadline_s,
             on_chunk=on_chunk,
             on_expire=self._expire,
@@ -210,7 +208,7 @@ class EnvelopeReceiver(ChannelEnd):
                 encode_message(REFUSE, seq=seq, failure=answer[0], reason=answer[1])
                 if answer is not None
                 else encode_message(
-                    READY, seq=seq, table=table_bytes(job.ranges), held=job.envelope.held_pages
+                    READY, seq=seq, table=table_bytes(job.envelope.moving), held=job.envelope.held_pages
                 )
             )
             self.channel.control.send(reply_key(seq), reply)
@@ -247,7 +245,7 @@ class EnvelopeReceiver(ChannelEnd):
             ("protocol version", PROTOCOL_VERSION, header["version"]),
             ("transfer sequence number", seq, header["seq"]),
             ("number of tokens", expected.num_tokens, header["num_tokens"]),
-            ("number of byte ranges (slot and pages)", job.ranges.shape[0] + expected.held_pages, num_rows),
+            ("number of byte ranges (slot and pages)", expected.ranges.shape[0], num_rows),
         ]
         for what, mine, theirs in checks:
             if mine != theirs:
@@ -258,8 +256,8 @@ class EnvelopeReceiver(ChannelEnd):
                 f"be in (0, {self.max_chunk_bytes}] and > 0"
             )
         try:
-            source = moving_ranges(expected, table_from_bytes(header["table"], num_rows=num_rows))
-            job.runs = plan_runs(source, job.ranges)
+            source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
+            job.runs = plan_runs(source, expected.moving)
         except (ProtocolError, ValueError) as exc:
             return FailureKind.REFUSED, str(exc)
         return None

@@ -86,13 +86,12 @@ class EnvelopeSender(ChannelEnd):
         self,
         envelope: Envelope,
         buffer: torch.Tensor,
-        ranges: torch.Tensor,
         *,
         first_token: int = 0,
         deadline_s: float | None = None,
         on_chunk: ChunkHook | None = None,
     ) -> Transfer:
-        """Queue `envelope` (its bytes at `ranges` in `buffer`, canonical order) for sending, with the
+        """Queue `envelope` (its bytes at `envelope.ranges` in `buffer`) for sending, with the
         token prefill produced (`first_token`, carried in the header). The deadline defaults to the
         options' timeout. Raises ValueError for arguments that cannot describe an envelope in this
         buffer; every other failure concludes the returned transfer as FAILED.
@@ -100,7 +99,6 @@ class EnvelopeSender(ChannelEnd):
         job = self.new_job(
             envelope,
             buffer,
-            ranges,
             deadline_s=deadline_s or self.options.timeout_s,
             on_chunk=on_chunk,
             on_expire=self._expire,  # a queued transfer fails at its deadline or abort, not later
@@ -179,7 +177,7 @@ class EnvelopeSender(ChannelEnd):
             request_id=transfer.request_id,
             num_tokens=job.envelope.num_tokens,
             first_token=transfer.first_token or 0,
-            table=table_bytes(job.ranges),
+            table=table_bytes(job.envelope.ranges),
             chunk_bytes=options.chunk_bytes,
             direct_min_bytes=self._direct_min_bytes,
             checksum=options.checksum,
@@ -218,13 +216,13 @@ class EnvelopeSender(ChannelEnd):
                 withdrawal = f"{reason}, nor its withdrawal within {channel.timeout_s:.1f} s"
                 raise ChannelError(withdrawal, kind=FailureKind.TIMEOUT)
             deadline = time.monotonic() + channel.timeout_s
-        max_bytes = job.ranges.shape[0] * 16 + 1024
+        max_bytes = job.envelope.ranges.shape[0] * 16 + 1024
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:
             kind = FailureKind(reply["failure"])
             raise TransferError(transfer.request_id, kind, f"receiver refused: {reply['reason']}")
         try:  # the receiver holds the first `held` pages already: they do not move
-            ours = moving_rows(job.ranges, reply["held"], has_slot=job.envelope.slot_id is not None)
+            ours = moving_rows(job.envelope.ranges, reply["held"], has_slot=job.envelope.has_slot)
             runs = plan_runs(ours, table_from_bytes(reply["table"], num_rows=ours.shape[0]))
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None

@@ -244,16 +244,13 @@ class ArenaPool:
         return self.arena.byte_ranges(slot, self.page_ids(request_id), self.swa_page_ids(request_id))
 
     def envelope(self, request_id: str, *, held_pages: int = 0) -> Envelope:
-        """The request's envelope: physical ids (slot None without recurrent state) and byte count.
-        `held_pages`: its first pages a transfer into it must not move (a prefix held here)."""
-        ranges = self.envelope_ranges(request_id)
+        """The request's envelope: its byte ranges (valid until the next compaction; a transfer pins
+        them). `held_pages`: its first pages a transfer into it must not move (a prefix held here)."""
         return Envelope(
             request_id=request_id,
-            fingerprint=self.fingerprint,
-            page_ids=tuple(self.page_ids(request_id).tolist()),
-            slot_id=self.allocator.slot_id(request_id),
             num_tokens=self.num_tokens(request_id),
-            num_bytes=int(ranges[:, 1].sum()),
+            ranges=self.envelope_ranges(request_id),
+            has_slot=self.allocator.slot_id(request_id) is not None,
             held_pages=held_pages,
         )
 

@@ -14,6 +14,7 @@ Contract:
   canonical order: the slot first (if the model has one), then each page in token order, then each
   window page. Two pools with the same layout fingerprint list the same number of rows with the
   same `nbytes`, which is what lets a transfer pair source and destination row by row.
+  `envelope(request_id)` is those rows as the `Envelope` a transfer moves (envelope.py).
 """
 
 from __future__ import annotations

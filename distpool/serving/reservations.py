@@ -100,7 +100,7 @@ class Reservations:
         ref = self.deployment.decode[name].reserve.remote(
             req.request_id, req.prompt, req.max_new_tokens, prefill_name
         )
-        await self.call(name, ref)  # the encoded destination Envelope: decode keeps it
+        await self.call(name, ref)  # the destination's envelope stays on the decode worker
 
     async def reserve_first(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
         """Reserve on the first decode worker with room (the one caching the longest prefix of the

@@ -47,8 +47,11 @@ def test_first_reserve_gets_the_top_pages_and_the_bottom_slot():
     assert pool.slot_id("a") == 0 and pool.num_tokens("a") == 5
     assert pool.envelope_ranges("a").tolist() == [[0, 768], [13 * 512, 512], [14 * 512, 512]]
     env = pool.envelope("a")
-    assert (env.request_id, env.fingerprint, env.slot_id, env.num_tokens) == ("a", pool.fingerprint, 0, 5)
-    assert list(env.page_ids) == [13, 14] and env.num_bytes == 768 + 2 * 512
+    assert (env.request_id, env.num_tokens, env.has_slot) == ("a", 5, True)
+    assert env.ranges.tolist() == env.moving.tolist() == pool.envelope_ranges("a").tolist()
+    assert env.num_bytes == 768 + 2 * 512
+    held = pool.envelope("a", held_pages=1)  # the first page is held at this end: it does not move
+    assert held.moving.tolist() == [[0, 768], [14 * 512, 512]] and held.num_bytes == 768 + 512
     pool.check_invariants()
 
 
@@ -252,7 +255,7 @@ def test_dense_pool_has_pages_only():
     pool.reserve("a", 6)
     assert pool.slot_id("a") is None and pool.page_ids("a").tolist() == [5, 6]
     assert pool.envelope_ranges("a").tolist() == [[5 * 1024, 1024], [6 * 1024, 1024]]
-    assert pool.envelope("a").slot_id is None
+    assert not pool.envelope("a").has_slot
     pool.check_invariants()
 
 

@@ -12,7 +12,6 @@ import transfer.receiver as receiver_module
 import transfer.sender as sender_module
 from distpool.memory.envelope import Envelope
 from tests.transfer.transfer_peer import (
-    FINGERPRINT,
     Ledger,
     digest,
     digest_outside,
@@ -41,8 +40,8 @@ def tables(seed: int, num_pages: int = 40, fragmentation: float = 1.0) -> tuple[
 def round_trip(sender, receiver, rid: str, source, destination, *, has_slot: bool) -> None:
     """Move one envelope, (arena, ranges) to (arena, ranges), and check it arrived byte-identical."""
     (src_arena, src), (dst_arena, dst) = source, destination
-    incoming = receiver.expect(envelope_for(rid, dst, has_slot=has_slot), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for(rid, src, has_slot=has_slot), src_arena, src, deadline_s=5).wait()
+    incoming = receiver.expect(envelope_for(rid, dst, has_slot=has_slot), dst_arena, deadline_s=5)
+    sender.submit(envelope_for(rid, src, has_slot=has_slot), src_arena, deadline_s=5).wait()
     incoming.wait()
     assert digest(dst_arena, dst) == digest(src_arena, src)
 
@@ -56,7 +55,6 @@ def test_states_move_waiting_transferring_success(pair):
     incoming = receiver.expect(
         envelope_for("a", dst, has_slot=True),
         dst_arena,
-        dst,
         deadline_s=5,
         on_chunk=lambda t, k: seen.append(t.state),
     )
@@ -64,7 +62,6 @@ def test_states_move_waiting_transferring_success(pair):
     outgoing = sender.submit(
         envelope_for("a", src, has_slot=True),
         src_arena,
-        src,
         deadline_s=5,
         on_chunk=lambda t, k: seen.append(t.state),
     )
@@ -84,12 +81,8 @@ def test_a_header_that_does_not_fit_the_reservation_is_refused_before_any_write(
     src_arena, dst_arena = make_arena(ARENA_BYTES, 3), make_arena(ARENA_BYTES, 4)
     src, dst = tables(seed=2)
     before = digest(dst_arena, dst)
-    incoming = receiver.expect(
-        envelope_for("b", dst, has_slot=True, num_tokens=640), dst_arena, dst, deadline_s=5
-    )
-    outgoing = sender.submit(
-        envelope_for("b", src, has_slot=True, num_tokens=630), src_arena, src, deadline_s=5
-    )
+    incoming = receiver.expect(envelope_for("b", dst, has_slot=True, num_tokens=640), dst_arena, deadline_s=5)
+    outgoing = sender.submit(envelope_for("b", src, has_slot=True, num_tokens=630), src_arena, deadline_s=5)
     for transfer in (outgoing, incoming):
         assert failure_of(transfer).kind is FailureKind.REFUSED
         assert transfer.state is TransferState.FAILED
@@ -103,7 +96,7 @@ def test_a_transfer_nobody_expects_is_refused_quickly(pair):
     src = tables(seed=3)[0]
     started = time.monotonic()
     outgoing = sender.submit(
-        envelope_for("nobody", src, has_slot=True), make_arena(ARENA_BYTES, 5), src, deadline_s=60
+        envelope_for("nobody", src, has_slot=True), make_arena(ARENA_BYTES, 5), deadline_s=60
     )
     assert failure_of(outgoing).kind is FailureKind.REFUSED  # not the deadline
     assert time.monotonic() - started < 30
@@ -114,7 +107,7 @@ def test_an_expectation_fails_at_its_deadline_and_the_channel_stays_usable(pair)
     src, dst = tables(seed=4)
     dst_arena = make_arena(ARENA_BYTES, 6)
     started = time.monotonic()
-    lonely = receiver.expect(envelope_for("late", dst, has_slot=True), dst_arena, dst, deadline_s=0.6)
+    lonely = receiver.expect(envelope_for("late", dst, has_slot=True), dst_arena, deadline_s=0.6)
     assert failure_of(lonely).kind is FailureKind.TIMEOUT
     assert time.monotonic() - started < 30
     assert lonely.state is TransferState.FAILED
@@ -127,7 +120,7 @@ def test_aborting_a_waiting_expectation_fails_it_at_once(pair):
     _, receiver = pair
     dst = tables(seed=5)[1]
     transfer = receiver.expect(
-        envelope_for("x", dst, has_slot=True), make_arena(ARENA_BYTES, 8), dst, deadline_s=30
+        envelope_for("x", dst, has_slot=True), make_arena(ARENA_BYTES, 8), deadline_s=30
     )
     transfer.abort("decode worker is shutting down")
     assert failure_of(transfer, timeout_s=1).kind is FailureKind.ABORTED
@@ -148,10 +141,10 @@ def test_abort_mid_transfer_from_either_side_fails_both_and_keeps_the_channel(pa
 
     hooks = {side: abort_after_chunk_1}
     incoming = receiver.expect(
-        envelope_for("ab", dst, has_slot=True), dst_arena, dst, deadline_s=5, on_chunk=hooks.get("receiver")
+        envelope_for("ab", dst, has_slot=True), dst_arena, deadline_s=5, on_chunk=hooks.get("receiver")
     )
     outgoing = sender.submit(
-        envelope_for("ab", src, has_slot=True), src_arena, src, deadline_s=5, on_chunk=hooks.get("sender")
+        envelope_for("ab", src, has_slot=True), src_arena, deadline_s=5, on_chunk=hooks.get("sender")
     )
     for transfer in (outgoing, incoming):
         assert failure_of(transfer, timeout_s=5).kind is FailureKind.ABORTED
@@ -169,8 +162,8 @@ def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
     sender.options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=1 << 30, checksum=True)
     src_arena, dst_arena = make_arena(ARENA_BYTES, 11), make_arena(ARENA_BYTES, 12)
     src, dst = tables(seed=7)
-    incoming = receiver.expect(envelope_for("ok", dst, has_slot=True), dst_arena, dst, deadline_s=5)
-    sender.submit(envelope_for("ok", src, has_slot=True), src_arena, src, deadline_s=5).wait()
+    incoming = receiver.expect(envelope_for("ok", dst, has_slot=True), dst_arena, deadline_s=5)
+    sender.submit(envelope_for("ok", src, has_slot=True), src_arena, deadline_s=5).wait()
     incoming.wait()
 
     real_scatter = receiver_module.scatter
@@ -180,8 +173,8 @@ def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
         arena[int(offsets[0])] ^= 0xFF
 
     monkeypatch.setattr(receiver_module, "scatter", flipping_scatter)
-    incoming = receiver.expect(envelope_for("bad", dst, has_slot=True), dst_arena, dst, deadline_s=5)
-    outgoing = sender.submit(envelope_for("bad", src, has_slot=True), src_arena, src, deadline_s=5)
+    incoming = receiver.expect(envelope_for("bad", dst, has_slot=True), dst_arena, deadline_s=5)
+    outgoing = sender.submit(envelope_for("bad", src, has_slot=True), src_arena, deadline_s=5)
     for transfer in (outgoing, incoming):
         assert failure_of(transfer).kind is FailureKind.CORRUPT
 
@@ -226,15 +219,11 @@ def test_queued_transfers_arrive_in_any_expectation_order(pair):
         for i in range(8)
     ]
     outgoing = [
-        sender.submit(
-            envelope_for(f"q{i}", src_tables[i], has_slot=False), src_arena, src_tables[i], deadline_s=10
-        )
+        sender.submit(envelope_for(f"q{i}", src_tables[i], has_slot=False), src_arena, deadline_s=10)
         for i in range(8)
     ]
     incoming = [
-        receiver.expect(
-            envelope_for(f"q{i}", dst_tables[i], has_slot=False), dst_arena, dst_tables[i], deadline_s=10
-        )
+        receiver.expect(envelope_for(f"q{i}", dst_tables[i], has_slot=False), dst_arena, deadline_s=10)
         for i in reversed(range(8))
     ]
     for transfer in outgoing + incoming:
@@ -249,7 +238,7 @@ def test_a_queued_transfer_on_a_broken_channel_fails_at_its_deadline(pair):
     src = tables(seed=8)[0]
     started = time.monotonic()
     transfer = sender.submit(
-        envelope_for("q", src, has_slot=True), make_arena(ARENA_BYTES, 15), src, deadline_s=0.5
+        envelope_for("q", src, has_slot=True), make_arena(ARENA_BYTES, 15), deadline_s=0.5
     )
     assert failure_of(transfer).kind is FailureKind.TIMEOUT
     assert time.monotonic() - started < 30
@@ -259,18 +248,19 @@ def test_caller_mistakes_are_refused_before_queueing(pair):
     sender, receiver = pair
     src = tables(seed=9)[0]
     arena = make_arena(ARENA_BYTES, 16)
-    wrong_size = Envelope(
-        request_id="m", fingerprint=FINGERPRINT, page_ids=(1,), slot_id=None, num_tokens=1, num_bytes=1
-    )
-    with pytest.raises(ValueError, match="ranges cover 176128 bytes but envelope 'm' says 1"):
-        sender.submit(wrong_size, arena, src)
+    with pytest.raises(ValueError, match="an \\(n, 2\\) int64 tensor"):
+        envelope_for("m", src.to(torch.int32), has_slot=True)
+    with pytest.raises(ValueError, match="a str of 1 to 256 characters"):
+        envelope_for("m" * 257, src, has_slot=True)
+    with pytest.raises(ValueError, match="41 held pages, but the table has 40 pages"):
+        Envelope(request_id="m", num_tokens=1, ranges=src, has_slot=True, held_pages=41)
     with pytest.raises(ValueError, match="past the arena"):
-        sender.submit(envelope_for("m", src, has_slot=True), arena[: 1 << 20], src)
+        sender.submit(envelope_for("m", src, has_slot=True), arena[: 1 << 20])
     with pytest.raises(ValueError, match="contiguous 1-D uint8"):
-        receiver.expect(envelope_for("m", src, has_slot=True), arena.view(torch.int32), src)
-    receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)
+        receiver.expect(envelope_for("m", src, has_slot=True), arena.view(torch.int32))
+    receiver.expect(envelope_for("dup", src, has_slot=True), arena, deadline_s=5)
     with pytest.raises(ValueError, match="already expected"):
-        receiver.expect(envelope_for("dup", src, has_slot=True), arena, src, deadline_s=5)
+        receiver.expect(envelope_for("dup", src, has_slot=True), arena, deadline_s=5)
 
 
 def test_a_later_larger_staged_chunk_does_not_replace_a_buffer_still_to_be_sent(pair):
@@ -282,8 +272,8 @@ def test_a_later_larger_staged_chunk_does_not_replace_a_buffer_still_to_be_sent(
     src = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     dst = torch.zeros(1 << 20, dtype=torch.uint8)
     envelope = envelope_for("grow", ranges, has_slot=True)
-    incoming = receiver.expect(envelope, dst, ranges.clone(), deadline_s=5)
-    sender.submit(envelope, src, ranges, deadline_s=5).wait()
+    incoming = receiver.expect(envelope, dst, deadline_s=5)
+    sender.submit(envelope, src, deadline_s=5).wait()
     incoming.wait()
     assert all(torch.equal(src[o : o + n], dst[o : o + n]) for o, n in rows)
 
@@ -295,9 +285,9 @@ def test_a_queued_transfer_fails_at_its_own_deadline_or_abort_not_when_dequeued(
     ranges = torch.tensor([[0, 4096]], dtype=torch.int64)
     src = torch.zeros(1 << 16, dtype=torch.uint8)
     # Nobody expects "slow": the receiver holds it for unexpected_wait_s (0.3 s) before refusing.
-    slow = sender.submit(envelope_for("slow", ranges, has_slot=False), src, ranges, deadline_s=10)
-    late = sender.submit(envelope_for("late", ranges, has_slot=False), src, ranges, deadline_s=0.05)
-    gave_up = sender.submit(envelope_for("gave-up", ranges, has_slot=False), src, ranges, deadline_s=10)
+    slow = sender.submit(envelope_for("slow", ranges, has_slot=False), src, deadline_s=10)
+    late = sender.submit(envelope_for("late", ranges, has_slot=False), src, deadline_s=0.05)
+    gave_up = sender.submit(envelope_for("gave-up", ranges, has_slot=False), src, deadline_s=10)
     gave_up.abort("caller gave up")
     for transfer, kind in ((gave_up, FailureKind.ABORTED), (late, FailureKind.TIMEOUT)):
         assert failure_of(transfer).kind is kind
@@ -318,12 +308,11 @@ def test_nothing_lands_in_the_arena_after_a_failed_receive_concludes(pair):
         raise RuntimeError("the receiving worker failed")
 
     incoming = receiver.expect(
-        envelope_for("late", dst, has_slot=False), dst_arena, dst, deadline_s=60, on_chunk=fail_on_first_chunk
+        envelope_for("late", dst, has_slot=False), dst_arena, deadline_s=60, on_chunk=fail_on_first_chunk
     )
     outgoing = sender.submit(
         envelope_for("late", src, has_slot=False),
         src_arena,
-        src,
         deadline_s=60,
         on_chunk=lambda transfer, index: time.sleep(0.2),  # later chunks leave after the failure
     )
@@ -356,10 +345,10 @@ def test_a_receiver_failing_after_the_last_chunk_tells_the_sender_at_once(pair):
 
     transfer_chunks = -(-int(dst[:, 1].sum()) // sender.options.chunk_bytes)
     incoming = receiver.expect(
-        envelope_for("last", dst, has_slot=True), dst_arena, dst, deadline_s=60, on_chunk=fail_on_last_chunk
+        envelope_for("last", dst, has_slot=True), dst_arena, deadline_s=60, on_chunk=fail_on_last_chunk
     )
     started = time.monotonic()
-    outgoing = sender.submit(envelope_for("last", src, has_slot=True), src_arena, src, deadline_s=60)
+    outgoing = sender.submit(envelope_for("last", src, has_slot=True), src_arena, deadline_s=60)
     for transfer in (incoming, outgoing):
         failure = failure_of(transfer)  # the sender, too, hears what kind of failure it was
         assert failure.kind is FailureKind.INTERNAL and failure.channel_broken
@@ -400,9 +389,9 @@ def test_a_ready_that_crossed_the_withdrawal_is_answered_as_an_abort(pair, monke
     src_arena, dst_arena = make_arena(ARENA_BYTES, 21), make_arena(ARENA_BYTES, 22)
     src, dst = tables(seed=51)
     outside = digest_outside(dst_arena, dst)
-    outgoing = sender.submit(envelope_for("crossed", src, has_slot=True), src_arena, src, deadline_s=0.3)
+    outgoing = sender.submit(envelope_for("crossed", src, has_slot=True), src_arena, deadline_s=0.3)
     assert failure_of(outgoing).kind is FailureKind.TIMEOUT
-    incoming = receiver.expect(envelope_for("crossed", dst, has_slot=True), dst_arena, dst, deadline_s=5)
+    incoming = receiver.expect(envelope_for("crossed", dst, has_slot=True), dst_arena, deadline_s=5)
     assert failure_of(incoming).kind is FailureKind.TIMEOUT  # the sender's ABORT said why
     assert digest_outside(dst_arena, dst) == outside
     assert sender.channel.healthy and receiver.channel.healthy

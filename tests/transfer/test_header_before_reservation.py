@@ -38,9 +38,9 @@ def test_a_header_that_comes_before_its_reservation_lands_once_reserved(pair):
     receiver.unexpected_wait_s = WAIT_FOR_RESERVATION_S
     src, dst = ranges(1), ranges(2)
     src_arena, dst_arena = make_arena(ARENA_BYTES, 3), make_arena(ARENA_BYTES, 4)
-    outgoing = sender.submit(envelope_for("early", src, has_slot=False), src_arena, src, deadline_s=30)
+    outgoing = sender.submit(envelope_for("early", src, has_slot=False), src_arena, deadline_s=30)
     wait_until_the_header_waits(receiver)
-    incoming = receiver.expect(envelope_for("early", dst, has_slot=False), dst_arena, dst, deadline_s=30)
+    incoming = receiver.expect(envelope_for("early", dst, has_slot=False), dst_arena, deadline_s=30)
     outgoing.wait()
     incoming.wait()
     assert digest(dst_arena, dst) == digest(src_arena, src)
@@ -51,7 +51,7 @@ def test_a_refused_reservation_refuses_the_waiting_header_at_once(pair):
     receiver.unexpected_wait_s = WAIT_FOR_RESERVATION_S
     src = ranges(5)
     outgoing = sender.submit(
-        envelope_for("refused", src, has_slot=False), make_arena(ARENA_BYTES, 6), src, deadline_s=30
+        envelope_for("refused", src, has_slot=False), make_arena(ARENA_BYTES, 6), deadline_s=30
     )
     wait_until_the_header_waits(receiver)
     receiver.refuse("refused", FailureKind.NO_ROOM, "reservation refused: no room")
@@ -65,19 +65,19 @@ def test_a_refusal_is_read_once_and_a_later_reservation_clears_it(pair):
     src_arena, dst_arena = make_arena(ARENA_BYTES, 9), make_arena(ARENA_BYTES, 10)
     envelope = envelope_for("again", src, has_slot=False)
     receiver.refuse("again", FailureKind.ABORTED, "given up")  # before its header comes: refused when it does
-    assert failure_of(sender.submit(envelope, src_arena, src, deadline_s=30)).kind is FailureKind.ABORTED
+    assert failure_of(sender.submit(envelope, src_arena, deadline_s=30)).kind is FailureKind.ABORTED
     # The next attempt of the same request: its header waits for the reservation again.
-    outgoing = sender.submit(envelope, src_arena, src, deadline_s=30)
+    outgoing = sender.submit(envelope, src_arena, deadline_s=30)
     wait_until_the_header_waits(receiver)
-    incoming = receiver.expect(envelope_for("again", dst, has_slot=False), dst_arena, dst, deadline_s=30)
+    incoming = receiver.expect(envelope_for("again", dst, has_slot=False), dst_arena, deadline_s=30)
     outgoing.wait()
     incoming.wait()
     assert digest(dst_arena, dst) == digest(src_arena, src)
     # A refusal forgotten (None) refuses nothing: the header waits for its reservation.
     receiver.refuse("later", FailureKind.ABORTED, "given up")
     receiver.refuse("later", None)
-    outgoing = sender.submit(envelope_for("later", src, has_slot=False), src_arena, src, deadline_s=30)
+    outgoing = sender.submit(envelope_for("later", src, has_slot=False), src_arena, deadline_s=30)
     wait_until_the_header_waits(receiver)
-    incoming = receiver.expect(envelope_for("later", dst, has_slot=False), dst_arena, dst, deadline_s=30)
+    incoming = receiver.expect(envelope_for("later", dst, has_slot=False), dst_arena, deadline_s=30)
     outgoing.wait()
     incoming.wait()

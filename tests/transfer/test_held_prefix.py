@@ -29,15 +29,15 @@ def test_held_pages_are_skipped_on_both_ends_and_the_checksum_covers_the_rest(pa
     )
     before = digest(dst_arena, held_rows)
     envelope = dataclasses.replace(envelope_for("r", dst, has_slot=True), held_pages=HELD)
-    incoming = receiver.expect(envelope, dst_arena, dst, deadline_s=5)
-    outgoing = sender.submit(envelope_for("r", src, has_slot=True), src_arena, src, deadline_s=5)
+    incoming = receiver.expect(envelope, dst_arena, deadline_s=5)
+    outgoing = sender.submit(envelope_for("r", src, has_slot=True), src_arena, deadline_s=5)
     outgoing.wait()
     incoming.wait()
     assert incoming.state is outgoing.state is TransferState.SUCCESS
     assert digest(dst_arena, moving_dst) == digest(src_arena, moving_src)
     assert digest(dst_arena, held_rows) == before  # never written
     moved = int(moving_dst[:, 1].sum())
-    assert outgoing.num_bytes == incoming.num_bytes == moved < envelope.num_bytes
+    assert outgoing.num_bytes == incoming.num_bytes == envelope.num_bytes == moved < int(dst[:, 1].sum())
     assert outgoing.held_pages == incoming.held_pages == HELD
 
 
@@ -57,8 +57,8 @@ def test_a_ready_claiming_pages_the_envelope_lacks_fails_the_transfer(pair, monk
 
     monkeypatch.setattr(receiver_module, "encode_message", lying_encode)
     before = digest(dst_arena, dst)
-    incoming = receiver.expect(envelope_for("r", dst, has_slot=True), dst_arena, dst, deadline_s=5)
-    outgoing = sender.submit(envelope_for("r", src, has_slot=True), src_arena, src, deadline_s=5)
+    incoming = receiver.expect(envelope_for("r", dst, has_slot=True), dst_arena, deadline_s=5)
+    outgoing = sender.submit(envelope_for("r", src, has_slot=True), src_arena, deadline_s=5)
     assert failure_of(outgoing).kind is FailureKind.PROTOCOL  # the receiver's READY broke the rules
     with pytest.raises(TransferError):
         incoming.wait()

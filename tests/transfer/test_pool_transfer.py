@@ -121,12 +121,8 @@ def test_a_real_envelope_moves_between_fragmented_pools(channel_pair):
 
     decode_pool.pin("req")
     prefill_pool.pin("req")
-    incoming = receiver.expect(
-        decode_pool.envelope("req"), decode_pool.buffer, decode_pool.envelope_ranges("req"), deadline_s=10
-    )
-    outgoing = sender.submit(
-        prefill_pool.envelope("req"), prefill_pool.buffer, prefill_pool.envelope_ranges("req"), deadline_s=10
-    )
+    incoming = receiver.expect(decode_pool.envelope("req"), decode_pool.buffer, deadline_s=10)
+    outgoing = sender.submit(prefill_pool.envelope("req"), prefill_pool.buffer, deadline_s=10)
     try:
         outgoing.wait()
         incoming.wait()
@@ -173,16 +169,12 @@ def test_a_held_prefix_is_neither_moved_nor_written(channel_pair):
             src[src_pages] = torch.randn(src[src_pages].shape, generator=g).to(src.dtype)
             dst[dst_pages[:held]] = 0  # the held prefix: whatever a transfer wrote there would show
     envelope = decode_pool.envelope("req", held_pages=held)
-    incoming = receiver.expect(
-        envelope, decode_pool.buffer, decode_pool.envelope_ranges("req"), deadline_s=10
-    )
-    outgoing = sender.submit(
-        prefill_pool.envelope("req"), prefill_pool.buffer, prefill_pool.envelope_ranges("req"), deadline_s=10
-    )
+    incoming = receiver.expect(envelope, decode_pool.buffer, deadline_s=10)
+    outgoing = sender.submit(prefill_pool.envelope("req"), prefill_pool.buffer, deadline_s=10)
     outgoing.wait()
     incoming.wait()
-    page_bytes = int(decode_pool.envelope_ranges("req")[1, 1])
-    assert outgoing.num_bytes == incoming.num_bytes == envelope.num_bytes - held * page_bytes
+    whole, page_bytes = int(envelope.ranges[:, 1].sum()), int(envelope.ranges[1, 1])
+    assert outgoing.num_bytes == incoming.num_bytes == envelope.num_bytes == whole - held * page_bytes
     assert outgoing.held_pages == incoming.held_pages == held
     for layer in (1, 3):
         for src, dst in zip(prefill_pool.kv_view(layer), decode_pool.kv_view(layer), strict=True):

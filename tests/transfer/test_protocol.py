@@ -2,10 +2,25 @@
 
 import msgpack
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from distpool.memory.envelope import Envelope
 from transfer.errors import ProtocolError
 from transfer.failure import FailureKind
-from transfer.protocol import ABORT, HEADER, REFUSE, STATUS, decode_message, encode_message
+from transfer.plan import plan_runs
+from transfer.protocol import (
+    ABORT,
+    HEADER,
+    PROTOCOL_VERSION,
+    REFUSE,
+    STATUS,
+    decode_message,
+    encode_message,
+    table_bytes,
+    table_from_bytes,
+)
 
 HOSTILE = [
     None,
@@ -49,3 +64,63 @@ def test_a_valid_message_round_trips():
 def test_a_failure_kind_the_protocol_does_not_know_is_refused(kind, fields):
     with pytest.raises(ProtocolError):
         decode_message(encode_message(kind, seq=1, **fields), expect=(kind,), max_bytes=4096)
+
+
+# ---- the header: what crosses for an envelope (its source table among its fields) ---------------
+ENVELOPE = Envelope(
+    request_id="r",
+    num_tokens=48,
+    ranges=torch.tensor([[0, 96], [4096, 64], [1024, 64], [2048, 64]], dtype=torch.int64),
+    has_slot=True,
+    held_pages=1,
+)
+
+
+def header_of(envelope: Envelope) -> bytes:
+    return encode_message(
+        HEADER,
+        version=PROTOCOL_VERSION,
+        seq=1,
+        request_id=envelope.request_id,
+        num_tokens=envelope.num_tokens,
+        first_token=7,
+        table=table_bytes(envelope.ranges),
+        chunk_bytes=1 << 20,
+        direct_min_bytes=1 << 16,
+        checksum=False,
+    )
+
+
+def pair_with(envelope: Envelope, blob: bytes) -> object:
+    """What the receiver does with a header before anything is written: decode it, read its table,
+    plan the runs against its own envelope. Raises ProtocolError or ValueError for bad input."""
+    header = decode_message(blob, expect=(HEADER,), max_bytes=4096)
+    table = table_from_bytes(header["table"], num_rows=len(header["table"]) // 16)
+    return plan_runs(envelope.moving_of(table), envelope.moving)
+
+
+def test_a_header_pairs_the_source_table_with_the_envelope_less_its_held_pages():
+    shifted = ENVELOPE.ranges + torch.tensor([8192, 0])  # the same rows, 8 KiB further up
+    source = Envelope(request_id="r", num_tokens=48, ranges=shifted, has_slot=True)
+    runs = pair_with(ENVELOPE, header_of(source))
+    # the slot, then pages 1 and 2 (page 0 is held here), each at its own offset on both sides
+    assert runs.tolist() == [[8192, 0, 96], [8192 + 1024, 1024, 64], [8192 + 2048, 2048, 64]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600))
+def test_fuzz_random_bytes_are_refused_as_a_protocol_error(data):
+    with pytest.raises(ProtocolError):
+        pair_with(ENVELOPE, data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_fuzz_mutated_headers_raise_only_protocol_or_value_errors(data):
+    blob = bytearray(header_of(ENVELOPE))
+    for _ in range(data.draw(st.integers(1, 4))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        pair_with(ENVELOPE, bytes(blob))
+    except (ProtocolError, ValueError):
+        pass

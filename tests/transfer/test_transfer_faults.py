@@ -82,11 +82,11 @@ def assert_works_again(
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=10)
     if local_is_sender:
         peer.call("begin", name=name, rid=rid, ranges=dst.tolist(), has_slot=True)
-        local.submit(envelope_for(rid, src, has_slot=True), arena, src, deadline_s=10).wait()
+        local.submit(envelope_for(rid, src, has_slot=True), arena, deadline_s=10).wait()
         result = peer.call("wait", name=name, rid=rid)
         assert result["state"] == "success" and result["digest"] == digest(arena, src)
     else:
-        incoming = local.expect(envelope_for(rid, dst, has_slot=True), arena, dst, deadline_s=10)
+        incoming = local.expect(envelope_for(rid, dst, has_slot=True), arena, deadline_s=10)
         peer.call("begin", name=name, rid=rid, ranges=src.tolist(), has_slot=True)
         incoming.wait()
         assert peer.call("wait", name=name, rid=rid)["digest"] == digest(arena, dst)
@@ -108,7 +108,7 @@ def test_kill_the_sender_mid_transfer(device):
         ledger, arena = Ledger(ARENA_BYTES), make_arena(ARENA_BYTES, seed=2, device=local_device)
         reserve(ledger, "k", dst)
         # A minute's deadline: the broken link fails it, long before (a generous bound, not a timing).
-        incoming = receiver.expect(envelope_for("k", dst, has_slot=True), arena, dst, deadline_s=60)
+        incoming = receiver.expect(envelope_for("k", dst, has_slot=True), arena, deadline_s=60)
         doomed.start("begin", name=name, rid="k", ranges=src.tolist(), has_slot=True, kill_after_chunk=3)
         error, waited = run_and_release(ledger, "k", incoming)
         assert error is not None and error.channel_broken, error
@@ -153,7 +153,7 @@ def test_kill_the_receiver_mid_transfer(device):
         ledger, arena = Ledger(ARENA_BYTES), make_arena(ARENA_BYTES, seed=4, device=local_device)
         reserve(ledger, "k", src)
         doomed.call("begin", name=name, rid="k", ranges=dst.tolist(), has_slot=True, kill_after_chunk=3)
-        outgoing = sender.submit(envelope_for("k", src, has_slot=True), arena, src, deadline_s=60)
+        outgoing = sender.submit(envelope_for("k", src, has_slot=True), arena, deadline_s=60)
         error, waited = run_and_release(ledger, "k", outgoing)
         assert error is not None and error.channel_broken, error  # the broken link, not the deadline
         assert waited < 30
@@ -214,7 +214,7 @@ def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, dev
     dst = tables(seed=3)[1]
     reserve(ledger, "n", dst)
     incoming = receiver.expect(
-        envelope_for("n", dst, has_slot=True), make_arena(ARENA_BYTES, 5, local_device), dst, deadline_s=1.0
+        envelope_for("n", dst, has_slot=True), make_arena(ARENA_BYTES, 5, local_device), deadline_s=1.0
     )
     error, waited = run_and_release(ledger, "n", incoming)
     assert error.kind is FailureKind.TIMEOUT
@@ -235,7 +235,7 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, sc
     peer.start("stop_for", seconds=6)  # the whole peer freezes, then resumes
     time.sleep(0.3)
     outgoing = sender.submit(
-        envelope_for("s", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), src, deadline_s=1.0
+        envelope_for("s", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), deadline_s=1.0
     )
     error, waited = run_and_release(ledger, "s", outgoing)
     assert error.kind is FailureKind.TIMEOUT
@@ -258,7 +258,6 @@ def test_a_slow_receiver_past_the_deadline_breaks_the_channel_which_is_rebuilt(p
     outgoing = sender.submit(
         envelope_for("slow", src, has_slot=True),
         make_arena(ARENA_BYTES, 9, local_device),
-        src,
         deadline_s=1.5,
     )
     error, waited = run_and_release(ledger, "slow", outgoing)
@@ -283,7 +282,6 @@ def test_a_sender_frozen_mid_stream_fails_the_receiver_at_its_deadline(peer, dev
     incoming = receiver.expect(
         envelope_for("frozen", dst, has_slot=True),
         make_arena(ARENA_BYTES, 12, local_device),
-        dst,
         deadline_s=1.5,
     )
     peer.call(
@@ -313,7 +311,7 @@ def test_a_corrupt_header_is_refused_and_nothing_is_written(peer, kind, device, 
     arena = make_arena(ARENA_BYTES, 11, local_device)
     before = digest(arena, dst)
     reserve(ledger, "c", dst)
-    incoming = receiver.expect(envelope_for("c", dst, has_slot=True), arena, dst, deadline_s=1.0)
+    incoming = receiver.expect(envelope_for("c", dst, has_slot=True), arena, deadline_s=1.0)
     reply = peer.call("corrupt_header", name=name, rid="c", kind=kind, ranges=src.tolist())
     assert "refuse" in reply
     error, waited = run_and_release(ledger, "c", incoming)

@@ -73,7 +73,7 @@ def test_random_fragmented_envelopes_arrive_byte_identical(peer, device):
         src, dst = ranges(i, num_pages, fragmentation, slot), ranges(1000 + i, num_pages, fragmentation, slot)
         before = peer.call("wait_digest", name=f"rt-{device}", ranges=dst.tolist()) if i == 0 else None
         peer.call("begin", name=f"rt-{device}", rid=f"rt{i}", ranges=dst.tolist(), has_slot=slot)
-        sender.submit(envelope_for(f"rt{i}", src, has_slot=slot), src_arena, src, deadline_s=10).wait()
+        sender.submit(envelope_for(f"rt{i}", src, has_slot=slot), src_arena, deadline_s=10).wait()
         result = peer.call("wait", name=f"rt-{device}", rid=f"rt{i}")
         assert result["state"] == "success", result["error"]
         assert result["digest"] == digest(src_arena, src), f"case {i}: {fragmentation=} {num_pages=}"
@@ -102,9 +102,7 @@ def test_back_to_back_and_concurrently_queued_on_one_channel(peer, device):
     for i in reversed(range(16)):
         peer.call("begin", name=name, rid=f"q{i}", ranges=tables[i][1].tolist(), has_slot=False)
     transfers = [
-        sender.submit(
-            envelope_for(f"q{i}", tables[i][0], has_slot=False), src_arena, tables[i][0], deadline_s=20
-        )
+        sender.submit(envelope_for(f"q{i}", tables[i][0], has_slot=False), src_arena, deadline_s=20)
         for i in range(16)
     ]
     for i, transfer in enumerate(transfers):
@@ -118,7 +116,6 @@ def test_back_to_back_and_concurrently_queued_on_one_channel(peer, device):
             sender.submit(
                 envelope_for(f"again{i}", tables[0][0], has_slot=False),
                 src_arena,
-                tables[0][0],
                 deadline_s=10,
             )
             .wait()
@@ -144,16 +141,16 @@ def test_several_channels_in_one_process_both_directions_and_an_independent_rebu
     out_src, out_dst = ranges(7, 400, 1.0), ranges(8, 400, 1.0)
     in_src, in_dst = ranges(9, 300, 0.5), ranges(10, 300, 0.5)
     peer.call("begin", name=f"out-{device}", rid="o1", ranges=out_dst.tolist(), has_slot=True)
-    incoming = receiver.expect(envelope_for("i1", in_dst, has_slot=True), dst_arena, in_dst, deadline_s=10)
+    incoming = receiver.expect(envelope_for("i1", in_dst, has_slot=True), dst_arena, deadline_s=10)
     peer.call("begin", name=f"in-{device}", rid="i1", ranges=in_src.tolist(), has_slot=True)
-    outgoing = sender.submit(envelope_for("o1", out_src, has_slot=True), src_arena, out_src, deadline_s=10)
+    outgoing = sender.submit(envelope_for("o1", out_src, has_slot=True), src_arena, deadline_s=10)
     outgoing.wait()
     incoming.wait()
     assert peer.call("wait", name=f"out-{device}", rid="o1")["digest"] == digest(src_arena, out_src)
     assert peer.call("wait", name=f"in-{device}", rid="i1")["digest"] == digest(dst_arena, in_dst)
 
     # Rebuild "out" on both ends while "in" carries a transfer: "in" does not notice.
-    incoming = receiver.expect(envelope_for("i2", in_dst, has_slot=True), dst_arena, in_dst, deadline_s=10)
+    incoming = receiver.expect(envelope_for("i2", in_dst, has_slot=True), dst_arena, deadline_s=10)
     peer.call("begin", name=f"in-{device}", rid="i2", ranges=in_src.tolist(), has_slot=True)
     peer.start("rebuild", name=f"out-{device}")
     rebuild = threading.Thread(target=sender.connect)
@@ -164,7 +161,7 @@ def test_several_channels_in_one_process_both_directions_and_an_independent_rebu
     assert sender.channel.generation == 2 and receiver.channel.generation == 1
     assert peer.call("wait", name=f"in-{device}", rid="i2")["state"] == "success"
     peer.call("begin", name=f"out-{device}", rid="o2", ranges=out_dst.tolist(), has_slot=True)
-    sender.submit(envelope_for("o2", out_src, has_slot=True), src_arena, out_src, deadline_s=10).wait()
+    sender.submit(envelope_for("o2", out_src, has_slot=True), src_arena, deadline_s=10).wait()
     assert peer.call("wait", name=f"out-{device}", rid="o2")["digest"] == digest(src_arena, out_src)
     sender.close()
     receiver.close()
@@ -180,7 +177,7 @@ def test_the_destination_outside_the_envelope_is_never_written(peer):
     src, dst = ranges(11, 700, 0.8), ranges(12, 700, 0.8)
     before = peer.call("wait_digest", name=name, ranges=dst.tolist())
     peer.call("begin", name=name, rid="w", ranges=dst.tolist(), has_slot=True)
-    sender.submit(envelope_for("w", src, has_slot=True), src_arena, src, deadline_s=10).wait()
+    sender.submit(envelope_for("w", src, has_slot=True), src_arena, deadline_s=10).wait()
     after = peer.call("wait", name=name, rid="w")
     assert after["digest"] == digest(src_arena, src) != before["digest"]
     assert (

@@ -79,21 +79,15 @@ def fragmented_ranges(
 
 
 def envelope_for(
-    rid: str,
-    ranges: torch.Tensor,
-    *,
-    has_slot: bool,
-    fingerprint: str = FINGERPRINT,
-    num_tokens: int | None = None,
+    rid: str, ranges: torch.Tensor, *, has_slot: bool, num_tokens: int | None = None
 ) -> Envelope:
-    page_offsets = ranges[1:, 0] if has_slot else ranges[:, 0]
+    """The envelope of `ranges` (a slot row first if `has_slot`, then pages of 16 tokens)."""
+    num_pages = ranges.shape[0] - int(has_slot)
     return Envelope(
         request_id=rid,
-        fingerprint=fingerprint,
-        page_ids=tuple(int(o) for o in page_offsets),
-        slot_id=0 if has_slot else None,
-        num_tokens=num_tokens if num_tokens is not None else 16 * len(page_offsets),
-        num_bytes=int(ranges[:, 1].sum()),
+        num_tokens=num_tokens if num_tokens is not None else 16 * num_pages,
+        ranges=ranges,
+        has_slot=has_slot,
     )
 
 
@@ -280,7 +274,7 @@ def _begin(
     envelope = envelope_for(rid, table, has_slot=has_slot, num_tokens=num_tokens)
     hook = _hook(kill_after_chunk, abort_after_chunk, delay_s)
     begin = engine.submit if isinstance(engine, EnvelopeSender) else engine.expect
-    state["transfers"][rid] = begin(envelope, arena, table, deadline_s=deadline_s, on_chunk=hook)
+    state["transfers"][rid] = begin(envelope, arena, deadline_s=deadline_s, on_chunk=hook)
     state["ranges"][rid] = table
 
 

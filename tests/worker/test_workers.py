@@ -192,7 +192,7 @@ def test_workers_use_nothing_but_the_pool_interface():
 
 def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
     _, d = pair
-    with pytest.raises(ValueError, match="request_id must have 1 to 256 characters"):
+    with pytest.raises(ValueError, match="a request id is a str of 1 to 256 characters"):
         # the pool holds it; the envelope cannot carry the id
         d.reserve("x" * 300, list(range(10)), 2, "prefill-0")
     assert_nothing_held(d)
