@@ -22,6 +22,7 @@ import torch
 from distpool.memory.allocator import Allocator
 from distpool.memory.arena import Arena
 from distpool.memory.envelope import Envelope
+from distpool.memory.final_states import FinalStates
 from distpool.memory.fingerprint import layout_fingerprint
 from distpool.memory.pool import BandUsage, DoesNotFit, NeedsCompaction
 from distpool.memory.prefix_cache import PrefixCache
@@ -57,10 +58,14 @@ class ArenaPool:
         self._compactions = (0, 0, 0.0)  # count, bytes moved, seconds
         # Full pages by token content, and (hybrid Mamba) state checkpoints: prefix_cache.py.
         # Not for sliding-window models: their window pages are each request's own to compute.
-        # `checkpoints=False` (a decode pool) caches pages alone: a request's state arrives whole.
+        # `checkpoints=False` (a decode pool) keeps no checkpoints at page boundaries: a request's state
+        # arrives whole, or continues a finished request's final state (final_states.py).
         cacheable = prefix_cache and self.arena.high is not None and not self.allocator.has_swa
         state = self.allocator.has_slot and checkpoints
         cache = PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=state) if cacheable else None
+        if cache is not None and self.allocator.has_slot and not checkpoints:
+            # A decode pool keeps its finished requests' final states: a next turn can continue there.
+            cache.final_states = FinalStates(self.allocator, self.arena, cache.index, sizes.page_size)
         self.prefix_cache = cache
 
     @property
@@ -295,8 +300,8 @@ def build_pool(
     sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
 ) -> ArenaPool:
     """The pool `sizes` describes, its arena allocated on `device` (with a prefix cache when
-    `sizes.args.prefix_cache`). A decode pool's cache keeps no state checkpoints: the requests it
-    serves get their state from prefill, so cached pages are all they reuse."""
+    `sizes.args.prefix_cache`). A decode pool's cache keeps no state checkpoints at page boundaries:
+    the requests it serves get their state from prefill, or from a finished request's final state."""
     decode = sizes.args.disaggregation_mode == "decode"
     return ArenaPool(
         sizes, device, placement=placement, prefix_cache=sizes.args.prefix_cache, checkpoints=not decode

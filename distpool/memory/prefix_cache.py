@@ -10,6 +10,8 @@
   adopted, the request keeps its pages, and checkpoints not adopted are dropped.
 - `evict(pages, checkpoints)`: give back least-recently-used entries no request uses; a page is
   freed once no request holds it either. `drop_all()` at the end of a run.
+- `final_states` (a decode pool of a model with recurrent state, else None): finished requests'
+  states with their partial pages (final_states.py), evicted once the index has nothing idle left.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from distpool.memory.band import require
+from distpool.memory.final_states import FinalStates
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import Handles, PrefixIndex, PrefixMatch
 from distpool.memory.sharing import SharedPages
@@ -33,7 +36,8 @@ class PrefixCache:
         self.index = PrefixIndex(page_size, needs_checkpoint=needs_checkpoint)
         self.needs_checkpoint = needs_checkpoint
         self.users: dict[str, tuple[int, ...]] = {}  # request id -> the cached pages it acquired
-        self.evicted = (0, 0)  # pages, checkpoints given back by eviction so far
+        self.evicted = (0, 0)  # pages, checkpoints given back by eviction so far (final states included)
+        self.final_states: FinalStates | None = None  # set by a decode pool that keeps them
 
     def match(self, tokens: Sequence[int]) -> PrefixMatch:
         return self.index.match(tokens)
@@ -124,11 +128,20 @@ class PrefixCache:
         returns how many entries were given back."""
         handles = self.index.evict(pages, checkpoints)
         self._give_back(handles)
-        self.evicted = (self.evicted[0] + len(handles.pages), self.evicted[1] + len(handles.checkpoints))
-        return len(handles.pages) + len(handles.checkpoints)
+        freed = (len(handles.pages), len(handles.checkpoints))
+        short = freed[0] < pages or freed[1] < checkpoints
+        if short and self.final_states is not None and len(self.final_states):
+            # Nothing idle is left to give: the least recently used state goes, with its partial page,
+            # and its full pages become idle for the next call.
+            states = self.final_states.evict(1)
+            freed = (freed[0] + states[0], freed[1] + states[1])
+        self.evicted = (self.evicted[0] + freed[0], self.evicted[1] + freed[1])
+        return sum(freed)
 
     def drop_all(self) -> None:
         """Give back everything (no request may still use a cached page)."""
+        if self.final_states is not None:
+            self.final_states.drop_all()
         self._give_back(self.index.drop_all())
 
     def _give_back(self, handles: Handles) -> None:
@@ -138,9 +151,16 @@ class PrefixCache:
 
     def check(self) -> None:
         self.index.check(require)
+        states = self.final_states
+        partial, kept = (states.num_partial_pages, len(states)) if states is not None else (0, 0)
+        if states is not None:
+            states.check()
         cached = np.flatnonzero(self.allocator.cached)
-        require(cached.size == self.index.num_pages, "the cache holds exactly the pages it indexes")
         require(
-            int(np.count_nonzero(self.allocator.checkpoint)) == self.index.num_checkpoints,
-            "the cache owns exactly the checkpoints it indexes",
+            cached.size == self.index.num_pages + partial,
+            "the cache holds exactly the pages it indexes and its final states' partial pages",
+        )
+        require(
+            int(np.count_nonzero(self.allocator.checkpoint)) == self.index.num_checkpoints + kept,
+            "the cache owns exactly the checkpoints it indexes and its final states",
         )

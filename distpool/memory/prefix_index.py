@@ -129,6 +129,11 @@ class PrefixIndex:
         pages = tuple(node.page for node in path)
         return PrefixMatch(pages=pages, num_tokens=len(pages) * self.page_size, checkpoint=checkpoint)
 
+    def cached_path(self, tokens: Tokens) -> tuple[int, ...]:
+        """Handles of the cached pages along every full page of `tokens` (all of them may match,
+        unlike `match`), checkpoints aside. Read-only."""
+        return tuple(node.page for node in self._walk(self._pages(tokens)[1]))
+
     def branch_depth(self, tokens: Tokens) -> int:
         """Full pages of `tokens` (within len(tokens) - 1) cached where another cached prompt goes on
         past them: the boundary where this prompt leaves a cached path (0 if it leaves none, or only
