@@ -94,9 +94,10 @@ class SyntheticCache(PoolModel):
         state (see `PoolModel.prefill`); register it for decode steps; the first tokens.
 
         A checkpoint is verified byte for byte before anything is written (`CorruptCheckpoint`
-        otherwise): it must hold the state a prefill of the cached prefix writes, so a job that
-        continues in place after decode steps is refused. Sliding-window rows are rewritten whole:
-        the window's pages are the request's own, never shared.
+        otherwise): it must hold the state a prefill of the cached prefix writes. A job in place
+        (its own slot, after decode steps: decode's local prefill) is not: its state is rewritten
+        whole from the tokens, and the rows it continues from are verified when it is admitted.
+        Sliding-window rows are rewritten whole: the window's pages are the request's own, never shared.
         """
         mamba_layers = self.spec.mamba_layers
         num_slots = pool.state_view(mamba_layers[0])[0].shape[0] if mamba_layers else None
@@ -106,7 +107,10 @@ class SyntheticCache(PoolModel):
         hashes = [prefix_hashes(job.prompt) for job in jobs]  # H_0..H_n per request
         for job, prefix in zip(jobs, hashes, strict=True):
             slot = job.checkpoint_slot
-            if slot is not None:  # it must hold the state after `cached` tokens, as a prefill writes it
+            # A job in place continues its own state, which may hold decode steps' stripes: the state
+            # written below is a function of the tokens alone, and admission verifies the rows it read.
+            in_place = slot == pool.slot_id(job.request_id)
+            if slot is not None and not in_place:  # the state after `cached`, as a prefill writes it
                 mismatch = self.pattern.verify_state(pool, slot, prefix, job.cached, job.cached)
                 if mismatch is not None:
                     raise CorruptCheckpoint(job.request_id, slot, job.cached, mismatch)
