@@ -23,6 +23,10 @@ class DecodeRequest:
     failure: FailureKind | None = None  # CORRUPT: its bytes failed verification
     retry: bool = True  # whether another pair may succeed (False: a bug here, e.g. the decode loop raised)
     verified: bool = False  # its bytes were checked on arrival (and are again at release)
+    local: bool = False  # prefilled here from a kept final state (local_prefill.py), never transferred
+    prefilled: int = 0  # local: prompt tokens whose KV and state the envelope holds so far
+    accepted_at: float = 0.0  # local: when its prefill here was accepted
+    compute_s: float = 0.0  # local: seconds its chunks took (decode steps between them aside)
 
     @property
     def prompt_len(self) -> int:
@@ -40,6 +44,9 @@ class DecodeRequest:
             destination_runs=self.runs,
             prefix_hit_tokens=self.held_tokens,
             verified=self.verified,
+            local_computed_tokens=self.prompt_len - self.held_tokens if self.local else 0,
+            local_prefill_s=self.landed_at - self.accepted_at if self.local else 0.0,
+            local_compute_s=self.compute_s,
         )
 
 

@@ -3,12 +3,15 @@
 State contract (who owns which request, guarded by `_lock`):
 - `_waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
+- `_prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
+  decode steps; once its prompt is in, it moves to `_arrived` as if its envelope had landed.
 - `_arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
   before the request joins the batch, and fails it as corrupt on a mismatch.
 - `_running`: verified; in the decode batch; grows one token per step. Before release the whole
   envelope is verified again (compaction or a neighbour's write could have damaged it).
 - `_finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
-  nothing for them but what its prefix cache kept of their full pages.
+  nothing for them but what its prefix cache kept: their full pages, and their final state with
+  their partial page (`final_states.py`), which a next turn continues from.
 Prefix reuse: a request whose prompt starts with cached pages (an earlier turn that finished here)
 reserves them by reference; its transfer moves only the rest and the state slot.
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
@@ -24,10 +27,11 @@ import traceback
 from contextlib import nullcontext
 from dataclasses import asdict
 
+from decode.local_prefill import LocalPrefills
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
-from distpool.worker.messages import DecodeResult
+from distpool.worker.messages import DecodeResult, LocalPrefillAnswer
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Transfer, TransferError
 
@@ -47,6 +51,8 @@ class DecodeWorker(WorkerBase):
         self._arrived: dict[str, DecodeRequest] = {}
         self._running: dict[str, DecodeRequest] = {}
         self._finished: dict[str, DecodeRequest] = {}
+        self.local = LocalPrefills(self.pool, self.model, chunk_tokens=self.config.local_prefill_chunk)
+        self._prefilling = self.local.requests
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self.num_steps = 0
@@ -78,7 +84,12 @@ class DecodeWorker(WorkerBase):
 
     def _admitted(self):
         """(request id, request) of every request holding memory here."""
-        return (*self._waiting.items(), *self._arrived.items(), *self._running.items())
+        return (
+            *self._waiting.items(),
+            *self._prefilling.items(),
+            *self._arrived.items(),
+            *self._running.items(),
+        )
 
     def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> None:
         """Reserve the destination envelope for `prompt` and expect it from worker `prefill`. The
@@ -89,8 +100,7 @@ class DecodeWorker(WorkerBase):
         check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
         prompt_len = len(prompt)
         with self._lock:
-            if any(request_id in held for held in (self._waiting, self._arrived, self._running)):
-                raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
+            self._check_new(request_id)
             cache = self.pool.prefix_cache
             match = cache.match(prompt) if cache is not None else None
             held_pages = len(match.pages) if match is not None else 0
@@ -118,6 +128,21 @@ class DecodeWorker(WorkerBase):
             self._free(self._waiting, request_id, pinned=True)
             raise
         req.transfer.add_done_callback(self._landed)
+
+    def _check_new(self, request_id: str) -> None:
+        if any(request_id == rid for rid, _ in self._admitted()):
+            raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
+
+    def local_prefill(self, request_id: str, prompt: list[int], max_new_tokens: int) -> LocalPrefillAnswer:
+        """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
+        transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room)."""
+        check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
+        with self._lock:
+            self._check_new(request_id)
+            answer = self.local.start(request_id, prompt, max_new_tokens, self.can_admit)
+            self._note_peak()
+            self._wake.notify_all()
+            return answer
 
     def _landed(self, transfer: Transfer) -> None:
         """A destination's transfer concluded (on the engine's thread): hand it to the decode loop,
@@ -199,10 +224,11 @@ class DecodeWorker(WorkerBase):
     def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
         """Under the lock: drop an arrived, running or finished request (see `cancel`); whether
         there was one."""
-        held = (self._arrived, self._running, self._finished)
+        held = (self._prefilling, self._arrived, self._running, self._finished)
         req = next((owned[request_id] for owned in held if request_id in owned), None)
         if req is None:
             return False
+        self._free(self._prefilling, request_id)
         self._free(self._arrived, request_id)
         self._free(self._running, request_id)
         self._finished.pop(request_id, None)
@@ -218,9 +244,12 @@ class DecodeWorker(WorkerBase):
         if mismatch is not None:
             self._fail_corrupt(request_id, req, f"at release {mismatch}")
             return
-        if self.pool.prefix_cache is not None:  # its full pages stay for the next turn that shares them
+        cache = self.pool.prefix_cache
+        if cache is not None:  # its full pages stay for the next turn that shares them
             held = (req.prompt + req.tokens)[: self.pool.num_tokens(request_id)]  # the last token has no KV
-            self.pool.prefix_cache.cache_request(request_id, held)
+            cache.cache_request(request_id, held)
+            if cache.final_states is not None:  # and its state, for a next turn prefilled here
+                cache.final_states.keep(request_id, held)
         self.model.forget(request_id)
         req.finished_at = time.monotonic()
         self.pool.release(request_id)
@@ -255,8 +284,11 @@ class DecodeWorker(WorkerBase):
                 return self._verify_by - now
             self._verify_by = None
             self._verify_arrived()
-        elif self._running:
-            self.step_locked()
+        elif self._running or self._prefilling:
+            if (done := self.local.advance()) is not None:  # one chunk, then one step of the batch
+                self._arrived[done[0]] = done[1]
+            if self._running:
+                self.step_locked()
         else:
             self._wake.wait()  # an arrival or shutdown wakes it
         return 0.0
@@ -268,7 +300,7 @@ class DecodeWorker(WorkerBase):
         print(f"distpool: {self.name}: {reason}", file=sys.stderr, flush=True)
         traceback.print_exc()
         self.metrics.add_failure(FailureKind.INTERNAL)
-        for owned in (self._arrived, self._running):
+        for owned in (self._prefilling, self._arrived, self._running):
             for rid, req in list(owned.items()):
                 try:
                     self._free(owned, rid)
@@ -320,6 +352,9 @@ class DecodeWorker(WorkerBase):
             return DecodeStats(
                 **asdict(super().stats()),
                 waiting=len(self._waiting),
+                prefilling=len(self._prefilling),
+                local_prefills=self.local.started,
+                decode_state_checkpoints=self._final_states_kept(),
                 arrived=len(self._arrived),
                 running=len(self._running),
                 verified_envelopes=self.verified_envelopes,
@@ -327,6 +362,10 @@ class DecodeWorker(WorkerBase):
                 finished_uncollected=len(self._finished),
                 steps=self.num_steps,
             )
+
+    def _final_states_kept(self) -> int:
+        cache = self.pool.prefix_cache
+        return cache.final_states.kept if cache is not None and cache.final_states is not None else 0
 
     def shutdown(self) -> None:
         with self._lock:

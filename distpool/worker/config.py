@@ -12,6 +12,7 @@ from distpool.model_impl.hf.source import HFSource
 from distpool.model_impl.select import MODEL_IMPLS, compute_dtype
 from transfer import TransferOptions
 
+DEFAULT_LOCAL_PREFILL_CHUNK = 512  # tokens; see the README's conditional disaggregation
 DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here
 DEVICES = ("auto", "cpu", "cuda")
 RESOLVED_MODEL_IMPLS = MODEL_IMPLS[1:]  # what a worker runs: auto is chosen earlier
@@ -33,6 +34,9 @@ class WorkerConfig:
     seed: int = 0
     model_impl: str = "reference"  # what computes in the pools (RESOLVED_MODEL_IMPLS)
     hf: HFSource | None = None  # the transformers runner's weights (each worker loads its own copy)
+    # Decode's local prefill (conditional disaggregation): prompt tokens computed between two decode
+    # steps of the running batch, which bounds what a local prefill adds to a running request's step.
+    local_prefill_chunk: int = DEFAULT_LOCAL_PREFILL_CHUNK
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
@@ -41,6 +45,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
+        if self.local_prefill_chunk < 1:
+            raise ValueError(
+                f"--local-prefill-chunk must be at least 1 token; got {self.local_prefill_chunk}"
+            )
         if self.model_impl not in RESOLVED_MODEL_IMPLS:
             raise ValueError(
                 f"the model implementation must be one of {', '.join(RESOLVED_MODEL_IMPLS)}; "

@@ -67,6 +67,11 @@ class DecodeFinished:
     destination_runs: int  # runs of consecutive bytes the transfer wrote into
     prefix_hit_tokens: int  # of the prompt, in pages held here already (never transferred)
     verified: bool  # every byte checked on arrival and at release
+    # Prefilled here from a kept final state (`DecodeWorker.local_prefill`): the prompt tokens it
+    # computed (0: its envelope was transferred), and accepted -> its last chunk computed.
+    local_computed_tokens: int = 0
+    local_prefill_s: float = 0.0
+    local_compute_s: float = 0.0  # of which its chunks' own computation (the decode steps between aside)
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,23 @@ class DecodeFailed:
 
 
 DecodeResult = DecodeFinished | DecodeFailed
+
+
+# ---- decode's answer to a local prefill -----------------------------------------------------------
+@dataclass(frozen=True)
+class LocalPrefillStarted:
+    """Decode holds the state after `held_tokens` of the prompt and prefills the rest itself; the
+    request's result comes from `next_finished` like any other."""
+
+    held_tokens: int
+
+
+@dataclass(frozen=True)
+class LocalPrefillRefused:
+    """Decode holds no state the prompt extends (evicted, restarted) or has no room; it holds
+    nothing for the request: take the disaggregated path."""
+
+    reason: str
+
+
+LocalPrefillAnswer = LocalPrefillStarted | LocalPrefillRefused

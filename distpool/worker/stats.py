@@ -47,6 +47,9 @@ class PrefillStats(WorkerStats):
 @dataclass(frozen=True)
 class DecodeStats(WorkerStats):
     waiting: int  # reserved, their transfer not concluded
+    prefilling: int  # prefilled here from a kept final state, their prompt not wholly computed yet
+    local_prefills: int  # accepted for local prefill so far (this life of the worker only)
+    decode_state_checkpoints: int  # finished requests' final states kept so far
     arrived: int  # landed, not yet verified
     running: int  # in the decode batch
     verified_envelopes: int  # every byte checked (this life of the worker only)

@@ -75,7 +75,9 @@ def test_the_next_turn_moves_only_the_pages_decode_does_not_hold():
     oracle = ReferenceModel(SPEC)
     assert [r.tokens for r in done[:2]] == [r.tokens for r in done_plain[:2]]
     assert done[1].tokens == oracle.generate_nocache(done[2]["prompt"], MAX_NEW)
-    assert stats.cached_pages > 0 and stats.checkpoints == 0  # decode caches pages only
+    # Decode keeps pages, and no checkpoint at a page boundary: only turn 2's final state (turn 1's
+    # was superseded by it), with its partial page.
+    assert stats.cached_pages > 0 and stats.checkpoints == 1 and stats.decode_state_checkpoints == 2
 
 
 def test_synthetic_envelopes_verify_byte_for_byte_after_reuse():

@@ -1,0 +1,101 @@
+"""Local prefill on a decode worker: a prompt that extends a finished request's tokens is prefilled
+where that request decoded, from its kept final state (`distpool.memory.final_states`), with nothing
+transferred.
+
+    prompt   [0 .......... full pages) [ ... held) [held ...................... len(prompt))
+    pages    the state's full pages,    own page:   own pages: computed here, `chunk_tokens` at a
+             shared (read only)         its copy    time between two decode steps of the batch
+    state    the kept state, copied into the request's own slot, continued chunk by chunk
+
+Each chunk is one `model.prefill` job in place (`prefill_job.py`: its checkpoint is the request's own
+slot), so the reference model, the synthetic cache and the transformers runner all run it. Once the
+whole prompt is in, the request is handed on as if its envelope had just landed: admission verifies
+it (synthetic cache) like a transferred one and it joins the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from decode.request import DecodeRequest
+from distpool.memory.pool import DoesNotFit, Pool
+from distpool.model_impl.pool_model import PoolModel
+from distpool.model_impl.prefill_job import PrefillJob
+from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, LocalPrefillStarted
+
+
+class LocalPrefills:
+    """The requests a decode worker prefills itself (guarded by the worker's lock)."""
+
+    def __init__(self, pool: Pool, model: PoolModel, *, chunk_tokens: int) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"--local-prefill-chunk must be at least 1 token; got {chunk_tokens}")
+        self.pool, self.model, self.chunk_tokens = pool, model, chunk_tokens
+        self.requests: dict[str, DecodeRequest] = {}  # accepted, prompt not wholly computed yet, FIFO
+        self.started = 0  # accepted so far
+
+    def start(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        can_admit: Callable[[int, int, int], bool],
+    ) -> LocalPrefillAnswer:
+        """Under the lock: reserve `request_id` on the kept state `prompt` extends, copy that state
+        and its partial page in, and queue its chunks; or refuse, holding nothing."""
+        cache = self.pool.prefix_cache
+        states = cache.final_states if cache is not None else None
+        entry = states.find(prompt) if states is not None else None
+        if entry is None:
+            return LocalPrefillRefused("no kept state that the prompt extends (evicted, or never here)")
+        match = entry.prefix_match(self.pool.page_size)
+        with cache.holding(match):  # making room may evict states, never these pages
+            fits = can_admit(len(prompt), max_new_tokens, match.num_tokens)
+        if not fits:
+            return LocalPrefillRefused("no room with headroom for running requests")
+        if states.find(prompt) is not entry:  # making room evicted it
+            return LocalPrefillRefused("its kept state was evicted to make room")
+        first_stop = min(len(prompt), entry.num_tokens + self.chunk_tokens)
+        final = len(prompt) + max_new_tokens
+        try:
+            self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final, prefix=match)
+        except DoesNotFit as exc:  # holds nothing
+            return LocalPrefillRefused(f"no room: {exc.reason}")
+        try:
+            states.restore(entry, request_id)
+        except BaseException:
+            self.pool.release(request_id)
+            raise
+        self.requests[request_id] = DecodeRequest(
+            prompt=list(prompt),
+            max_new_tokens=max_new_tokens,
+            held_tokens=entry.num_tokens,
+            local=True,
+            prefilled=entry.num_tokens,
+            accepted_at=time.monotonic(),
+        )
+        self.started += 1
+        return LocalPrefillStarted(held_tokens=entry.num_tokens)
+
+    def advance(self) -> tuple[str, DecodeRequest] | None:
+        """Under the lock: compute the next chunk of the oldest request; returns it (its first token
+        appended, the model's record of it dropped for admission) once its whole prompt is in."""
+        if not self.requests:
+            return None
+        rid, req = next(iter(self.requests.items()))
+        stop = min(req.prompt_len, req.prefilled + self.chunk_tokens)
+        if (more := stop - self.pool.num_tokens(rid)) > 0:
+            self.pool.extend(rid, more, compact=True)  # admission kept the room
+        started, slot = time.monotonic(), self.pool.slot_id(rid)
+        job = PrefillJob(rid, req.prompt[:stop], cached=req.prefilled, checkpoint_slot=slot)  # in place
+        (done,) = self.model.prefill(self.pool, [job])
+        req.prefilled = stop
+        req.compute_s += time.monotonic() - started
+        if stop < req.prompt_len:
+            return None
+        del self.requests[rid]
+        self.model.forget(rid)  # admission registers it again, from the bytes it verifies
+        req.tokens.append(done.first_token)
+        req.landed_at = time.monotonic()
+        return rid, req
