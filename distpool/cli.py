@@ -23,11 +23,12 @@ from distpool.model_impl.hf.tokenizer import find_tokenizer
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.select import compute_dtype
 from distpool.serving import request_flags
+from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.conversation import DEFAULT_TURNS
 from distpool.serving.request_flags import RequestFlags
 from distpool.serving.workload import WORKLOADS
 from distpool.settings import Settings
-from distpool.worker.config import DEFAULT_BUDGET_BYTES, WorkerConfig
+from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK, WorkerConfig
 from transfer import TransferOptions
 from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_CHUNK_BYTES, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from transfer.faults import SENDER_ABORT
@@ -91,6 +92,15 @@ def pool_args_from(ns: argparse.Namespace, disaggregation_mode: str | None) -> P
     )
 
 
+def _whole_tokens(value: str | None, flag: str) -> int | None:
+    """A token count of at least 1 given as `flag` (None stays None); ValueError names the flag."""
+    if value is None:
+        return None
+    if not value.isdecimal() or int(value) < 1:
+        raise ValueError(f"{flag} must be a whole number of tokens, at least 1; got {value!r}")
+    return int(value)
+
+
 def _tp_size(value: str) -> int:
     """A tensor-parallel size: a whole number of ranks, 1 to MAX_TP."""
     tp = int(value) if value.isdecimal() else 0
@@ -150,8 +160,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.memory_gib is not None
         else default_budget_bytes(model, pool_args, impl.name, ns.prefill + ns.decode)
     )
+    conditional = ConditionalOptions(
+        enabled=ns.conditional_disagg,
+        max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
+    )
     worker = WorkerConfig(
         spec=model,
+        local_prefill_chunk=_whole_tokens(ns.local_prefill_chunk, "--local-prefill-chunk"),
         pool_args=pool_args,
         budget_bytes=budget,
         transfer=transfer,
@@ -189,6 +204,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
         overlap_reservation=not ns.reserve_first,
+        conditional=conditional,
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
@@ -257,6 +273,25 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--disable-unified-memory", action="store_true", help="static pools even for hybrid")
     run.add_argument(
         "--device", default="auto", help="auto (a GPU per worker when there are enough), cpu, cuda"
+    )
+    run.add_argument(
+        "--conditional-disagg",
+        action=argparse.BooleanOptionalAction,
+        default=ConditionalOptions.enabled,
+        help="prefill a request on the decode worker holding the state its prompt extends, when the cost "
+        "model says that beats moving the slot (README: conditional disaggregation)",
+    )
+    run.add_argument(
+        "--local-prefill-max-tokens",
+        default=None,
+        metavar="N",
+        help="new prompt tokens a decode worker may prefill for one request (default: the cost model's)",
+    )
+    run.add_argument(
+        "--local-prefill-chunk",
+        default=str(DEFAULT_LOCAL_PREFILL_CHUNK),
+        metavar="N",
+        help=f"tokens a local prefill computes between two decode steps ({DEFAULT_LOCAL_PREFILL_CHUNK})",
     )
     run.add_argument("--spread", action="store_true", help="place every worker on a different node")
     run.add_argument(

@@ -7,7 +7,9 @@ on that prefill worker (the transfer header carries the first token) -> the resu
 through one long-poll per decode worker (`next_finished`). A failed transfer, a dead or silent actor
 (`serving.recovery`) or no room frees both sides and retries the request on another pair (at most
 `max_attempts` tries); anything else is a bug and fails the request at once. Requests wait in a
-queue; `queue_bound` of them are in the pipeline at once.
+queue; `queue_bound` of them are in the pipeline at once. With conditional disaggregation
+(`serving.conditional`), a request whose prompt extends a state a decode worker kept may instead be
+prefilled there (`DecodeWorker.local_prefill`), with no transfer; refused, it takes the path above.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from distpool.serving.batcher import Batcher
+from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
+from distpool.serving.local_path import LocalPath
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery, WorkerLost
@@ -46,6 +50,7 @@ class ServeOptions:
     # Reserve the destination while prefill computes (the transfer waits for it); False reserves
     # first (`--reserve-first`): kept so that scripts/bench_ttft.py measures both orders side by side.
     overlap_reservation: bool = True
+    conditional: ConditionalOptions = ConditionalOptions()  # local prefill on decode (serving.conditional)
 
 
 class _GiveUp(Exception):
@@ -55,6 +60,12 @@ class _GiveUp(Exception):
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
+
+
+def _failure(result: DecodeFailed) -> Exception:
+    """What a decode failure raises: corrupt, or a bug on decode's side, is never retried."""
+    retry = result.retry and not result.corrupt
+    return (Retry if retry else _GiveUp)(result.kind, result.reason)
 
 
 class Server:
@@ -79,6 +90,9 @@ class Server:
             overlap=options.overlap_reservation,
             cache_affinity=self.cache_affinity,
             admission_timeout_s=options.admission_timeout_s,
+        )
+        self.local = LocalPath.build(  # prefill on decode (conditional disaggregation), or None
+            deployment, self.router, options.conditional, self._call, self._quiet, self.waiting
         )
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
@@ -135,6 +149,8 @@ class Server:
 
     def _record(self, out: Outcome) -> None:
         self.done += 1
+        if self.local is not None and out.tokens is not None:
+            self.local.record(out)
         if out.tokens is not None:
             self.metrics.observe_ttft(out.ttft_s)
         self.metrics.count("completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed")
@@ -179,6 +195,10 @@ class Server:
         return out
 
     async def _attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> None:
+        if self.local is not None and (local := await self.local.attempt(req, out, submitted, avoid)):
+            if isinstance(local, DecodeFailed):
+                raise _failure(local)
+            return
         rid = req.request_id
         prefill_name = self.router.pick_prefill()
         self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
@@ -227,12 +247,10 @@ class Server:
                 raise (Retry if sent.retry else _GiveUp)(sent.kind, sent.reason)
             result = await future
             if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
-                retry = result.retry and not result.corrupt
-                raise (Retry if retry else _GiveUp)(result.kind, result.reason)
+                raise _failure(result)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
-            if self.cache_affinity:  # what that worker now caches: all but the last token have KV
-                self.router.remember(decode_name, [*req.prompt, *out.tokens[:-1]])
+            self._remember(decode_name, req, out)
         except BaseException:
             if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
                 sending.cancel()
@@ -244,6 +262,15 @@ class Server:
             await self._forget_fault(rid, planned_on)
             if future.done() and not future.cancelled():
                 future.exception()  # a result that failed while nobody awaited it: seen, not lost
+
+    def _remember(self, decode_name: str, req: Request, out: Outcome) -> None:
+        """What that worker now caches: all but the last token have KV; the state after them."""
+        if self.cache_affinity:
+            held = [*req.prompt, *out.tokens[:-1]]
+            if self.local is not None:  # the router's affinity, and the state the policy tracks
+                self.local.remember(decode_name, held)
+            else:
+                self.router.remember(decode_name, held)
 
     async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
         """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's

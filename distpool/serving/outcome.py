@@ -32,6 +32,8 @@ class Outcome:
     source_runs: int = 0  # byte runs of the envelope at prefill
     destination_runs: int = 0  # and at decode
     pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
+    path: str = "remote"  # remote: prefilled on a prefill worker and transferred; local: on decode
+    local_refused: int = 0  # local prefills decode refused (state gone, no room): then disaggregated
 
     def succeeded(
         self,
@@ -54,6 +56,20 @@ class Outcome:
         self.decode_prefix_hit_tokens = result.prefix_hit_tokens
         self.verified = result.verified
         self.pair = pair
+        self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
+
+    def succeeded_locally(
+        self, prompt_len: int, result: DecodeFinished, decode_name: str, times: tuple[float, float]
+    ) -> None:
+        """Fill in an attempt prefilled on decode worker `decode_name` from a kept state: its prefill
+        part is decode's (accepted to its last chunk); nothing moved. `times`: submitted, began."""
+        submitted, began = times
+        self.queue_s, self.reserve_s, self.transfer_s, self.transfer_bytes = began - submitted, 0.0, 0.0, 0
+        self.prompt_tokens, self.prefill_tokens_computed = prompt_len, result.local_computed_tokens
+        self.prefill_s, self.first_token_s = result.local_prefill_s, result.admit_s
+        self.source_runs, self.destination_runs = 0, 0
+        self.decode_prefix_hit_tokens = result.prefix_hit_tokens
+        self.verified, self.pair, self.path = result.verified, None, "local"  # no pair: nothing moved
         self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
 
     @property

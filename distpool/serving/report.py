@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
@@ -60,6 +61,19 @@ def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def _tpot_ms(o: Outcome) -> float | None:
+    return o.decode_s * 1e3 / (len(o.tokens) - 1) if o.tokens is not None and len(o.tokens) > 1 else None
+
+
+def by_path(done: list[Outcome], figure: Callable[[Outcome], float | None]) -> dict:
+    """{remote, local} -> {p50, p99} of `figure` over the completed requests of each path."""
+    out = {}
+    for path in ("remote", "local"):
+        values = [v for o in done if o.path == path and (v := figure(o)) is not None]
+        out[path] = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+    return out
+
+
 def summarize(
     outcomes: list[Outcome],
     *,
@@ -93,6 +107,7 @@ def summarize(
     link = link or {"link_gbps": 0.0, "link_message_bytes": 0, "links": []}
     transfer_gbps = moved / seconds / 1e9 if seconds else 0.0
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
+    local = [o for o in done if o.path == "local"]
     return {
         "model_impl": model_impl,
         "dtype": dtype,
@@ -121,6 +136,12 @@ def summarize(
         "cached_pages": sum(s.cached_pages for s in read),  # at the end, before dropping
         "checkpoints": sum(s.checkpoints for s in read),
         "evictions": sum(s.evicted_pages + s.evicted_checkpoints for s in read),
+        # conditional disaggregation: requests prefilled on decode from a kept state, the prompt
+        # tokens they computed there, and the final states decode workers kept
+        "local_prefills": len(local),
+        "local_prefill_tokens": sum(o.prefill_tokens_computed for o in local),
+        "local_prefill_fallbacks": sum(o.local_refused for o in outcomes),  # refused: disaggregated
+        "decode_state_checkpoints": sum(getattr(s, "decode_state_checkpoints", 0) for s in read),
         "transfer_gbps": transfer_gbps,
         **link,
         "link_utilization": transfer_gbps / link["link_gbps"] if link["link_gbps"] else 0.0,
@@ -135,6 +156,8 @@ def summarize(
         },
         "tpot_ms_p50": percentile(tpot_ms, 50),
         "tpot_ms_p99": percentile(tpot_ms, 99),
+        "ttft_ms_by_path": by_path(done, lambda o: o.ttft_s * 1e3),
+        "tpot_ms_by_path": by_path(done, _tpot_ms),
         "tokens_generated": sum(len(o.tokens) for o in done),
         "wall_s": wall_s,
         # `worker_stats` is read after the run drained and each prefix cache dropped (run.py): anything
@@ -182,6 +205,18 @@ def _conversation_rows(multi_turn: dict | None) -> list[tuple[str, str]]:
         ("turns skipped after a failure", str(m["turns_skipped"])),
         ("turns cut by the context", f"{m['turns_cut_by_context']} of {m['turns_asked']} asked"),
     ]
+
+
+def _local(report: dict) -> str:
+    kept, refused = report["decode_state_checkpoints"], report["local_prefill_fallbacks"]
+    return (
+        f"{report['local_prefills']} / {report['local_prefill_tokens']} "
+        f"({kept} states kept, {refused} refused)"
+    )
+
+
+def _by_path(report: dict, key: str, spec: str) -> str:
+    return " / ".join(format(report[key][path]["p50"], spec) for path in ("remote", "local")) + " ms"
 
 
 def format_summary(report: dict) -> str:
@@ -232,6 +267,9 @@ def format_summary(report: dict) -> str:
         ("prompt tokens held at decode", str(report["decode_prefix_hit_tokens"])),
         ("cached pages / checkpoints", f"{report['cached_pages']} / {report['checkpoints']}"),
         ("cache evictions", str(report["evictions"])),
+        ("local prefills / tokens", _local(report)),
+        ("TTFT p50 remote / local", _by_path(report, "ttft_ms_by_path", ".1f")),
+        ("per-token p50 remote / local", _by_path(report, "tpot_ms_by_path", ".2f")),
         ("transfer / raw link", utilization),
         ("tokens generated", f"{report['tokens_generated']} in {report['wall_s']:.1f} s"),
         ("leaked pages / slots", _leaks(report)),

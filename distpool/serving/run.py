@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import ray
 
+from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.conversation import MultiTurn, TurnFeed
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
@@ -125,6 +126,7 @@ def run(
     num_cpus: int | None = None,
     faults: dict[str, float] | None = None,
     overlap_reservation: bool = True,
+    conditional: ConditionalOptions | None = None,
     seed: int = 0,
     parity_sample: int = 4,
     json_path: str | None = None,
@@ -159,7 +161,12 @@ def run(
                 start_ray(spec, address, num_cpus, metrics_port)
             deployment = Deployment.start(spec)
             started = time.monotonic()
-            options = ServeOptions(faults=faults or {}, seed=seed, overlap_reservation=overlap_reservation)
+            options = ServeOptions(
+                faults=faults or {},
+                seed=seed,
+                overlap_reservation=overlap_reservation,
+                conditional=conditional or ConditionalOptions(),
+            )
             server = Server(deployment, options)
             serve_workload(server, requests, feed)
             wall_s = time.monotonic() - started

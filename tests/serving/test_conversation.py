@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from distpool.memory.sizing import PoolArgs
+from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
@@ -115,7 +116,9 @@ class ScriptedServer(Server):
             decode={"decode-0": _NoResults()},
             spec=SimpleNamespace(worker=worker),
         )
-        super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False))
+        # It serves every turn itself: no decode worker to prefill locally on.
+        off = ConditionalOptions(enabled=False)
+        super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False, conditional=off))
         self.fail = fail
         self.started: list[str] = []
         self.running: set[str] = set()  # conversations with a turn in service

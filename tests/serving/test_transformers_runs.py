@@ -62,7 +62,8 @@ def test_prompts_served_through_the_pools_equal_generate(ray_session, hf_checkpo
 def test_a_multi_turn_conversation_continues_cached_prefixes_and_equals_generate(
     ray_session, hf_checkpoints, tmp_path, arch
 ):
-    status, report, lines = serve(hf_checkpoints[arch], tmp_path, *MULTI_TURN)
+    # The disaggregated path: turn 2 prefilled on prefill from its checkpoint (not on decode).
+    status, report, lines = serve(hf_checkpoints[arch], tmp_path, *MULTI_TURN, "--no-conditional-disagg")
     assert status == 0, report["errors"]
     assert report["multi_turn"]["turns_completed"] == 2 and len(lines) == 2
     first, second = lines

@@ -1,0 +1,114 @@
+"""The driver's side of a local prefill (`DecodeWorker.local_prefill`): one attempt on the decode worker
+holding the state the prompt extends, chosen by `serving.conditional`. Nothing is transferred; the
+result arrives through that worker's `next_finished` stream like any other."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from distpool.memory.sizing import size_pools
+from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
+from distpool.serving.deployment import Deployment
+from distpool.serving.outcome import Outcome
+from distpool.serving.router import Router
+from distpool.serving.workload import Request
+from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused
+
+Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
+Quiet = Callable[[Any], Awaitable[None]]  # await a call whose outcome does not matter
+Waiting = dict[str, tuple[str, asyncio.Future]]  # request id -> (decode worker, its result)
+
+
+class LocalPath:
+    def __init__(
+        self, deployment: Deployment, policy: LocalPrefillPolicy, call: Call, quiet: Quiet, waiting: Waiting
+    ) -> None:
+        self.deployment, self.policy, self.router = deployment, policy, policy.router
+        self.call, self.quiet, self.waiting = call, quiet, waiting
+
+    @classmethod
+    def build(
+        cls,
+        deployment: Deployment,
+        router: Router,
+        options: ConditionalOptions,
+        call: Call,
+        quiet: Quiet,
+        waiting: Waiting,
+    ) -> LocalPath | None:
+        """The local path when it can happen: on, and decode keeps final states (a prefix cache and
+        a model with recurrent state and KV pages); else None."""
+        worker = deployment.spec.worker
+        if not (options.enabled and worker.pool_args.prefix_cache):
+            return None
+        sizes = size_pools(worker.spec, worker.for_role("decode"), worker.budget_bytes)
+        if not (sizes.slot_bytes and sizes.page_bytes):
+            return None
+        policy = LocalPrefillPolicy(
+            router, Sizes(sizes.slot_bytes, sizes.page_bytes, sizes.page_size), options
+        )
+        return cls(deployment, policy, call, quiet, waiting)
+
+    def remember(self, decode_name: str, held: list[int]) -> None:
+        """`decode_name` finished a request holding KV for `held`: it caches their full pages (the
+        router's affinity) and keeps the state after them (the policy's)."""
+        self.router.remember(decode_name, held)
+        self.policy.remember(decode_name, held)
+
+    def record(self, out: Outcome) -> None:
+        """A completed request's figures, for the cost model (a local one's rate: `attempt`)."""
+        assert out.tokens is not None
+        self.policy.measured(
+            transfer_bytes=out.transfer_bytes,
+            transfer_s=out.transfer_s,
+            computed_tokens=out.prefill_tokens_computed,
+            prefill_s=out.prefill_s if out.path == "remote" else 0.0,
+            tpot_s=out.decode_s / (len(out.tokens) - 1) if len(out.tokens) > 1 else None,
+        )
+
+    async def attempt(
+        self, req: Request, out: Outcome, submitted: float, avoid: set[str]
+    ) -> DecodeResult | None:
+        """Prefill `req` on the decode worker holding its state, if the policy says so: its result
+        (filled into `out` when it finished), or None (not chosen, or refused holding nothing): the
+        disaggregated path serves it. A failure there puts that worker in `avoid`."""
+        chosen = self.policy.choose(req.prompt, req.max_new_tokens, avoid)
+        if chosen is None:
+            return None
+        rid, (decode_name, held) = req.request_id, chosen
+        new_tokens = len(req.prompt) - held
+        self.router.begin(decode_name)
+        self.policy.queued_tokens[decode_name] += new_tokens
+        began = time.monotonic()
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = (decode_name, future)
+        handle = self.deployment.decode[decode_name]
+        try:
+            answer = await self.call(
+                decode_name, handle.local_prefill.remote(rid, req.prompt, req.max_new_tokens)
+            )
+            if isinstance(answer, LocalPrefillRefused):
+                self.policy.forget(decode_name, req.prompt)
+                out.local_refused += 1
+                return None
+            result = await future
+            if isinstance(result, DecodeFailed):
+                avoid.add(decode_name)
+            else:
+                out.succeeded_locally(len(req.prompt), result, decode_name, (submitted, began))
+                self.policy.measured_locally(result.local_computed_tokens, result.local_compute_s)
+                self.remember(decode_name, [*req.prompt, *result.tokens[:-1]])
+            return result
+        except BaseException:
+            avoid.add(decode_name)
+            await self.quiet(handle.cancel.remote(rid))
+            raise
+        finally:
+            self.policy.queued_tokens[decode_name] -= new_tokens
+            self.waiting.pop(rid, None)
+            self.router.end(decode_name)
+            if future.done() and not future.cancelled():
+                future.exception()

@@ -1,0 +1,113 @@
+"""The driver's conditional-disaggregation policy: which decode worker holds the state a prompt extends,
+and whether the cost model (or the flag) lets it prefill the new tokens there."""
+
+from __future__ import annotations
+
+import pytest
+
+from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
+from distpool.serving.router import AFFINITY_SLACK, Router
+
+MIB = 1 << 20
+SIZES = Sizes(slot_bytes=100 * MIB, page_bytes=MIB // 4, page_size=16)
+TURN_ONE = list(range(1, 101))
+
+
+def policy(**options) -> LocalPrefillPolicy:
+    router = Router(["prefill-0"], ["decode-0", "decode-1"], page_size=16)
+    return LocalPrefillPolicy(router, SIZES, ConditionalOptions(enabled=True, **options))
+
+
+def measured(
+    p: LocalPrefillPolicy, *, link_gbps: float = 1.0, tokens_per_s: float = 10_000, tpot_s: float = 0.02
+):
+    p.measured(
+        transfer_bytes=int(link_gbps * 1e9),
+        transfer_s=1.0,
+        computed_tokens=int(tokens_per_s),
+        prefill_s=1.0,
+        tpot_s=tpot_s,
+    )
+
+
+def test_a_later_turn_goes_to_the_worker_holding_its_state():
+    p = policy(max_tokens=1000)
+    p.remember("decode-1", TURN_ONE)
+    assert p.choose(TURN_ONE + [7, 8, 9], 16, set()) == ("decode-1", 100)
+    assert p.choose([5] + TURN_ONE, 16, set()) is None  # does not extend it
+    assert p.choose(TURN_ONE, 16, set()) is None  # the last token must be computed: not a proper prefix
+    assert p.choose(TURN_ONE + [7], 16, {"decode-1"}) is None  # avoided after a failure there
+
+
+def test_a_later_turn_supersedes_and_a_refusal_forgets():
+    p = policy(max_tokens=1000)
+    p.remember("decode-0", TURN_ONE)
+    turn_two = TURN_ONE + list(range(200, 250))
+    p.remember("decode-0", turn_two)
+    assert list(p.states["decode-0"]) == [tuple(turn_two)]
+    p.forget("decode-0", turn_two + [1])
+    assert p.choose(turn_two + [1], 16, set()) is None
+
+
+def test_nothing_goes_local_before_the_run_measured_the_link_and_the_rates():
+    p = policy()
+    p.remember("decode-0", TURN_ONE)
+    assert p.max_tokens(64, 16) == 0 and p.choose(TURN_ONE + [1] * 64, 16, set()) is None
+
+
+def test_the_cost_model_allows_what_decode_computes_while_the_slot_would_move():
+    p = policy()
+    measured(p, link_gbps=1.0, tokens_per_s=10_000, tpot_s=1.0)  # a generous latency budget
+    p.measured_locally(10_000, 1.0)
+    move_s = (SIZES.slot_bytes + (-(-64 // 16) + 1) * SIZES.page_bytes) / 1e9
+    assert p.max_tokens(64, 16) == int(10_000 * move_s)  # about 1,061 tokens in 0.106 s
+    p.remember("decode-0", TURN_ONE)
+    assert p.choose(TURN_ONE + [1] * 900, 16, set()) == ("decode-0", 100)
+    assert p.choose(TURN_ONE + [1] * 2000, 16, set()) is None  # 0.15 s to move, 0.2 s to compute
+
+
+def test_decodes_own_rate_replaces_prefills_once_a_local_prefill_completed():
+    p = policy()
+    measured(p, link_gbps=1.0, tokens_per_s=1_000, tpot_s=1.0)
+    before = p.max_tokens(64, 16)
+    p.measured_locally(500, 0.05)
+    assert before == 106 and p.max_tokens(64, 16) == 1061  # 10,000 tokens/s where prefill's said 1,000
+
+
+def test_one_local_prefill_at_a_time_measures_decodes_rate_first():
+    p = policy()
+    measured(p, link_gbps=1.0, tokens_per_s=100, tpot_s=1.0)  # prefill's prior allows 10 tokens
+    p.remember("decode-0", TURN_ONE)
+    long_turn = TURN_ONE + [1] * 500
+    assert p.choose(long_turn, 16, set()) == ("decode-0", 100)  # past the prior: to measure
+    p.queued_tokens["decode-0"] = 500  # that one is in flight: no second one
+    assert p.choose(long_turn, 16, set()) is None
+    p.queued_tokens["decode-0"] = 0
+    p.measured_locally(500, 1.0)
+    assert p.choose(long_turn, 16, set()) is None  # measured: 500 tokens/s * 0.1 s allows 50
+
+
+def test_the_running_batchs_latency_budget_bounds_it():
+    p = policy()
+    measured(p, link_gbps=1.0, tokens_per_s=10_000, tpot_s=0.001)  # budget: 0.5 * 1 ms * 16 = 8 ms
+    assert p.max_tokens(64, 16) == 80
+
+
+def test_queued_local_work_and_load_count():
+    p = policy(max_tokens=100)
+    p.remember("decode-0", TURN_ONE)
+    prompt = TURN_ONE + [1] * 60
+    p.queued_tokens["decode-0"] = 50  # another local prefill still computing there
+    assert p.choose(prompt, 16, set()) is None
+    p.queued_tokens["decode-0"] = 0
+    p.router.in_flight["decode-0"] = AFFINITY_SLACK + 1  # far busier than decode-1
+    assert p.choose(prompt, 16, set()) is None
+
+
+def test_off_means_never_and_bad_bounds_are_refused():
+    router = Router(["prefill-0"], ["decode-0"], page_size=16)
+    off = LocalPrefillPolicy(router, SIZES, ConditionalOptions(enabled=False, max_tokens=10_000))
+    off.remember("decode-0", TURN_ONE)
+    assert off.choose(TURN_ONE + [1], 16, set()) is None
+    with pytest.raises(ValueError, match="--local-prefill-max-tokens must be at least 1"):
+        ConditionalOptions(enabled=True, max_tokens=0)
