@@ -11,6 +11,11 @@ measures the channel's raw link at that envelope size (`transfer.link`), and rep
 
 The full run covers 1k, 4k, 16k and 32k tokens; `--quick` 1k and 8k. A table is printed, a plot
 written under out/, and `--json` writes the rows.
+
+With `--workload multi-turn|shared-prefix|long-tailed` it instead serves one seeded workload three ways
+(prefix cache off, on, and on with conditional disaggregation; scripts/pd_policies.py), side by side:
+
+    python scripts/bench_pd.py --model tests/fixtures/bamba.json --workload multi-turn --memory-gib 3
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+WORKLOADS = ("multi-turn", "shared-prefix", "long-tailed")
 FULL_LENGTHS = (1024, 4096, 16384, 32768)
 QUICK_LENGTHS = (1024, 8192)
 MAX_NEW_TOKENS = 4
@@ -33,12 +39,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="nemotron-h-8b", help="a preset name or a config.json")
     parser.add_argument("--quick", action="store_true", help="1k and 8k tokens only")
     parser.add_argument("--lengths", default=None, help="comma-separated prompt lengths (overrides)")
-    parser.add_argument("--requests", type=int, default=4, help="requests per prompt length")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="requests per prompt length (4); --workload: turns (32)"
+    )
     parser.add_argument("--memory-gib", type=float, default=None, help="pool budget per worker")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--plot", default="out/bench_pd.png")
-    return parser.parse_args(argv)
+    policies = parser.add_argument_group("--workload: the same workload three ways (scripts/pd_policies.py)")
+    policies.add_argument("--workload", choices=WORKLOADS, default=None)
+    policies.add_argument("--turns", type=int, default=None, help="multi-turn: turns per conversation")
+    policies.add_argument("--max-new-tokens", type=int, default=32)
+    policies.add_argument("--context-len", type=int, default=16384)
+    policies.add_argument("--seed", type=int, default=0)
+    policies.add_argument("--repeats", type=int, default=1, help="each way this many times, round robin")
+    policies.add_argument(
+        "--with-always-local", action="store_true", help="a fourth way: every local prefill the state allows"
+    )
+    policies.add_argument("--local-prefill-chunk", type=int, default=None)
+    policies.add_argument("--local-prefill-max-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.requests is None:  # --requests counts a workload's requests (turns), else per length
+        args.requests = 32 if args.workload is not None else 4
+    return args
 
 
 def prompt_lengths(args: argparse.Namespace) -> list[int]:
@@ -191,6 +214,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = parse_args(argv)
+    if args.workload is not None:
+        return main_policies(args)
     try:
         rows = bench(args)
     except ValueError as exc:  # bad arguments, a model name, a budget too small or too large
@@ -214,6 +239,24 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {"model": args.model, "rows": rows})
         print(f"json: {args.json}")
     return 0
+
+
+def main_policies(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pd_policies import serve_policies, table
+
+    if args.requests < 1 or args.repeats < 1:
+        got = f"{args.requests}, {args.repeats}"
+        print(f"bench_pd: error: --requests and --repeats must be at least 1; got {got}", file=sys.stderr)
+        return 2
+    policies = serve_policies(args)
+    print("\n" + table(policies))
+    if args.json:
+        from distpool.serving.output import write_json
+
+        write_json(args.json, {"model": args.model, "workload": args.workload, "policies": policies})
+        print(f"json: {args.json}")
+    return 0 if all(f["exit_status"] == 0 for f in policies.values()) else 1
 
 
 if __name__ == "__main__":

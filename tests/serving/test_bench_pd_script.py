@@ -55,3 +55,25 @@ def test_bench_pd_refuses_bad_arguments_before_ray_starts(args, expected):
     assert done.returncode == 2, (done.stdout + done.stderr)[-2000:]
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "1P1D" not in done.stdout  # Ray never started
+
+
+def test_bench_pd_serves_one_workload_three_ways_and_the_policy_without_its_cost_model(tmp_path):
+    out = tmp_path / "policies.json"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "scripts/bench_pd.py", "--model", str(FIXTURES / "jamba.json")]
+    command += ["--workload", "multi-turn", "--requests", "4", "--turns", "2", "--max-new-tokens", "4"]
+    command += ["--context-len", "4096", "--memory-gib", "0.5", "--with-always-local", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    policies = json.loads(out.read_text())["policies"]
+    assert list(policies) == ["no_cache", "cache", "conditional", "conditional_always"]
+    for figures in policies.values():
+        assert figures["completed"] == 4 and figures["corrupt_envelopes"] == 0
+        assert figures["verified_envelopes"] == 4 and figures["leaked_slots"] == 0
+        assert set(figures["ttft_ms"]) == set(figures["tpot_ms"]) == {"p50", "p99"}
+        assert set(figures["ttft_ms_by_path"]) == {"remote", "local"}
+    always, cache = policies["conditional_always"], policies["cache"]
+    assert always["local_prefills"] == 2 and always["prefill_tokens_computed_decode"] > 0
+    assert always["transfer_bytes"] < cache["transfer_bytes"] < policies["no_cache"]["transfer_bytes"]
+    assert policies["no_cache"]["decode_state_checkpoints"] == 0 and cache["decode_state_checkpoints"] == 4
