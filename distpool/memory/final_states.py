@@ -58,7 +58,7 @@ class FinalStates:
         self.allocator, self.arena, self.index, self.page_size = allocator, arena, index, page_size
         self._entries: OrderedDict[tuple[int, ...], FinalState] = OrderedDict()  # least recent first
         self.kept = 0  # entries kept so far (the run's count; `len` is what is held now)
-        self.evicted = 0  # entries given back to make room so far
+        self.evicted = (0, 0)  # (partial pages, states) given back to make room so far
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -127,7 +127,7 @@ class FinalStates:
             self._drop(entry)
             pages += entry.partial_page is not None
             checkpoints += 1
-            self.evicted += 1
+        self.evicted = (self.evicted[0] + pages, self.evicted[1] + checkpoints)
         return pages, checkpoints
 
     def drop_all(self) -> None:

@@ -36,7 +36,7 @@ class PrefixCache:
         self.index = PrefixIndex(page_size, needs_checkpoint=needs_checkpoint)
         self.needs_checkpoint = needs_checkpoint
         self.users: dict[str, tuple[int, ...]] = {}  # request id -> the cached pages it acquired
-        self.evicted = (0, 0)  # pages, checkpoints given back by eviction so far (final states included)
+        self._index_evicted = (0, 0)  # pages, checkpoints the index gave back so far
         self.final_states: FinalStates | None = None  # set by a decode pool that keeps them
 
     def match(self, tokens: Sequence[int]) -> PrefixMatch:
@@ -129,14 +129,20 @@ class PrefixCache:
         handles = self.index.evict(pages, checkpoints)
         self._give_back(handles)
         freed = (len(handles.pages), len(handles.checkpoints))
+        self._index_evicted = (self._index_evicted[0] + freed[0], self._index_evicted[1] + freed[1])
         short = freed[0] < pages or freed[1] < checkpoints
         if short and self.final_states is not None and len(self.final_states):
             # Nothing idle is left to give: the least recently used state goes, with its partial page,
             # and its full pages become idle for the next call.
-            states = self.final_states.evict(1)
-            freed = (freed[0] + states[0], freed[1] + states[1])
-        self.evicted = (self.evicted[0] + freed[0], self.evicted[1] + freed[1])
+            return sum(freed) + sum(self.final_states.evict(1))
         return sum(freed)
+
+    @property
+    def evicted(self) -> tuple[int, int]:
+        """(pages, checkpoints) given back by eviction so far, final states and their pages included
+        (also those a state kept evicted to take its unit)."""
+        states = self.final_states.evicted if self.final_states is not None else (0, 0)
+        return self._index_evicted[0] + states[0], self._index_evicted[1] + states[1]
 
     def drop_all(self) -> None:
         """Give back everything (no request may still use a cached page)."""
