@@ -28,6 +28,9 @@ def test_ctrl_c_mid_run_writes_the_summary_of_what_completed_and_exits_130(tmp_p
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # A suite started as a background job (no job control) ignores SIGINT, and a child inherits
+        # that: the run would never see the Ctrl-C. A terminal's child has the default disposition.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []
     try:
