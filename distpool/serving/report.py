@@ -66,11 +66,12 @@ def _tpot_ms(o: Outcome) -> float | None:
 
 
 def by_path(done: list[Outcome], figure: Callable[[Outcome], float | None]) -> dict:
-    """{remote, local} -> {p50, p99} of `figure` over the completed requests of each path."""
+    """{remote, local} -> {p50, p99} of `figure` over the completed requests of each path; None for a
+    path no completed request took (a latency of 0 would read as measured)."""
     out = {}
     for path in ("remote", "local"):
         values = [v for o in done if o.path == path and (v := figure(o)) is not None]
-        out[path] = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+        out[path] = {q: percentile(values, n) if values else None for q, n in (("p50", 50), ("p99", 99))}
     return out
 
 
@@ -216,7 +217,9 @@ def _local(report: dict) -> str:
 
 
 def _by_path(report: dict, key: str, spec: str) -> str:
-    return " / ".join(format(report[key][path]["p50"], spec) for path in ("remote", "local")) + " ms"
+    """Each path's p50; "-" for a path no request took."""
+    p50s = (report[key][path]["p50"] for path in ("remote", "local"))
+    return " / ".join("-" if p50 is None else format(p50, spec) for p50 in p50s) + " ms"
 
 
 def format_summary(report: dict) -> str:

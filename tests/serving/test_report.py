@@ -86,3 +86,17 @@ def test_a_reading_keeps_the_larger_use_once_the_prefix_cache_is_dropped():
     )
     assert entry["error"] == "TimeoutError: drop" and json.loads(json.dumps(entry)) == entry
     assert dead("decode-1").to_json()["pages_capacity"] is None  # unknown, not zero
+
+
+def test_a_path_no_request_took_has_no_latency_rather_than_zero():
+    """Regression: with every request transferred, the summary read `local 0.0 ms`."""
+    report = report_of([completed("r0"), completed("r1")], [alive("decode-0", verified=2)])
+    assert (
+        report["ttft_ms_by_path"]["local"] == report["tpot_ms_by_path"]["local"] == {"p50": None, "p99": None}
+    )
+    assert report["ttft_ms_by_path"]["remote"]["p50"] is not None
+    text = format_summary(report)
+    assert [
+        line for line in text.splitlines() if "remote / local" in line and line.rstrip().endswith("/ - ms")
+    ]
+    json.dumps(report)  # null in the JSON
