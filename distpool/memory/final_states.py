@@ -13,13 +13,12 @@ The partial page travels with the state because its KV cannot be recomputed from
 pages are acquired so that the index never evicts what the state needs. Entries are evicted whole,
 least recently used first, once the index has no idle page left to give (a state saves a slot's
 transfer, a loose page only its own bytes). A conversation keeps one entry: its latest, which
-supersedes the states of its earlier turns. Entries are at most one per slot the pool could hold,
-so lookups scan them.
+supersedes the states of its earlier turns. Entries are filed by their tokens' prefixes
+(`prefix_keys.py`), so a lookup hashes the prompt once.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from distpool.memory.arena import Arena
 from distpool.memory.band import require
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix_index import PrefixIndex, PrefixMatch
+from distpool.memory.prefix_keys import PrefixKeys
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class FinalStates:
 
     def __init__(self, allocator: Allocator, arena: Arena, index: PrefixIndex, page_size: int) -> None:
         self.allocator, self.arena, self.index, self.page_size = allocator, arena, index, page_size
-        self._entries: OrderedDict[tuple[int, ...], FinalState] = OrderedDict()  # least recent first
+        self._entries: PrefixKeys[FinalState] = PrefixKeys(page_size)  # least recent first
         self.kept = 0  # entries kept so far (the run's count; `len` is what is held now)
         self.evicted = (0, 0)  # (partial pages, states) given back to make room so far
 
@@ -77,14 +77,14 @@ class FinalStates:
         pages = self.index.cached_path(key)
         if len(pages) != full or not key:
             return False
-        for older in [k for k in self._entries if key[: len(k)] == k]:  # this conversation's earlier turns
+        for older in self._entries.prefixes_of(key, proper=False):  # this conversation's earlier turns
             self._drop(self._entries.pop(older))
         vid = self._take_unit()
         if vid is None:
             return False
         slot = self.allocator.slot_id(request_id)
         assert slot is not None, "a final state is kept only for a model with recurrent state"
-        self._copy_slot(slot, self.allocator.checkpoint_slot_id(vid))
+        self._copy(self._slot_row(slot), self._slot_row(self.allocator.checkpoint_slot_id(vid)))
         partial = None
         if len(key) % self.page_size:
             table = self.allocator.holdings
@@ -92,38 +92,34 @@ class FinalStates:
             self.allocator.hold_pages([partial])
         if pages:
             self.index.acquire(PrefixMatch(pages=pages, num_tokens=full * self.page_size))
-        self._entries[key] = FinalState(tokens=key, pages=pages, partial_page=partial, checkpoint=vid)
+        self._entries.add(key, FinalState(tokens=key, pages=pages, partial_page=partial, checkpoint=vid))
         self.kept += 1
         return True
 
     def find(self, prompt: Sequence[int]) -> FinalState | None:
         """The longest kept state whose tokens are a proper prefix of `prompt` (read-only)."""
-        best = None
-        for key, entry in self._entries.items():
-            n = len(key)
-            if n < len(prompt) and (best is None or n > best.num_tokens) and tuple(prompt[:n]) == key:
-                best = entry
-        return best
+        found = self._entries.longest_proper_prefix(prompt)
+        return found[1] if found is not None else None
 
     def restore(self, entry: FinalState, request_id: str) -> None:
         """Copy `entry`'s state into live request `request_id`'s slot and its partial page into the
         request's own page at that position. The request was reserved with `entry.prefix_match`;
         it now holds the KV and the state of `entry.tokens`. Marks the entry most recently used."""
-        self._entries.move_to_end(entry.tokens)
+        self._entries.touch(entry.tokens)
         slot = self.allocator.slot_id(request_id)
         assert slot is not None
-        self._copy_slot(self.allocator.checkpoint_slot_id(entry.checkpoint), slot)
+        self._copy(self._slot_row(self.allocator.checkpoint_slot_id(entry.checkpoint)), self._slot_row(slot))
         if entry.partial_page is not None:
             src = int(self.allocator.high_band.physical(np.array([entry.partial_page]))[0])
             dst = int(self.allocator.page_ids(request_id)[len(entry.pages)])
-            self._copy_pages(src, dst)
+            self._copy(self._page_row(src), self._page_row(dst))
 
     def evict(self, count: int = 1) -> tuple[int, int]:
         """Give back the `count` least recently used entries (fewer if there are fewer); returns
         (pages, checkpoints) given back by the cache (the full pages only become idle in the index)."""
         pages = checkpoints = 0
         for _ in range(min(count, len(self._entries))):
-            entry = self._entries.popitem(last=False)[1]
+            entry = self._entries.pop_oldest()
             self._drop(entry)
             pages += entry.partial_page is not None
             checkpoints += 1
@@ -132,7 +128,7 @@ class FinalStates:
 
     def drop_all(self) -> None:
         while self._entries:
-            self._drop(self._entries.popitem(last=False)[1])
+            self._drop(self._entries.pop_oldest())
 
     def check(self) -> None:
         for entry in self._entries.values():
@@ -161,15 +157,17 @@ class FinalStates:
             self.allocator.drop_pages([entry.partial_page])
         self.allocator.drop_checkpoints([entry.checkpoint])
 
-    def _copy_slot(self, src: int, dst: int) -> None:
+    def _slot_row(self, slot: int) -> list[int]:
+        """(offset, nbytes) of physical slot `slot` in the arena."""
         empty = torch.empty(0, dtype=torch.int64)
-        (src_at, nbytes), (dst_at, _) = (
-            self.arena.byte_ranges(s, empty, empty)[0].tolist() for s in (src, dst)
-        )
-        self.arena.copy_runs(np.array([[src_at, dst_at, nbytes]], dtype=np.int64))
+        return self.arena.byte_ranges(slot, empty, empty)[0].tolist()
 
-    def _copy_pages(self, src: int, dst: int) -> None:
-        empty = torch.empty(0, dtype=torch.int64)
-        rows = [self.arena.byte_ranges(None, torch.tensor([p]), empty)[0].tolist() for p in (src, dst)]
-        (src_at, nbytes), (dst_at, _) = rows
+    def _page_row(self, page: int) -> list[int]:
+        """(offset, nbytes) of physical page `page` in the arena."""
+        return self.arena.byte_ranges(None, torch.tensor([page]), torch.empty(0, dtype=torch.int64))[
+            0
+        ].tolist()
+
+    def _copy(self, src: list[int], dst: list[int]) -> None:
+        (src_at, nbytes), (dst_at, _) = src, dst
         self.arena.copy_runs(np.array([[src_at, dst_at, nbytes]], dtype=np.int64))

@@ -22,10 +22,10 @@ A worker whose load exceeds the least loaded one's by more than `router.AFFINITY
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distpool.memory.prefix_keys import PrefixKeys
 from distpool.serving.router import AFFINITY_SLACK, Router
 
 # Running requests' per-token latency may grow by this fraction over a reply's length while a local
@@ -67,8 +67,8 @@ class _Average:
 class LocalPrefillPolicy:
     def __init__(self, router: Router, sizes: Sizes, options: ConditionalOptions) -> None:
         self.router, self.sizes, self.options = router, sizes, options
-        self.states: dict[str, OrderedDict[tuple[int, ...], None]] = {
-            n: OrderedDict() for n in router.decode_names
+        self.states: dict[str, PrefixKeys[None]] = {
+            n: PrefixKeys(sizes.page_size) for n in router.decode_names
         }
         self.queued_tokens: dict[str, int] = dict.fromkeys(router.decode_names, 0)  # local, in flight
         self.link_bytes_per_s, self.tpot_s = _Average(), _Average()
@@ -118,18 +118,15 @@ class LocalPrefillPolicy:
         held = self.states.get(decode_name)
         if held is None or decode_name in self.router.dead or not tokens:
             return
-        key = tuple(tokens)
-        for older in [k for k in held if key[: len(k)] == k]:
-            del held[older]
-        held[key] = None
+        held.add(tokens, None)
         while len(held) > MAX_STATES_PER_WORKER:
-            held.popitem(last=False)
+            held.pop_oldest()
 
     def forget(self, decode_name: str, prompt: Sequence[int]) -> None:
         """`decode_name` refused a local prefill of `prompt`: it holds no state the prompt extends."""
-        held = self.states.get(decode_name, {})
-        for key in [k for k in held if len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]:
-            del held[key]
+        held = self.states.get(decode_name)
+        for key in held.prefixes_of(prompt, proper=True) if held is not None else ():
+            held.pop(key)
 
     def choose(self, prompt: Sequence[int], max_new_tokens: int, avoid: set[str]) -> tuple[str, int] | None:
         """(the decode worker to prefill `prompt` on, the tokens it holds), or None: disaggregated."""
@@ -140,10 +137,9 @@ class LocalPrefillPolicy:
             return None
         best: tuple[str, int] | None = None
         for name in live:
-            for key in self.states[name]:
-                n = len(key)
-                if n < len(prompt) and (best is None or n > best[1]) and tuple(prompt[:n]) == key:
-                    best = (name, n)
+            found = self.states[name].longest_proper_prefix(prompt)
+            if found is not None and (best is None or len(found[0]) > best[1]):
+                best = (name, len(found[0]))
         if best is None:
             return None
         name, held = best

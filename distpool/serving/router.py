@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
+from distpool.memory.prefix_keys import chained_block_keys
+
 # A cache hit saves transferring part of the prompt once, but a worker with a long queue delays every
 # one of the request's decode steps; past this many extra requests in flight, load order wins.
 AFFINITY_SLACK = 8
-
-# Key of the empty prefix. CPython's hash() never returns -1 (it is the C error value, mapped to -2),
-# so no block key can equal the root and a chain cannot be confused with a restart from the root.
-_ROOT = -1
 
 
 class NoWorkerAlive(RuntimeError):
@@ -62,18 +60,9 @@ class Router:
         return min(live, key=lambda n: self.in_flight[n])
 
     def _block_keys(self, tokens: Sequence[int]) -> list[int]:
-        """Chained keys of the full blocks of `tokens`: key i identifies the whole prefix up to block i.
-        Python's hash of a tuple of ints is deterministic (PYTHONHASHSEED only salts str/bytes) and runs
-        in C, so this costs about one tuple build per block. Blocks past the LRU bound are never kept,
-        so they are not hashed."""
-        p = self.page_size
-        n = min(len(tokens) // p, self.max_blocks_per_worker)
-        keys: list[int] = []
-        key = _ROOT
-        for i in range(n):
-            key = hash((key, tuple(tokens[i * p : (i + 1) * p])))
-            keys.append(key)
-        return keys
+        """Chained keys of the full blocks of `tokens` (`prefix_keys.chained_block_keys`). Blocks past
+        the LRU bound are never kept, so they are not hashed."""
+        return chained_block_keys(tokens, self.page_size, self.max_blocks_per_worker)
 
     def _touch(self, cache: OrderedDict[int, None], keys: list[int]) -> None:
         # Deepest first, so the shared roots end most recent: eviction then trims leaves, never a root
