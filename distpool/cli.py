@@ -161,11 +161,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         else default_budget_bytes(model, pool_args, impl.name, ns.prefill + ns.decode)
     )
     conditional = ConditionalOptions(
-        enabled=ns.conditional_disagg,
         max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
     )
     worker = WorkerConfig(
         spec=model,
+        local_prefill=ns.conditional_disagg,
         local_prefill_chunk=_whole_tokens(ns.local_prefill_chunk, "--local-prefill-chunk"),
         pool_args=pool_args,
         budget_bytes=budget,
@@ -277,7 +277,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--conditional-disagg",
         action=argparse.BooleanOptionalAction,
-        default=ConditionalOptions.enabled,
+        default=WorkerConfig.local_prefill,
         help="prefill a request on the decode worker holding the state its prompt extends, when the cost "
         "model says that beats moving the slot (README: conditional disaggregation)",
     )

@@ -41,6 +41,7 @@ class ArenaPool:
         placement: str = "extent",
         prefix_cache: bool = False,
         checkpoints: bool = True,
+        final_states: bool = False,
     ) -> None:
         self.sizes = sizes
         self.arena = Arena(sizes, device)
@@ -63,7 +64,7 @@ class ArenaPool:
         cacheable = prefix_cache and self.arena.high is not None and not self.allocator.has_swa
         state = self.allocator.has_slot and checkpoints
         cache = PrefixCache(self.allocator, sizes.page_size, needs_checkpoint=state) if cacheable else None
-        if cache is not None and self.allocator.has_slot and not checkpoints:
+        if cache is not None and self.allocator.has_slot and not checkpoints and final_states:
             # A decode pool keeps its finished requests' final states: a next turn can continue there.
             cache.final_states = FinalStates(self.allocator, self.arena, cache.index, sizes.page_size)
         self.prefix_cache = cache
@@ -297,12 +298,22 @@ class ArenaPool:
 
 
 def build_pool(
-    sizes: PoolSizes, device: torch.device | str = "cpu", *, placement: str = "extent"
+    sizes: PoolSizes,
+    device: torch.device | str = "cpu",
+    *,
+    placement: str = "extent",
+    final_states: bool = True,
 ) -> ArenaPool:
     """The pool `sizes` describes, its arena allocated on `device` (with a prefix cache when
     `sizes.args.prefix_cache`). A decode pool's cache keeps no state checkpoints at page boundaries:
-    the requests it serves get their state from prefill, or from a finished request's final state."""
+    the requests it serves get their state from prefill, or (`final_states`, a next turn prefilled
+    on decode) from a finished request's final state."""
     decode = sizes.args.disaggregation_mode == "decode"
     return ArenaPool(
-        sizes, device, placement=placement, prefix_cache=sizes.args.prefix_cache, checkpoints=not decode
+        sizes,
+        device,
+        placement=placement,
+        prefix_cache=sizes.args.prefix_cache,
+        checkpoints=not decode,
+        final_states=decode and final_states,
     )

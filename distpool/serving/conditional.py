@@ -4,19 +4,24 @@ extends (`DecodeWorker.local_prefill`), or take the disaggregated path.
 Pure bookkeeping over worker names (no Ray here). The driver mirrors which decode worker kept which
 final state (every completed request's prompt and reply but its last token; a later turn of the same
 conversation supersedes the earlier one there too), and decides by a cost model (README,
-"Conditional disaggregation"):
+"Conditional disaggregation"), for a prompt with N new tokens past the state, Q more already queued
+for local prefill on that worker:
 
-    move_s   = (slot_bytes + unmatched pages * page_bytes) / link rate   what the transfer would cost
-    budget_s = LATENCY_BUDGET * per-token latency * max_new_tokens        what running requests tolerate
-    local when new tokens + tokens queued for local prefill there <= prefill rate * min(move_s, budget_s)
+    local_s  = (N + Q) / decode's prefill rate                      what decode spends computing them
+    remote_s = N / prefill's rate + (slot + N's pages) / link rate  what the disaggregated path spends
+    budget_s = LATENCY_BUDGET * per-token latency * max_new_tokens  what running requests tolerate
+    local when local_s <= min(remote_s, budget_s)
 
-The link rate, the prefill rate and the per-token latency are measured from the run's own completed
-requests (moving averages). The prefill rate is decode's own (prompt tokens over the seconds its
-chunks took, the decode steps between them aside) once a local prefill completed, and until then
-prefill's (prompt tokens over the TTFT's prefill part, a pessimistic prior: it includes batching
-and waiting). Until all three have been measured, every request takes the disaggregated path; until
-decode's rate has been, one local prefill at a time may go past the model's figure to measure it.
-`max_tokens` replaces the model's figure with a fixed one.
+The remote path computes the same new tokens (at best: prefill's cache may not hold the prefix)
+before it moves the slot, so local prefill wins whenever decode computes about as fast as prefill
+does; the running batch's latency budget is what bounds it. The link rate, both prefill rates and the
+per-token latency are measured from the run's own completed requests (moving averages). Prefill's
+rate is prompt tokens over the TTFT's prefill part (which includes batching and waiting, as the
+remote path does); decode's is prompt tokens over the seconds its chunks took, the decode steps
+between them aside, and prefill's stands in for it until a local prefill completed. Until the link,
+prefill's rate and the per-token latency have been measured, every request takes the disaggregated
+path; until decode's rate has been, one local prefill at a time may go past the model to measure it.
+`max_tokens` replaces the model with a fixed bound on N + Q.
 A worker whose load exceeds the least loaded one's by more than `router.AFFINITY_SLACK` is not asked.
 """
 
@@ -37,9 +42,9 @@ MAX_STATES_PER_WORKER = 4096  # the mirror's bound; a worker keeps at most one s
 
 @dataclass(frozen=True)
 class ConditionalOptions:
-    """`--conditional-disagg` and `--local-prefill-max-tokens` (None: the cost model's figure)."""
+    """`--local-prefill-max-tokens` (None: the cost model decides). Whether local prefill happens
+    at all is the workers' `WorkerConfig.local_prefill`: decode keeps final states only then."""
 
-    enabled: bool = True  # on by default: the README's benchmark says why
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -97,20 +102,26 @@ class LocalPrefillPolicy:
         if computed_tokens and compute_s > 0:
             self.prefill_tokens_per_s["local"].add(computed_tokens / compute_s)
 
-    def max_tokens(self, new_tokens: int, max_new_tokens: int) -> int:
-        """Prompt tokens a decode worker may compute for one request (the cost model, or the flag)."""
+    def allows(self, new_tokens: int, queued_tokens: int, max_new_tokens: int) -> bool:
+        """Whether a decode worker with `queued_tokens` already queued for local prefill may compute
+        `new_tokens` more for a request replying up to `max_new_tokens` (the cost model, or the flag)."""
         if self.options.max_tokens is not None:
-            return self.options.max_tokens
-        rates = self.prefill_tokens_per_s
-        rate = rates["local"].value if rates["local"].value is not None else rates["remote"].value
+            return new_tokens + queued_tokens <= self.options.max_tokens
+        remote, local = (self.prefill_tokens_per_s[path].value for path in ("remote", "local"))
         link, tpot = self.link_bytes_per_s.value, self.tpot_s.value
-        if link is None or rate is None or tpot is None:
-            return 0  # nothing measured yet: the disaggregated path
+        if link is None or remote is None or tpot is None:
+            return False  # nothing measured yet: the disaggregated path
+        if local is None:
+            if not any(self.queued_tokens.values()):
+                return True  # decode's own rate is still unknown: measure it with this one
+            local = remote
         sizes = self.sizes
         pages = -(-new_tokens // sizes.page_size) + 1  # the pages it would not hold, at most
         move_s = (sizes.slot_bytes + pages * sizes.page_bytes) / link
+        local_s = (new_tokens + queued_tokens) / local
+        remote_s = new_tokens / remote + move_s
         budget_s = LATENCY_BUDGET * tpot * max_new_tokens
-        return int(rate * min(move_s, budget_s))
+        return local_s <= min(remote_s, budget_s)
 
     # ---- which worker holds what -----------------------------------------------------------------
     def remember(self, decode_name: str, tokens: Sequence[int]) -> None:
@@ -130,8 +141,6 @@ class LocalPrefillPolicy:
 
     def choose(self, prompt: Sequence[int], max_new_tokens: int, avoid: set[str]) -> tuple[str, int] | None:
         """(the decode worker to prefill `prompt` on, the tokens it holds), or None: disaggregated."""
-        if not self.options.enabled:
-            return None
         live = [n for n in self.router.alive(self.router.decode_names) if n not in avoid]
         if not live:
             return None
@@ -147,15 +156,6 @@ class LocalPrefillPolicy:
         least = min(self.router.in_flight[n] for n in live)
         if self.router.in_flight[name] - least > AFFINITY_SLACK:
             return None
-        limit = self.max_tokens(new_tokens, max_new_tokens)
-        if limit and self._exploring():
-            return best  # decode's own rate is still unknown: measure it with this one
-        if new_tokens + self.queued_tokens[name] > limit:
+        if not self.allows(new_tokens, self.queued_tokens[name], max_new_tokens):
             return None
         return best
-
-    def _exploring(self) -> bool:
-        """Whether a local prefill may go past the figure to measure decode's rate: none has
-        completed and none is in flight, and the figure is the cost model's."""
-        unmeasured = self.prefill_tokens_per_s["local"].value is None
-        return self.options.max_tokens is None and unmeasured and not any(self.queued_tokens.values())

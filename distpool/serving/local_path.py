@@ -39,10 +39,10 @@ class LocalPath:
         quiet: Quiet,
         waiting: Waiting,
     ) -> LocalPath | None:
-        """The local path when it can happen: on, and decode keeps final states (a prefix cache and
-        a model with recurrent state and KV pages); else None."""
+        """The local path when it can happen: decode keeps final states (local prefill on, a prefix
+        cache, and a model with recurrent state and KV pages); else None."""
         worker = deployment.spec.worker
-        if not (options.enabled and worker.pool_args.prefix_cache):
+        if not (worker.local_prefill and worker.pool_args.prefix_cache):
             return None
         sizes = size_pools(worker.spec, worker.for_role("decode"), worker.budget_bytes)
         if not (sizes.slot_bytes and sizes.page_bytes):

@@ -50,7 +50,7 @@ class WorkerBase:
             config.spec, model_impl=config.model_impl, seed=config.seed, device=self.device, hf=config.hf
         )
         self.sizes = size_pools(config.spec, config.for_role(self.role), config.budget_bytes)
-        built = build_pool(self.sizes, self.device)
+        built = build_pool(self.sizes, self.device, final_states=config.local_prefill)
         self.pool: Pool = built
         self._lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
         self.channels = PeerChannels(

@@ -34,8 +34,11 @@ class WorkerConfig:
     seed: int = 0
     model_impl: str = "reference"  # what computes in the pools (RESOLVED_MODEL_IMPLS)
     hf: HFSource | None = None  # the transformers runner's weights (each worker loads its own copy)
-    # Decode's local prefill (conditional disaggregation): prompt tokens computed between two decode
-    # steps of the running batch, which bounds what a local prefill adds to a running request's step.
+    # Conditional disaggregation (`--conditional-disagg`): decode keeps finished requests' final states
+    # and the driver may prefill a later turn there. Off, decode keeps none (no slot copy per request).
+    local_prefill: bool = True  # on by default: the README's benchmark says why
+    # Decode's local prefill: prompt tokens computed between two decode steps of the running batch,
+    # which bounds what a local prefill adds to a running request's step.
     local_prefill_chunk: int = DEFAULT_LOCAL_PREFILL_CHUNK
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or

@@ -15,7 +15,7 @@ TURN_ONE = list(range(1, 101))
 
 def policy(**options) -> LocalPrefillPolicy:
     router = Router(["prefill-0"], ["decode-0", "decode-1"], page_size=16)
-    return LocalPrefillPolicy(router, SIZES, ConditionalOptions(enabled=True, **options))
+    return LocalPrefillPolicy(router, SIZES, ConditionalOptions(**options))
 
 
 def measured(
@@ -52,45 +52,45 @@ def test_a_later_turn_supersedes_and_a_refusal_forgets():
 def test_nothing_goes_local_before_the_run_measured_the_link_and_the_rates():
     p = policy()
     p.remember("decode-0", TURN_ONE)
-    assert p.max_tokens(64, 16) == 0 and p.choose(TURN_ONE + [1] * 64, 16, set()) is None
+    assert not p.allows(64, 0, 16) and p.choose(TURN_ONE + [1] * 64, 16, set()) is None
 
 
-def test_the_cost_model_allows_what_decode_computes_while_the_slot_would_move():
+def move_s(new_tokens: int, link_bytes_per_s: float = 1e9) -> float:
+    return (SIZES.slot_bytes + (-(-new_tokens // 16) + 1) * SIZES.page_bytes) / link_bytes_per_s
+
+
+def test_local_wins_when_decode_computes_the_new_tokens_before_the_remote_path_would_deliver_them():
     p = policy()
-    measured(p, link_gbps=1.0, tokens_per_s=10_000, tpot_s=1.0)  # a generous latency budget
-    p.measured_locally(10_000, 1.0)
-    move_s = (SIZES.slot_bytes + (-(-64 // 16) + 1) * SIZES.page_bytes) / 1e9
-    assert p.max_tokens(64, 16) == int(10_000 * move_s)  # about 1,061 tokens in 0.106 s
+    measured(p, link_gbps=1.0, tokens_per_s=1_000, tpot_s=1.0)  # a generous latency budget
+    p.measured_locally(500, 1.0)  # decode computes at half prefill's rate
+    # local (N / 500) <= remote (N / 1,000 + move): N <= 1,000 * move_s, about 106 tokens
+    assert p.allows(100, 0, 16) and not p.allows(120, 0, 16)
+    assert 100 / 500 <= 100 / 1_000 + move_s(100) and 120 / 500 > 120 / 1_000 + move_s(120)
     p.remember("decode-0", TURN_ONE)
-    assert p.choose(TURN_ONE + [1] * 900, 16, set()) == ("decode-0", 100)
-    assert p.choose(TURN_ONE + [1] * 2000, 16, set()) is None  # 0.15 s to move, 0.2 s to compute
+    assert p.choose(TURN_ONE + [1] * 100, 16, set()) == ("decode-0", 100)
+    assert p.choose(TURN_ONE + [1] * 120, 16, set()) is None
 
 
-def test_decodes_own_rate_replaces_prefills_once_a_local_prefill_completed():
+def test_where_decode_computes_as_fast_as_prefill_only_the_latency_budget_bounds_it():
     p = policy()
-    measured(p, link_gbps=1.0, tokens_per_s=1_000, tpot_s=1.0)
-    before = p.max_tokens(64, 16)
-    p.measured_locally(500, 0.05)
-    assert before == 106 and p.max_tokens(64, 16) == 1061  # 10,000 tokens/s where prefill's said 1,000
+    measured(p, link_gbps=1.0, tokens_per_s=10_000, tpot_s=0.01)  # budget: 0.5 * 10 ms * 16 = 80 ms
+    p.measured_locally(10_000, 1.0)
+    assert p.allows(800, 0, 16) and not p.allows(801, 0, 16)  # 800 tokens in 80 ms
+    assert p.allows(400, 400, 16) and not p.allows(400, 401, 16)  # what is queued there counts
+    assert p.allows(1_600, 0, 32)  # a longer reply spreads the delay over more steps
 
 
 def test_one_local_prefill_at_a_time_measures_decodes_rate_first():
     p = policy()
-    measured(p, link_gbps=1.0, tokens_per_s=100, tpot_s=1.0)  # prefill's prior allows 10 tokens
+    measured(p, link_gbps=1.0, tokens_per_s=100, tpot_s=0.001)  # the budget allows 0.8 tokens
     p.remember("decode-0", TURN_ONE)
     long_turn = TURN_ONE + [1] * 500
-    assert p.choose(long_turn, 16, set()) == ("decode-0", 100)  # past the prior: to measure
+    assert p.choose(long_turn, 16, set()) == ("decode-0", 100)  # decode's rate unknown: to measure
     p.queued_tokens["decode-0"] = 500  # that one is in flight: no second one
     assert p.choose(long_turn, 16, set()) is None
     p.queued_tokens["decode-0"] = 0
     p.measured_locally(500, 1.0)
-    assert p.choose(long_turn, 16, set()) is None  # measured: 500 tokens/s * 0.1 s allows 50
-
-
-def test_the_running_batchs_latency_budget_bounds_it():
-    p = policy()
-    measured(p, link_gbps=1.0, tokens_per_s=10_000, tpot_s=0.001)  # budget: 0.5 * 1 ms * 16 = 8 ms
-    assert p.max_tokens(64, 16) == 80
+    assert p.choose(long_turn, 16, set()) is None  # measured: 1 s of work against an 8 ms budget
 
 
 def test_queued_local_work_and_load_count():
@@ -104,10 +104,6 @@ def test_queued_local_work_and_load_count():
     assert p.choose(prompt, 16, set()) is None
 
 
-def test_off_means_never_and_bad_bounds_are_refused():
-    router = Router(["prefill-0"], ["decode-0"], page_size=16)
-    off = LocalPrefillPolicy(router, SIZES, ConditionalOptions(enabled=False, max_tokens=10_000))
-    off.remember("decode-0", TURN_ONE)
-    assert off.choose(TURN_ONE + [1], 16, set()) is None
+def test_a_bound_below_one_token_is_refused():
     with pytest.raises(ValueError, match="--local-prefill-max-tokens must be at least 1"):
-        ConditionalOptions(enabled=True, max_tokens=0)
+        ConditionalOptions(max_tokens=0)

@@ -44,6 +44,7 @@ def test_without_the_flag_every_turn_is_transferred(ray_session, tmp_path):
     report = json.loads(path.read_text())
     assert status == 0, report["errors"]
     assert report["local_prefills"] == report["local_prefill_tokens"] == 0
+    assert report["decode_state_checkpoints"] == 0  # nothing kept for a local prefill that never comes
     assert report["ttft_ms_by_path"]["local"] == {"p50": None, "p99": None}  # no request took it
 
 

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from distpool.memory.sizing import PoolArgs
-from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
@@ -110,15 +109,14 @@ class ScriptedServer(Server):
     function of the prompt, `fail` lists request ids that fail."""
 
     def __init__(self, *, fail: frozenset[str] = frozenset(), queue_bound: int = 64) -> None:
-        worker = SimpleNamespace(pool_args=PoolArgs(), transfer=TransferOptions())
+        # It serves every turn itself: no decode worker to prefill locally on.
+        worker = SimpleNamespace(pool_args=PoolArgs(), transfer=TransferOptions(), local_prefill=False)
         deployment = SimpleNamespace(
             prefill={"prefill-0": None},
             decode={"decode-0": _NoResults()},
             spec=SimpleNamespace(worker=worker),
         )
-        # It serves every turn itself: no decode worker to prefill locally on.
-        off = ConditionalOptions(enabled=False)
-        super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False, conditional=off))
+        super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False))
         self.fail = fail
         self.started: list[str] = []
         self.running: set[str] = set()  # conversations with a turn in service

@@ -105,3 +105,20 @@ def test_a_prompt_that_does_not_extend_a_kept_state_is_refused():
     finally:
         p.shutdown()
         d.shutdown()
+
+
+def test_without_local_prefill_decode_keeps_no_state_and_refuses():
+    """`--no-conditional-disagg`: no slot copy per finished request, nothing kept to continue from."""
+    p, d = make_pair(config=dataclasses.replace(reference_config(), local_prefill=False))
+    try:
+        serve(p, d, {"t0": FIRST}, MAX_NEW)
+        first = wait_finished(d, ["t0"])["t0"]
+        assert d.pool.prefix_cache is not None and d.pool.prefix_cache.final_states is None
+        assert d.stats().decode_state_checkpoints == 0
+        answer = d.local_prefill("t1", FIRST + first.tokens + NEW_MESSAGE, MAX_NEW)
+        assert isinstance(answer, LocalPrefillRefused)
+        assert_nothing_held(p, d)
+        d.pool.check_invariants()
+    finally:
+        p.shutdown()
+        d.shutdown()
