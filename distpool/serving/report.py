@@ -222,6 +222,11 @@ def _by_path(report: dict, key: str, spec: str) -> str:
     return " / ".join("-" if p50 is None else format(p50, spec) for p50 in p50s) + " ms"
 
 
+def _rate(gbps: float) -> str:
+    """A transfer rate, in MB/s below 0.1 GB/s: small envelopes move at a few MB/s, not at "0.00 GB/s"."""
+    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
+
+
 def format_summary(report: dict) -> str:
     breakdown = report["ttft_breakdown_ms"]
     verified = (
@@ -230,7 +235,7 @@ def format_summary(report: dict) -> str:
         else f"- ({report['model_impl']}: parity instead)"
     )
     utilization = (
-        f"{report['transfer_gbps']:.2f} / {report['link_gbps']:.2f} GB/s = {report['link_utilization']:.2f} "
+        f"{_rate(report['transfer_gbps'])} / {_rate(report['link_gbps'])} = {report['link_utilization']:.2f} "
         f"(raw: {_mib(report['link_message_bytes'])} messages)"
     )
     rows = [
@@ -262,7 +267,7 @@ def format_summary(report: dict) -> str:
             "byte runs p50 / max",
             f"{report['runs_per_envelope_p50']:.0f} / {report['runs_per_envelope_max']:.0f}",
         ),
-        ("transfer", f"{_mib(report['transfer_bytes'])} at {report['transfer_gbps']:.2f} GB/s"),
+        ("transfer", f"{_mib(report['transfer_bytes'])} at {_rate(report['transfer_gbps'])}"),
         (
             "prompt tokens hit / computed",
             f"{report['prefix_hit_tokens']} / {report['prefill_tokens_computed']}",

@@ -100,3 +100,10 @@ def test_a_path_no_request_took_has_no_latency_rather_than_zero():
         line for line in text.splitlines() if "remote / local" in line and line.rstrip().endswith("/ - ms")
     ]
     json.dumps(report)  # null in the JSON
+
+
+def test_small_envelopes_move_at_a_rate_the_summary_shows():
+    """Regression: 100 bytes per transfer read `transfer ... at 0.00 GB/s`."""
+    slow = Outcome(request_id="r0", tokens=[1, 2], verified=True, transfer_bytes=2_000_000, transfer_s=1.0)
+    text = format_summary(report_of([slow], [alive("decode-0", verified=1)]))
+    assert [line for line in text.splitlines() if line.startswith("transfer ") and "at 2.00 MB/s" in line]
