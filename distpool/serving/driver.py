@@ -152,7 +152,7 @@ class Server:
         if self.local is not None and out.tokens is not None:
             self.local.record(out)
         if out.tokens is not None:
-            self.metrics.observe_ttft(out.ttft_s)
+            self.metrics.observe_ttft(out.ttft_s, out.path)
         self.metrics.count("completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed")
 
     async def _serve_one(self, req: Request) -> Outcome:

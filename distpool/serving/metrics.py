@@ -23,6 +23,7 @@ METRICS_REPORT_INTERVAL_MS = 1000
 # Time to first token, from 1 ms (a cached prefix on a GPU) to a minute (a queue that never drains).
 TTFT_BOUNDARIES_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 OUTCOMES = ("completed", "failed", "corrupt", "retried")
+PATHS = ("remote", "local")  # where a request was prefilled (`Outcome.path`)
 MIN_PORT, MAX_PORT = 1024, 65535
 
 
@@ -70,8 +71,9 @@ class _DriverInstruments:
         return cls(
             ttft=Histogram(
                 "distpool_ttft_seconds",
-                "Seconds from submitting a request to its first token.",
+                "Seconds from submitting a request to its first token, by the path it took.",
                 list(TTFT_BOUNDARIES_S),
+                ("path",),
             ),
             requests=Counter("distpool_requests_total", "Requests, by outcome.", ("outcome",)),
         )
@@ -95,11 +97,15 @@ class DriverMetrics:
         """Whether records reach Ray's exporter (False: every method is a no-op)."""
         return self._instruments is not None
 
-    def observe_ttft(self, seconds: float) -> None:
+    def observe_ttft(self, seconds: float, path: str = "remote") -> None:
+        """A completed request's TTFT; `path`: "remote" (prefilled on a prefill worker and
+        transferred) or "local" (prefilled on decode, `serving.conditional`)."""
         if (m := self._instruments) is None:
             return
         with self._errors.guard():
-            m.ttft.observe(float(seconds))
+            if path not in PATHS:
+                raise ValueError(f"request path {path!r} is not one of {', '.join(PATHS)}")
+            m.ttft.observe(float(seconds), {"path": path})
 
     def count(self, outcome: str, n: int = 1) -> None:
         """`n` more requests ended with (or, for "retried", went through) `outcome`."""

@@ -58,6 +58,8 @@ try:
     assert driver.enabled
     driver.observe_ttft(0.02)
     driver.observe_ttft(3.0)
+    driver.observe_ttft(0.5, "local")
+    driver.observe_ttft(0.5, "sideways")  # not a path: logged, never raised
     driver.count("completed", 2)
     driver.count("retried")
     driver.count("lost")  # not an outcome: logged, never raised
@@ -83,11 +85,12 @@ EXPECTED = [  # (name, labels, value)
     ("ray_distpool_transfer_failures_total", {**WORKER, "reason": "corrupt"}, 1),
     ("ray_distpool_requests_total", {"outcome": "completed"}, 2),
     ("ray_distpool_requests_total", {"outcome": "retried"}, 1),
-    ("ray_distpool_ttft_seconds_count", {}, 2),
+    ("ray_distpool_ttft_seconds_count", {"path": "remote"}, 2),
     # Ray re-records each bucket count at the bucket's midpoint: the sum is (0.01+0.025)/2 + (2.5+5)/2.
-    ("ray_distpool_ttft_seconds_sum", {}, 3.7675),
-    ("ray_distpool_ttft_seconds_bucket", {"le": "0.025"}, 1),
-    ("ray_distpool_ttft_seconds_bucket", {"le": "5.0"}, 2),
+    ("ray_distpool_ttft_seconds_sum", {"path": "remote"}, 3.7675),
+    ("ray_distpool_ttft_seconds_bucket", {"path": "remote", "le": "0.025"}, 1),
+    ("ray_distpool_ttft_seconds_bucket", {"path": "remote", "le": "5.0"}, 2),
+    ("ray_distpool_ttft_seconds_count", {"path": "local"}, 1),
 ]
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
