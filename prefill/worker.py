@@ -7,6 +7,7 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from distpool.memory.envelope import Envelope
@@ -28,6 +29,7 @@ class _Outgoing:
     token: int  # the first generated token, sent in the transfer header
     envelope: Envelope
     computed: int  # prompt tokens prefill computed (after the cached prefix)
+    wave_tokens_per_s: float  # its wave's prompt tokens over the model call's seconds
 
 
 class PrefillWorker(WorkerBase):
@@ -83,6 +85,7 @@ class PrefillWorker(WorkerBase):
                     transfer_s=transfer_s,
                     source_runs=byte_runs(job.envelope.ranges),
                     computed_tokens=job.computed,
+                    compute_tokens_per_s=job.wave_tokens_per_s,
                 )
             except TransferError as exc:
                 self.metrics.add_failure(exc.kind)
@@ -112,6 +115,7 @@ class PrefillWorker(WorkerBase):
         self._note_peak()
         if not wave.jobs:
             return []
+        started = time.monotonic()
         try:
             done = self.model.prefill(self.pool, wave.jobs)
         except BaseException:
@@ -119,7 +123,10 @@ class PrefillWorker(WorkerBase):
             for job in wave.jobs:
                 self._free(self._held, job.request_id)
             raise
+        compute_s = time.monotonic() - started
         wave.cache()
+        computed = sum(result.computed_tokens for result in done)
+        rate = computed / compute_s if computed and compute_s > 0 else 0.0
         outgoing = []
         for result in done:
             rid = result.request_id
@@ -130,7 +137,9 @@ class PrefillWorker(WorkerBase):
                 out[rid] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=str(exc), retry=False)
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
-            outgoing.append(_Outgoing(rid, peers[rid], result.first_token, envelope, result.computed_tokens))
+            outgoing.append(
+                _Outgoing(rid, peers[rid], result.first_token, envelope, result.computed_tokens, rate)
+            )
         return outgoing
 
     def stats(self) -> PrefillStats:

@@ -14,14 +14,14 @@ for local prefill on that worker:
 
 The remote path computes the same new tokens (at best: prefill's cache may not hold the prefix)
 before it moves the slot, so local prefill wins whenever decode computes about as fast as prefill
-does; the running batch's latency budget is what bounds it. The link rate, both prefill rates and the
+does; the running batch's latency budget is what bounds it. The link rate, the rates and the
 per-token latency are measured from the run's own completed requests (moving averages). Prefill's
 rate is prompt tokens over the TTFT's prefill part (which includes batching and waiting, as the
 remote path does); decode's is prompt tokens over the seconds its chunks took, the decode steps
-between them aside, and prefill's stands in for it until a local prefill completed. Until the link,
-prefill's rate and the per-token latency have been measured, every request takes the disaggregated
-path; until decode's rate has been, one local prefill at a time may go past the model to measure it.
-`max_tokens` replaces the model with a fixed bound on N + Q.
+between them aside. Until a local prefill completed, prefill's model rate (its waves' tokens over
+the model call's seconds, `PrefillSent.compute_tokens_per_s`: the same model computing, waiting
+aside) stands in for decode's. Until all of them have been measured, every request takes the
+disaggregated path. `max_tokens` replaces the model with a fixed bound on N + Q.
 A worker whose load exceeds the least loaded one's by more than `router.AFFINITY_SLACK` is not asked.
 """
 
@@ -77,7 +77,9 @@ class LocalPrefillPolicy:
         }
         self.queued_tokens: dict[str, int] = dict.fromkeys(router.decode_names, 0)  # local, in flight
         self.link_bytes_per_s, self.tpot_s = _Average(), _Average()
-        self.prefill_tokens_per_s = {"remote": _Average(), "local": _Average()}  # by path
+        # Prompt tokens per second: the remote path's (waiting included), decode's own, and prefill's
+        # model rate (waiting aside: what stands in for decode's until a local prefill completed).
+        self.prefill_tokens_per_s = {"remote": _Average(), "local": _Average(), "model": _Average()}
 
     # ---- what the run measured -----------------------------------------------------------------
     def measured(
@@ -88,8 +90,11 @@ class LocalPrefillPolicy:
         computed_tokens: int,
         prefill_s: float,
         tpot_s: float | None,
+        compute_tokens_per_s: float = 0.0,
     ) -> None:
         """One completed request's figures (transfer and prefill: the disaggregated path's)."""
+        if compute_tokens_per_s > 0:
+            self.prefill_tokens_per_s["model"].add(compute_tokens_per_s)
         if transfer_bytes and transfer_s > 0:
             self.link_bytes_per_s.add(transfer_bytes / transfer_s)
         if computed_tokens and prefill_s > 0:
@@ -107,14 +112,11 @@ class LocalPrefillPolicy:
         `new_tokens` more for a request replying up to `max_new_tokens` (the cost model, or the flag)."""
         if self.options.max_tokens is not None:
             return new_tokens + queued_tokens <= self.options.max_tokens
-        remote, local = (self.prefill_tokens_per_s[path].value for path in ("remote", "local"))
+        rates = self.prefill_tokens_per_s
+        remote, local = rates["remote"].value, rates["local"].value or rates["model"].value
         link, tpot = self.link_bytes_per_s.value, self.tpot_s.value
-        if link is None or remote is None or tpot is None:
-            return False  # nothing measured yet: the disaggregated path
-        if local is None:
-            if not any(self.queued_tokens.values()):
-                return True  # decode's own rate is still unknown: measure it with this one
-            local = remote
+        if link is None or remote is None or local is None or tpot is None:
+            return False  # not measured yet: the disaggregated path
         sizes = self.sizes
         pages = -(-new_tokens // sizes.page_size) + 1  # the pages it would not hold, at most
         move_s = (sizes.slot_bytes + pages * sizes.page_bytes) / link

@@ -66,6 +66,7 @@ class LocalPath:
             transfer_s=out.transfer_s,
             computed_tokens=out.prefill_tokens_computed,
             prefill_s=out.prefill_s if out.path == "remote" else 0.0,
+            compute_tokens_per_s=out.prefill_compute_tokens_per_s,
             tpot_s=out.decode_s / (len(out.tokens) - 1) if len(out.tokens) > 1 else None,
         )
 

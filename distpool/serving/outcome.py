@@ -28,6 +28,7 @@ class Outcome:
     transfer_bytes: int = 0
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0  # the prompt's tokens prefill computed (after a cached prefix)
+    prefill_compute_tokens_per_s: float = 0.0  # prefill's model rate in its wave (0: unknown, or local)
     decode_prefix_hit_tokens: int = 0  # the prompt's tokens decode held already (never transferred)
     source_runs: int = 0  # byte runs of the envelope at prefill
     destination_runs: int = 0  # and at decode
@@ -50,6 +51,7 @@ class Outcome:
         self.transfer_bytes, self.transfer_s = sent.transfer_bytes, sent.transfer_s
         self.prompt_tokens = prompt_len
         self.prefill_tokens_computed = sent.computed_tokens
+        self.prefill_compute_tokens_per_s = sent.compute_tokens_per_s
         self.prefill_s = max(0.0, sent_at - prefill_asked - self.transfer_s)
         self.first_token_s = result.admit_s
         self.source_runs, self.destination_runs = sent.source_runs, result.destination_runs
@@ -66,6 +68,7 @@ class Outcome:
         submitted, began = times
         self.queue_s, self.reserve_s, self.transfer_s, self.transfer_bytes = began - submitted, 0.0, 0.0, 0
         self.prompt_tokens, self.prefill_tokens_computed = prompt_len, result.local_computed_tokens
+        self.prefill_compute_tokens_per_s = 0.0
         self.prefill_s, self.first_token_s = result.local_prefill_s, result.admit_s
         self.source_runs, self.destination_runs = 0, 0
         self.decode_prefix_hit_tokens = result.prefix_hit_tokens

@@ -33,6 +33,9 @@ class PrefillSent:
     transfer_s: float  # first byte to last
     source_runs: int  # runs of consecutive bytes the source envelope sat in
     computed_tokens: int  # prompt tokens prefill computed (after its cached prefix)
+    # Prompt tokens per second the model computed in this request's wave (every job's tokens over
+    # the model call's seconds): what prefill computes at, batching and waiting aside. 0: unknown.
+    compute_tokens_per_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,22 @@ def policy(**options) -> LocalPrefillPolicy:
 
 
 def measured(
-    p: LocalPrefillPolicy, *, link_gbps: float = 1.0, tokens_per_s: float = 10_000, tpot_s: float = 0.02
+    p: LocalPrefillPolicy,
+    *,
+    link_gbps: float = 1.0,
+    tokens_per_s: float = 10_000,
+    tpot_s: float = 0.02,
+    model_tokens_per_s: float = 0.0,
 ):
+    """A completed remote request: prefill's rate `tokens_per_s` (waiting included), its model's
+    `model_tokens_per_s` (0: not reported)."""
     p.measured(
         transfer_bytes=int(link_gbps * 1e9),
         transfer_s=1.0,
         computed_tokens=int(tokens_per_s),
         prefill_s=1.0,
         tpot_s=tpot_s,
+        compute_tokens_per_s=model_tokens_per_s,
     )
 
 
@@ -80,17 +88,20 @@ def test_where_decode_computes_as_fast_as_prefill_only_the_latency_budget_bounds
     assert p.allows(1_600, 0, 32)  # a longer reply spreads the delay over more steps
 
 
-def test_one_local_prefill_at_a_time_measures_decodes_rate_first():
+def test_prefills_model_rate_stands_in_for_decodes_until_a_local_prefill_completed():
     p = policy()
-    measured(p, link_gbps=1.0, tokens_per_s=100, tpot_s=0.001)  # the budget allows 0.8 tokens
+    measured(p, link_gbps=1.0, tokens_per_s=1_000, tpot_s=1.0)
+    assert not p.allows(64, 0, 16)  # no rate for decode at all: disaggregated
+    measured(p, link_gbps=1.0, tokens_per_s=1_000, tpot_s=1.0, model_tokens_per_s=8_000)
+    rates = p.prefill_tokens_per_s
+    assert rates["local"].value is None and rates["model"].value == 8_000
+    # Prefill waits and batches at 1,000 tokens/s; its model computes at 8,000: four turns queued at
+    # once on one decode worker all go local, (N + Q) / 8,000 <= N / 1,000 + move.
     p.remember("decode-0", TURN_ONE)
-    long_turn = TURN_ONE + [1] * 500
-    assert p.choose(long_turn, 16, set()) == ("decode-0", 100)  # decode's rate unknown: to measure
-    p.queued_tokens["decode-0"] = 500  # that one is in flight: no second one
-    assert p.choose(long_turn, 16, set()) is None
-    p.queued_tokens["decode-0"] = 0
-    p.measured_locally(500, 1.0)
-    assert p.choose(long_turn, 16, set()) is None  # measured: 1 s of work against an 8 ms budget
+    for queued in (0, 400, 800, 1_200):
+        assert p.allows(400, queued, 16)
+    p.measured_locally(500, 1.0)  # decode turned out slow: its own rate replaces the stand-in
+    assert not p.allows(400, 0, 16)
 
 
 def test_queued_local_work_and_load_count():

@@ -36,6 +36,8 @@ def serve_batches(
         for prompts in batches:
             sent = serve(p, d, prompts, MAX_NEW)
             assert {type(r) for r in sent.values()} == {PrefillSent}
+            # The model's rate of the request's wave: measured wherever it computed anything.
+            assert all((r.compute_tokens_per_s > 0) == (r.computed_tokens > 0) for r in sent.values())
             hits |= {rid: len(prompts[rid]) - r.computed_tokens for rid, r in sent.items()}
             done = wait_finished(d, list(prompts))
             assert {type(r) for r in done.values()} == {DecodeFinished}, done
