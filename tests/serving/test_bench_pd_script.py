@@ -76,4 +76,6 @@ def test_bench_pd_serves_one_workload_three_ways_and_the_policy_without_its_cost
     always, cache = policies["conditional_always"], policies["cache"]
     assert always["local_prefills"] == 2 and always["prefill_tokens_computed_decode"] > 0
     assert always["transfer_bytes"] < cache["transfer_bytes"] < policies["no_cache"]["transfer_bytes"]
-    assert policies["no_cache"]["decode_state_checkpoints"] == 0 and cache["decode_state_checkpoints"] == 4
+    # Decode keeps every finished request's state only where local prefill may use it.
+    assert policies["no_cache"]["decode_state_checkpoints"] == cache["decode_state_checkpoints"] == 0
+    assert always["decode_state_checkpoints"] == policies["conditional"]["decode_state_checkpoints"] == 4
