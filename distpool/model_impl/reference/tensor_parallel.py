@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distpool.model.shard import RankShard, shard
+from distpool.model.shard import RankShard, TensorShard, shard
 from distpool.model.spec import ModelSpec
 
 
@@ -85,7 +85,13 @@ class TPRank:
     def held(self, tensor: str) -> torch.Tensor:
         """Ids along the shard axis of cached tensor `tensor` that the rank holds, in its own order
         (what its pool stores there): KV heads of "k", conv channels of a conv state, heads of "ssm"."""
-        return torch.cat([torch.arange(start, stop) for start, stop in self.shard.tensor(tensor).pieces])
+        return held_ids(self.shard.tensor(tensor))
+
+
+def held_ids(tensor: TensorShard) -> torch.Tensor:
+    """Ids along `tensor`'s shard axis that its rank holds, in the rank's order: its pieces laid end
+    to end (the pool's row of that rank is the unsharded row at these ids)."""
+    return torch.cat([torch.arange(start, stop) for start, stop in tensor.pieces])
 
 
 def columns(units: torch.Tensor, width: int) -> torch.Tensor:
