@@ -148,3 +148,13 @@ def test_tp1_through_every_entry_point_is_the_plain_model(tp1_model: ReferenceMo
     ):
         assert model.spec == SPEC
         assert torch.equal(model.next_token_logits(prompt), expected)  # bit for bit: one code path
+
+
+def test_the_selection_builds_each_implementation_for_its_rank() -> None:
+    rank_shard = shard(SPEC, 2, 1)
+    cache = build_model_impl(SPEC, model_impl="synthetic", seed=0, device="cpu", tp=2, rank=1)
+    assert cache.pattern.shard == rank_shard  # writes and verifies rank 1's shard, no group needed
+    with pytest.raises(ValueError, match="TP 2 needs its process group"):
+        build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
+    with pytest.raises(ValueError, match="the transformers runner runs at TP 1 only"):
+        build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
