@@ -8,6 +8,8 @@ decodes at the other to TP 1's tokens: what a cross-TP transfer relies on.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -158,3 +160,27 @@ def test_the_selection_builds_each_implementation_for_its_rank() -> None:
         build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
     with pytest.raises(ValueError, match="the transformers runner runs at TP 1 only"):
         build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
+
+
+class _GroupOf:
+    """Stands in for a process group where only its size and rank are read (nothing is reduced)."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_a_group_that_is_not_the_tp_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="rank 1 of TP 2 was given a group of 4 ranks in which it is rank 1"):
+        ReferenceModel.for_rank(SPEC, tp=2, rank=1, group=_GroupOf(4, 1))
+
+
+def test_an_mlp_width_the_ranks_cannot_split_is_refused_with_the_fix() -> None:
+    spec = dataclasses.replace(SPEC, intermediate_size=66)  # the cached tensors still shard at TP 4
+    with pytest.raises(ValueError, match="cannot split the reference model's 66 MLP channels.*divides 66"):
+        ReferenceModel.for_rank(spec, tp=4, rank=0, group=_GroupOf(4, 0))

@@ -1,9 +1,11 @@
 """The reference model's tensor-parallel scenario, and the Gloo group of ranks that runs it.
 
-`serve` is what every TP size runs on its own rank pool: prefill a batch of prompts, decode, a second
-turn for one request prefilled in place after its cached tokens (read back from the pool), decode
-again. `resume` decodes from prefilled rows written into a fresh pool, as a transfer lands them.
-`cache_rows` reads what a pool holds for a request; `shard_rows` cuts TP 1's rows to one rank's.
+`serve` is what every TP size runs on its own rank pool: prefill a batch of prompts (one also
+writing a checkpoint for the prefix cache), prefill a prompt after that cached prefix, decode, a
+second turn for one request prefilled in place after its cached tokens, decode again: every cached
+start reads K/V and state back from the rank's pool. `resume` decodes from prefilled rows written
+into a fresh pool, as a transfer lands them. `cache_rows` reads what a pool holds for a request;
+`shard_rows` cuts TP 1's rows to one rank's.
 
 `run_ranks(tp, main, inputs, workdir)` runs `main(rank, group, inputs)` on each rank of a `tp`-rank
 Gloo group over 127.0.0.1 with a finite timeout (a stuck peer fails the test, never hangs it). The
@@ -45,7 +47,9 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(SPEC.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+CHECKPOINT_PAGES = 3  # "c" leaves a checkpoint after its first 3 pages (make_rank_pool: 4 tokens each)
 PROMPTS = {"a": tokens(5, 1), "b": tokens(11, 2), "c": tokens(17, 3)}
+PROMPTS["d"] = PROMPTS["c"][:14] + tokens(5, 5)  # prefilled after "c"'s cached first 3 pages
 TURN = tokens(4, 4)  # the second turn of "a"
 
 Rows = dict[tuple[int, str], torch.Tensor]  # (layer, tensor name) -> rows, see `cache_rows`
@@ -79,7 +83,7 @@ class Run:
 
 
 def rank_pool(rank_shard: RankShard) -> ArenaPool:
-    return make_rank_pool(rank_shard, unified=True, budget_bytes=BUDGET_BYTES)
+    return make_rank_pool(rank_shard, unified=True, budget_bytes=BUDGET_BYTES, prefix_cache=True)
 
 
 def cache_rows(model: ReferenceModel, pool: ArenaPool, request_id: str) -> Rows:
@@ -129,12 +133,24 @@ def decode(model: ReferenceModel, pool: ArenaPool, served: dict[str, Served], st
 
 
 def serve(model: ReferenceModel) -> Run:
-    """PROMPTS prefilled as one batch and decoded; then TURN for "a", prefilled in place after its
-    cached tokens, and every request decoded again."""
-    pool = rank_pool(model.tp.shard)
-    for rid, prompt in PROMPTS.items():
-        pool.reserve(rid, len(prompt))
-    done = model.prefill(pool, [PrefillJob(rid, prompt) for rid, prompt in PROMPTS.items()])
+    """ "a", "b", "c" prefilled as one batch ("c" leaving a checkpoint), then "d" after "c"'s cached
+    pages; all decoded; then TURN for "a", prefilled in place after its cached tokens, and every
+    request decoded again."""
+    pool, first = rank_pool(model.tp.shard), ["a", "b", "c"]
+    for rid in first:
+        pool.reserve(rid, len(PROMPTS[rid]))
+    handle, slot = pool.prefix_cache.take_checkpoint()
+    snapshot = (CHECKPOINT_PAGES * pool.page_size, slot)
+    jobs = [PrefillJob(rid, PROMPTS[rid], snapshot=snapshot if rid == "c" else None) for rid in first]
+    done = model.prefill(pool, jobs)
+    pool.prefix_cache.cache_request("c", PROMPTS["c"], {CHECKPOINT_PAGES: handle})
+    match = pool.prefix_cache.match(PROMPTS["d"])
+    assert (match.num_tokens, match.checkpoint) == (CHECKPOINT_PAGES * pool.page_size, handle)
+    pool.reserve("d", len(PROMPTS["d"]), prefix=match)
+    checkpoint = pool.prefix_cache.checkpoint_slot(handle)
+    done += model.prefill(
+        pool, [PrefillJob("d", PROMPTS["d"], cached=match.num_tokens, checkpoint_slot=checkpoint)]
+    )
     served = {
         d.request_id: Served([*PROMPTS[d.request_id], d.first_token], [len(PROMPTS[d.request_id])])
         for d in done
