@@ -150,7 +150,7 @@ class Mamba2Layer:
         conv_dtype: torch.dtype,
         ssm_dtype: torch.dtype,
         tp: TPRank,
-        state_names: tuple[str, str] = ("conv", "ssm"),
+        state_names: tuple[str, str],  # the conv and SSM state tensors, as the shard names them
     ) -> None:
         assert num_heads % n_groups == 0, (num_heads, n_groups)
         full_intermediate = num_heads * head_dim
