@@ -231,9 +231,12 @@ def tp_spec(name: str) -> ModelSpec:
     return spec_from_hf(TP_CONFIGS[name])
 
 
-def make_rank_pool(shard: RankShard, *, unified: bool, budget_bytes: int = 64 << 10) -> ArenaPool:
+def make_rank_pool(
+    shard: RankShard, *, unified: bool, budget_bytes: int = 64 << 10, prefix_cache: bool = False
+) -> ArenaPool:
     """One TP rank's pool: sized for the shapes the rank stores (`shard.spec`)."""
-    return make_pool(shard.spec, unified=unified, budget_bytes=budget_bytes, context_len=32)
+    sizes = make_sizes(shard.spec, unified=unified, budget_bytes=budget_bytes, context_len=32)
+    return ArenaPool(sizes, "cpu", prefix_cache=prefix_cache)
 
 
 def make_decode_stats(name: str = "decode-0", **figures: int) -> DecodeStats:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from distpool.model.dtypes import canonical_dtype
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.shard import shard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.source import HFSource, holds_weights, resolve_source
 from distpool.model_impl.hf.support import unsupported_reason as transformers_unsupported
@@ -98,16 +100,36 @@ def resolve_implementation(
 
 
 def build_model_impl(
-    spec: ModelSpec, *, model_impl: str, seed: int, device: str | torch.device, hf: HFSource | None = None
+    spec: ModelSpec,
+    *,
+    model_impl: str,
+    seed: int,
+    device: str | torch.device,
+    hf: HFSource | None = None,
+    tp: int = 1,
+    rank: int = 0,
+    group: dist.ProcessGroup | None = None,
 ) -> PoolModel:
-    """The implementation `model_impl` names ("auto" resolves without weights), seeded and on `device`."""
+    """The implementation `model_impl` names ("auto" resolves without weights), seeded and on `device`.
+
+    `tp` > 1: rank `rank` of a tensor-parallel group, whose pool is built from `shard(spec, tp,
+    rank).spec`. The reference model all-reduces over `group` (the process group of exactly the TP
+    group's ranks, in rank order); the synthetic cache writes and verifies the rank's shard and
+    needs no group; the transformers runner runs at TP 1 only."""
     name = choose_model_impl(spec, model_impl, has_weights=hf is not None)
     if name == "transformers":
+        if tp != 1:
+            raise ValueError(
+                f"the transformers runner runs at TP 1 only (transformers has no tensor-parallel plan for "
+                f"Mamba or gated delta net mixers); asked for TP {tp}. Fix: use TP 1, or --model-impl "
+                "reference or synthetic"
+            )
         if hf is None:
             raise ValueError("the transformers runner needs its weights' source (an HFSource)")
         from distpool.model_impl.hf.runner import TransformersRunner  # imports transformers
 
         return TransformersRunner(spec, hf, seed=seed, device=device)
     if name == "reference":
-        return ReferenceModel(spec, seed=seed, device=device)
-    return SyntheticCache(spec, seed=seed, device=device)
+        return ReferenceModel.for_rank(spec, tp=tp, rank=rank, group=group, seed=seed, device=device)
+    rank_shard = shard(spec, tp, rank) if tp != 1 else None
+    return SyntheticCache(spec, seed=seed, device=device, shard=rank_shard)

@@ -4,6 +4,10 @@ Every layer computes in float64 from float32-representable weights. Values a cac
 the conv inputs, the SSM state) are rounded to their cache dtype where they are produced, on the
 cached and on the uncached path alike, so both paths see the same numbers and greedy tokens agree.
 Layers take and return plain tensors; the model moves them in and out of pages and slots.
+
+On a tensor-parallel rank (`TPRank`) a layer keeps its slice of the full weights (see
+`tensor_parallel`): it reads and writes the rank's shard of each cache and returns its output summed
+over the group, so the residual stream is the same on every rank and at every TP size.
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from distpool.model.dtypes import torch_dtype
-from distpool.model.spec import ModelSpec
+from distpool.model_impl.reference.tensor_parallel import TPRank, columns
 
 COMPUTE_DTYPE = torch.float64
 # Mamba2's dt is drawn log-uniform in this range (the bundled reference configs' time_step_min/max).
@@ -52,8 +55,16 @@ class WeightFactory:
         return self._out(torch.rand(shape, generator=self.generator) * (high - low) + low)
 
 
+def take(weight: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
+    """The rank's slice of a full weight: entries `ids` along `dim` (a contiguous copy)."""
+    return weight.index_select(dim, ids.to(weight.device))
+
+
 class AttentionLayer:
-    """Grouped-query attention without positional encoding (Nemotron-H attention is NoPE)."""
+    """Grouped-query attention without positional encoding (Nemotron-H attention is NoPE).
+
+    On a TP rank: its block of query heads and the KV heads its pool stores (one replicated KV
+    head when the ranks outnumber the KV heads), o_proj's matching rows, the output all-reduced."""
 
     def __init__(
         self,
@@ -64,17 +75,25 @@ class AttentionLayer:
         num_kv_heads: int,
         head_dim: int,
         kv_dtype: torch.dtype,
+        tp: TPRank,
     ) -> None:
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        heads, kv_heads = tp.block(num_heads, "query heads"), tp.held("k")
+        # the KV heads serving the rank's query heads are exactly the ones its pool holds
+        assert torch.equal((heads // (num_heads // num_kv_heads)).unique(), kv_heads), (heads, kv_heads)
+        self.num_heads = len(heads)
+        self.num_kv_heads = len(kv_heads)
         self.head_dim = head_dim
         self.kv_dtype = kv_dtype
+        self.tp = tp
+        q_columns, kv_columns = columns(heads, head_dim), columns(kv_heads, head_dim)
         # (in, out) so that a projection is `x @ w`
-        self.q_proj = weights.normal(hidden_size, num_heads * head_dim, std=hidden_size**-0.5)
-        self.k_proj = weights.normal(hidden_size, num_kv_heads * head_dim, std=hidden_size**-0.5)
-        self.v_proj = weights.normal(hidden_size, num_kv_heads * head_dim, std=hidden_size**-0.5)
-        self.o_proj = weights.normal(num_heads * head_dim, hidden_size, std=(num_heads * head_dim) ** -0.5)
+        q_proj = weights.normal(hidden_size, num_heads * head_dim, std=hidden_size**-0.5)
+        k_proj = weights.normal(hidden_size, num_kv_heads * head_dim, std=hidden_size**-0.5)
+        v_proj = weights.normal(hidden_size, num_kv_heads * head_dim, std=hidden_size**-0.5)
+        o_proj = weights.normal(num_heads * head_dim, hidden_size, std=(num_heads * head_dim) ** -0.5)
+        self.q_proj, self.o_proj = take(q_proj, 1, q_columns), take(o_proj, 0, q_columns)
+        self.k_proj, self.v_proj = take(k_proj, 1, kv_columns), take(v_proj, 1, kv_columns)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., hidden) -> q (..., heads, head_dim); k, v (..., kv_heads, head_dim), rounded to the
@@ -97,7 +116,7 @@ class AttentionLayer:
         scores = torch.einsum("bqhd,bshd->bhqs", q, k) * self.head_dim**-0.5
         scores = scores.masked_fill(~valid[:, None], float("-inf"))
         out = torch.einsum("bhqs,bshd->bqhd", scores.softmax(dim=-1), v)
-        return out.reshape(*out.shape[:2], -1) @ self.o_proj
+        return self.tp.all_reduce(out.reshape(*out.shape[:2], -1) @ self.o_proj)
 
 
 class Mamba2Layer:
@@ -108,6 +127,11 @@ class Mamba2Layer:
       conv (conv_dim, conv_kernel - 1): the last conv_kernel - 1 xBC inputs, oldest first
       ssm  (num_heads, head_dim, state_size)
     with conv_dim = num_heads * head_dim + 2 * n_groups * state_size.
+
+    On a TP rank every size above is the rank's: the heads its `ssm` shard holds and the conv
+    channels its `conv` shard holds (x of those heads, then B and C of their groups, a replicated
+    group's whole). The gated norm runs per group; a group whose heads span several ranks (fewer
+    groups than ranks) has its mean square summed over the group before it is applied.
     """
 
     def __init__(
@@ -125,25 +149,48 @@ class Mamba2Layer:
         time_step_max: float,
         conv_dtype: torch.dtype,
         ssm_dtype: torch.dtype,
+        tp: TPRank,
+        state_names: tuple[str, str],  # the conv and SSM state tensors, as the shard names them
     ) -> None:
         assert num_heads % n_groups == 0, (num_heads, n_groups)
-        self.num_heads, self.head_dim, self.state_size = num_heads, head_dim, state_size
-        self.n_groups, self.conv_kernel, self.eps = n_groups, conv_kernel, eps
+        full_intermediate = num_heads * head_dim
+        full_conv_dim = full_intermediate + 2 * n_groups * state_size
+        channels, heads = tp.held(state_names[0]), tp.held(state_names[1])  # conv channels, Mamba heads
+        self.tp = tp
+        self.num_heads, self.head_dim, self.state_size = len(heads), head_dim, state_size
+        self.conv_kernel, self.eps = conv_kernel, eps
         self.conv_dtype, self.ssm_dtype = conv_dtype, ssm_dtype
-        self.intermediate_size = num_heads * head_dim
-        self.conv_dim = self.intermediate_size + 2 * n_groups * state_size
-        self.in_proj = weights.normal(
-            hidden_size, self.intermediate_size + self.conv_dim + num_heads, std=hidden_size**-0.5
+        self.intermediate_size = len(heads) * head_dim
+        self.conv_dim = len(channels)
+        self.n_groups = (self.conv_dim - self.intermediate_size) // (2 * state_size)
+        x_columns = columns(heads, head_dim)
+        assert torch.equal(channels[: self.intermediate_size], x_columns), (channels, heads)
+        # the norm's group of this rank's heads when they are only part of it, else None
+        heads_per_group = num_heads // n_groups
+        self.total_groups, self.group_channels = n_groups, heads_per_group * head_dim
+        self.shared_group = int(heads[0]) // heads_per_group if len(heads) < heads_per_group else None
+        if self.shared_group is not None:
+            b_group = int(channels[self.intermediate_size] - full_intermediate) // state_size
+            assert self.n_groups == 1 and b_group == self.shared_group, (channels, heads)
+        in_proj = weights.normal(
+            hidden_size, full_intermediate + full_conv_dim + num_heads, std=hidden_size**-0.5
         )
-        self.conv_weight = weights.normal(self.conv_dim, conv_kernel, std=conv_kernel**-0.5)  # depthwise taps
-        self.conv_bias = weights.normal(self.conv_dim, std=0.1)
+        # [z | xBC | dt] columns of the rank: z like x, xBC its conv channels, dt its heads
+        in_columns = torch.cat(
+            [x_columns, full_intermediate + channels, full_intermediate + full_conv_dim + heads]
+        )
+        self.in_proj = take(in_proj, 1, in_columns)
+        conv_weight = weights.normal(full_conv_dim, conv_kernel, std=conv_kernel**-0.5)  # depthwise taps
+        self.conv_weight = take(conv_weight, 0, channels)
+        self.conv_bias = take(weights.normal(full_conv_dim, std=0.1), 0, channels)
         # dt log-uniform in [min, max] after softplus, as Mamba2 initialises it
         log_dt = weights.uniform(num_heads, low=math.log(time_step_min), high=math.log(time_step_max))
         dt = log_dt.exp()
-        self.dt_bias = dt + torch.log(-torch.expm1(-dt))  # inverse softplus
-        self.a = -weights.uniform(num_heads, low=1.0, high=16.0)  # A = -exp(A_log), per head
-        self.d = weights.uniform(num_heads, low=0.5, high=1.5)
-        self.out_proj = weights.normal(self.intermediate_size, hidden_size, std=self.intermediate_size**-0.5)
+        self.dt_bias = take(dt + torch.log(-torch.expm1(-dt)), 0, heads)  # inverse softplus
+        self.a = take(-weights.uniform(num_heads, low=1.0, high=16.0), 0, heads)  # A = -exp(A_log), per head
+        self.d = take(weights.uniform(num_heads, low=0.5, high=1.5), 0, heads)
+        out_proj = weights.normal(full_intermediate, hidden_size, std=full_intermediate**-0.5)
+        self.out_proj = take(out_proj, 0, x_columns)
 
     @property
     def conv_state_shape(self) -> tuple[int, int]:
@@ -220,58 +267,37 @@ class Mamba2Layer:
 
     def _output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         gated = (y * F.silu(z)).unflatten(-1, (self.n_groups, -1))  # norm per group
-        return rms_norm(gated, 1.0, self.eps).flatten(-2) @ self.out_proj
+        if self.shared_group is None:  # every group of the rank's heads is whole here
+            normed = rms_norm(gated, 1.0, self.eps)
+        else:
+            normed = gated * torch.rsqrt(self._group_mean_square(gated) + self.eps)
+        return self.tp.all_reduce(normed.flatten(-2) @ self.out_proj)
+
+    def _group_mean_square(self, gated: torch.Tensor) -> torch.Tensor:
+        """gated (..., 1, channels of the rank) -> (..., 1, 1): the mean square over the whole of the
+        rank's group, whose other channels live on the ranks holding that group's other heads."""
+        sums = gated.new_zeros(*gated.shape[:-2], self.total_groups)  # one column per group
+        sums[..., self.shared_group] = gated.pow(2).sum(dim=(-2, -1))
+        self.tp.all_reduce(sums)  # each rank adds its part of its own group's column
+        return (sums[..., self.shared_group] / self.group_channels)[..., None, None]
 
 
 class MlpLayer:
-    """Nemotron-H MLP: down(relu(up(x)) ** 2)."""
+    """Nemotron-H MLP: down(relu(up(x)) ** 2). On a TP rank: its block of channels, all-reduced."""
 
-    def __init__(self, weights: WeightFactory, *, hidden_size: int, intermediate_size: int) -> None:
-        self.up_proj = weights.normal(hidden_size, intermediate_size, std=hidden_size**-0.5)
-        self.down_proj = weights.normal(intermediate_size, hidden_size, std=intermediate_size**-0.5)
+    def __init__(
+        self, weights: WeightFactory, *, hidden_size: int, intermediate_size: int, tp: TPRank
+    ) -> None:
+        channels = tp.block(intermediate_size, "MLP channels (intermediate_size)")
+        self.tp = tp
+        self.up_proj = take(
+            weights.normal(hidden_size, intermediate_size, std=hidden_size**-0.5), 1, channels
+        )
+        down_proj = weights.normal(intermediate_size, hidden_size, std=intermediate_size**-0.5)
+        self.down_proj = take(down_proj, 0, channels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x @ self.up_proj).square() @ self.down_proj
+        return self.tp.all_reduce(F.relu(x @ self.up_proj).square() @ self.down_proj)
 
 
 Layer = AttentionLayer | Mamba2Layer | MlpLayer
-
-
-def build_layers(spec: ModelSpec, weights: WeightFactory) -> list[Layer]:
-    """One layer per model layer, in order: attention for the spec's full-attention layers, Mamba2
-    for its Mamba layers, an MLP for every other layer. Cache shapes come from the spec itself."""
-    attention, mamba = spec.full_attention, spec.mamba
-    assert attention is not None and mamba is not None
-    conv, ssm = (t for t in mamba.tensors)  # conv (conv_dim, kernel - 1), ssm (heads, head_dim, state)
-    heads, head_dim, state_size = ssm.shape
-    n_groups = (conv.shape[0] - heads * head_dim) // (2 * state_size)
-    layers: list[Layer] = []
-    for index in range(spec.num_layers):
-        if index in spec.full_attention_layers:
-            layer: Layer = AttentionLayer(
-                weights,
-                hidden_size=spec.hidden_size,
-                num_heads=spec.num_attention_heads,
-                num_kv_heads=attention.num_kv_heads,
-                head_dim=attention.head_dim,
-                kv_dtype=torch_dtype(attention.dtype),
-            )
-        elif index in spec.mamba_layers:
-            layer = Mamba2Layer(
-                weights,
-                hidden_size=spec.hidden_size,
-                num_heads=heads,
-                head_dim=head_dim,
-                state_size=state_size,
-                n_groups=n_groups,
-                conv_kernel=conv.shape[1] + 1,
-                eps=spec.norm_eps,
-                time_step_min=TIME_STEP_MIN,
-                time_step_max=TIME_STEP_MAX,
-                conv_dtype=torch_dtype(conv.dtype),
-                ssm_dtype=torch_dtype(ssm.dtype),
-            )
-        else:
-            layer = MlpLayer(weights, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size)
-        layers.append(layer)
-    return layers

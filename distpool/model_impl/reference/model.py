@@ -19,18 +19,21 @@ from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
+from distpool.model_impl.reference.layer_stack import build_layers
 from distpool.model_impl.reference.layers import (
     COMPUTE_DTYPE,
     AttentionLayer,
     Mamba2Layer,
     WeightFactory,
-    build_layers,
     rms_norm,
 )
 from distpool.model_impl.reference.past import Pair, Past
 from distpool.model_impl.reference.support import unsupported_reason
+from distpool.model_impl.reference.tensor_parallel import TPRank
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from distpool.memory.pool import Pool
 
 _LOGIT_STD = 4.0  # wide logits keep greedy argmax far from ties between equivalent computations
@@ -43,16 +46,25 @@ class ReferenceModel(PoolModel):
     every other layer a relu^2 MLP. Weights depend only on the spec's dimensions and `seed`, whatever
     the device. Raises ValueError (with the fix) for specs `unsupported_reason` refuses.
     It keeps no record of requests, so `admit` and `check` have nothing to verify.
+
+    Tensor parallel: `ReferenceModel.for_rank(spec, tp=N, rank=r, group=pg)` is rank r of the same
+    model split over N ranks (see `tensor_parallel`). It runs on a pool built from its `spec`, the
+    rank's shard of the model's spec; every rank of the group makes the same calls and gets the
+    same tokens. The plain constructor is TP 1.
     """
 
     name = "reference"
     verifies = False
 
-    def __init__(self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu", tp: TPRank | None = None
+    ) -> None:
         if (reason := unsupported_reason(spec)) is not None:
             raise ValueError(reason)
         assert spec.full_attention is not None and spec.mamba is not None
-        self.spec = spec
+        self.tp = tp if tp is not None else TPRank.of(spec, tp=1, rank=0, group=None)
+        assert self.tp.shard.model == spec, "the rank's shard is of another spec"
+        self.spec = self.tp.shard.spec  # what the rank's pool stores (the spec itself at TP 1)
         self.seed = seed
         self.device = torch.device(device)
         self.hidden_size = spec.hidden_size
@@ -60,10 +72,28 @@ class ReferenceModel(PoolModel):
         self.eps = spec.norm_eps
         weights = WeightFactory(seed, self.device)  # draw order: embedding, layers, lm_head
         self.embedding = weights.normal(self.vocab_size, self.hidden_size, std=1.0)
-        self.layers = build_layers(spec, weights)
+        self.layers = build_layers(self.tp, weights)
         self.lm_head = weights.normal(
             self.hidden_size, self.vocab_size, std=_LOGIT_STD * self.hidden_size**-0.5
         )
+
+    @classmethod
+    def for_rank(
+        cls,
+        spec: ModelSpec,
+        *,
+        tp: int,
+        rank: int,
+        group: dist.ProcessGroup | None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> ReferenceModel:
+        """Rank `rank` of the model split over `tp` ranks, all-reducing over `group`: the process
+        group of exactly those ranks in rank order (Gloo on CPU, NCCL on CUDA; None at TP 1), on
+        `device`. ValueError (the shard rules') for a TP size `spec` cannot shard, or a wrong group."""
+        if (reason := unsupported_reason(spec)) is not None:
+            raise ValueError(reason)
+        return cls(spec, seed=seed, device=device, tp=TPRank.of(spec, tp=tp, rank=rank, group=group))
 
     # ---- forward passes ------------------------------------------------------------------
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
