@@ -31,6 +31,7 @@ from transfer.handshake import exchange_hello, make_hello
 from transfer.pair_store import PairStore
 from transfer.protocol import TAG_DATA, bell_key
 from transfer.rendezvous import RendezvousPort, agree_generation, delta, is_loopback, join_peer
+from transfer.tp_pair import TpPair
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
 CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
@@ -84,6 +85,9 @@ class Channel:
         self.generation = 0
         self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
         self.peer_hello: dict[str, Any] | None = None
+        # The two ranks this channel joins across TP sizes (None: equal sizes, row i to row i), known
+        # once the handshake has checked the peer's TP layout.
+        self.tp_pair: TpPair | None = None
         self._port: RendezvousPort | None = None  # rank 0 holds its port across rebuilds
         self._control: ControlPlane | None = None  # this generation's control messages
         self._pg: dist.ProcessGroup | None = None  # payload (and on Gloo also control)
@@ -147,6 +151,7 @@ class Channel:
             generation = agree_generation(store, rank=self.rank, last=self.generation, name=self.name)
             gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
+            self.tp_pair = TpPair.of(self.tp, self.peer_hello, sending=self.rank == SENDER_RANK)
             loopback = is_loopback(self.host)
             if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
                 self._pg = nccl_group(gen_store, self.rank, self.device)

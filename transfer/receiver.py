@@ -39,7 +39,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
@@ -59,6 +59,7 @@ from transfer.protocol import (
     withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+from transfer.tp_pair import channel_runs
 
 Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
 
@@ -257,9 +258,16 @@ class EnvelopeReceiver(ChannelEnd):
             )
         try:
             source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
-            job.runs = plan_runs(source, expected.moving)
+            job.runs = channel_runs(
+                self.channel.tp_pair,
+                source,
+                expected.moving,
+                num_tokens=expected.num_tokens,
+                held=expected.held_pages,
+            )
         except (ProtocolError, ValueError) as exc:
             return FailureKind.REFUSED, str(exc)
+        transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
     def _status(self, seq: int, failure: Refusal | None = None) -> None:
