@@ -93,7 +93,9 @@ def group_main(conn, role: int, config: str, tp: int, peer_tp: int, ports: list,
                     num_streams=case["streams"],
                     tp=TpEnd.of(sizes, rank_shard),
                 )
-                options = TransferOptions(chunk_bytes=case["chunk_bytes"], timeout_s=300)
+                options = TransferOptions(
+                    chunk_bytes=case["chunk_bytes"], direct_min_bytes=case["direct_min_bytes"], timeout_s=300
+                )
                 end = EnvelopeSender(channel, options) if role == 0 else EnvelopeReceiver(channel)
                 end.start()
                 ends.setdefault(rank, []).append(end)

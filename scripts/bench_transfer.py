@@ -558,10 +558,14 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": args.tp_tokens,
             "streams": args.streams,
             "chunk_bytes": args.chunk_mib << 20,
+            "direct_min_bytes": None if args.direct_min_kib is None else args.direct_min_kib << 10,
         }
         tp_rows = measure_tp(args.tp_config, tp_pairs, case, repeats)
         print_tp_table(tp_rows, args.tp_config)
-        print(f"({time.monotonic() - started:.0f} s; median of {repeats} runs per case)")
+        print(
+            f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
+            f"direct >= {bench_direct_min(args) >> 10} KiB, median of {repeats} runs per case)"
+        )
         rows += tp_rows
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,13 @@ The handshake exchanges layout fingerprints before any group exists; a mismatch 
 broken; `connect()` again tears it down and connects a new generation, touching no other channel.
 Small control messages go over the pair's own Gloo link (`channel.control`, see
 `transfer.control`); this class owns the groups' lifecycle and the payload sends and receives.
+
+Tensor parallelism: a channel joins one rank of the prefill group and one of the decode group,
+each end built with its own `tp=TpEnd.of(sizes, shard)`. Destination rank d opens a channel to
+each source rank `transfer.reshard.source_ranks(src_layout, dst_layout, d)` names (one port per
+pair); with equal TP sizes that is rank r to rank r. After `connect()`, `tp_pair` says which two
+ranks of which layouts it joins across TP sizes (None at equal sizes), and the engines move that
+pair's share of each envelope (`transfer.tp_pair`); the caller does nothing different.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """The receiving end (rank 1, the decode worker): envelopes land only where it reserved them.
 
 `EnvelopeReceiver.expect` registers a reserved destination envelope and returns a `Transfer`; a
-worker thread waits for the sender's bell, then for the transfer it announces:
+worker thread waits for the sender's bell, then for the transfer it announces. A decode rank of a
+TP group expects its own envelope on each of its channels (one per source rank its shard needs),
+or on all at once with `transfer.parts.expect_parts`: each channel's transfer concludes when its
+part has landed (its `num_bytes` is that part), and the request has landed on the rank when every
+part has (`Parts.wait()`). One transfer:
 
     decode the bell's HEADER (bounded); take the expectation it names (waiting up to
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, tokens, row count and row sizes (the source
-        table, less the pages held here already, must pair with ours), chunk size; any mismatch ->
-        REFUSE, nothing written
+        table, less the pages held here already, must pair with ours; across TP sizes each row
+        must have the source shard's unit size), chunk size; any mismatch -> REFUSE, nothing written
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
         receives posted (messages contiguous here straight into our arena, a staged one into

@@ -1,7 +1,9 @@
 """The sending end (rank 0, the prefill worker): a queue of envelopes moved one after another.
 
 `EnvelopeSender.submit` returns a `Transfer` at once; a worker thread runs the transfers on the
-channel in submission order. One transfer:
+channel in submission order. A prefill rank of a TP group submits its own envelope (`Pool.envelope`
+of its shard's pool) on each of its channels, or all at once with `transfer.parts.submit_parts`;
+each channel sends only the part its destination rank needs (`Channel.tp_pair`). One transfer:
 
     ring the bell with the HEADER (source table, first token); wait READY (destination table, and
         how many leading pages the destination holds already) | REFUSE; none by the deadline:
