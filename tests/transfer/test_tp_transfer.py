@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,13 +21,22 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.tp_layout import TpEnd
 from distpool.model_impl.synthetic.model import SyntheticCache
-from tests.factories import free_units, tp_spec
+from tests.factories import TP_CONFIGS, free_units, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel
-from tests.transfer.test_reshard import PAGE_SIZE, PROMPT, destination_ranks, layout, prefill_ranks
+from tests.transfer.test_reshard import (
+    PAGE_SIZE,
+    PROMPT,
+    destination_ranks,
+    layout,
+    plan_between,
+    prefill_ranks,
+    units_of,
+)
 from tests.transfer.transfer_peer import failure_of, free_port
 from transfer import EnvelopeReceiver, EnvelopeSender, FailureKind, TransferError, TransferOptions
 from transfer.parts import Parts, expect_parts, submit_parts
-from transfer.reshard import source_ranks
+from transfer.plan import plan_messages
+from transfer.reshard import plan_pair, source_ranks
 
 TP_PAIRS = [(2, 1), (1, 2), (2, 4)]
 MODELS = ["mamba2_groups1", "gdn_kv2"]  # a Mamba2 hybrid (B, C replicated), a gated delta net
@@ -233,3 +243,35 @@ def test_parts_that_cannot_all_start_leave_nothing_expected(groups):
     assert first.expect(pool.envelope("r"), pool.buffer, deadline_s=0.2).request_id == "r"  # free again
     earlier.abort("the test is over")
     groups.release_all()
+
+
+@pytest.mark.parametrize("model", list(TP_CONFIGS))
+def test_each_pair_plans_its_entry_of_the_whole_plan_from_its_two_tables_alone(model):
+    """What one channel computes (`plan_pair`, both ranks' units only) is the pair's entry of
+    `plan_reshard` (every rank's units), for every pair, and nothing for a pair the plan skips."""
+    spec = tp_spec(model)
+    for src_tp, dst_tp in [*TP_PAIRS, (4, 2)]:
+        src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+        src_pools, _ = prefill_ranks(spec, src_shards, unified=False)
+        dst_pools = destination_ranks(dst_shards, unified=False)
+        whole = {
+            (p.src_rank, p.dst_rank): p.runs
+            for p in plan_between(src_shards, src_pools, dst_shards, dst_pools)
+        }
+        for s in range(src_tp):
+            for d in range(dst_tp):
+                runs = plan_pair(
+                    src_shards,
+                    units_of(src_pools[s], "r"),
+                    dst_shards,
+                    units_of(dst_pools[d], "r"),
+                    src_rank=s,
+                    dst_rank=d,
+                    page_size=PAGE_SIZE,
+                )
+                expected = whole.get((s, d), np.zeros((0, 3), dtype=np.int64))
+                assert np.array_equal(runs, expected), (src_tp, dst_tp, s, d)
+
+
+def test_a_pair_that_moves_nothing_of_an_envelope_plans_an_empty_stream():
+    assert plan_messages(np.zeros((0, 3), dtype=np.int64), chunk_bytes=1024, direct_min_bytes=256) == []
