@@ -39,7 +39,7 @@ from transfer.plan import plan_messages
 from transfer.reshard import plan_pair, source_ranks
 
 TP_PAIRS = [(2, 1), (1, 2), (2, 4)]
-MODELS = ["mamba2_groups1", "gdn_kv2"]  # a Mamba2 hybrid (B, C replicated), a gated delta net
+MODELS = list(TP_CONFIGS)  # Mamba2 (one and eight groups), GDN, Falcon-H1, window pages, MLA + KDA
 
 
 @dataclasses.dataclass
