@@ -18,6 +18,13 @@ envelope's length arrives part-way, grows with the others and is live when the t
 churn envelope is the slot plus as many pages as bring it to at least the size asked for.
 `--fragmented churn` runs only the churn cases.
 
+`--tp A:B` (repeatable, or comma-separated: `--tp 2:1,1:2,2:4`) adds one row per pair: N requests
+(`--tp-requests`, of `--tp-tokens` tokens) of a public config (`--tp-config`, default Bamba's)
+moved from a prefill group of TP A to a decode group of TP B, every rank at once, beside equal TP
+B:B moving the same bytes, and the ratio (scripts/bench_tp.py). `--tp-only` skips the other cases.
+
+    python scripts/bench_transfer.py --tp-only --tp 2:1,1:2,2:4 --json out/bench_transfer_tp.json
+
     python scripts/bench_transfer.py --quick --json out/bench_transfer.json
 """
 
@@ -38,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_tp import measure_tp, parse_tp, print_tp_table  # noqa: E402
 from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_pool, trace_spec  # noqa: E402
 
 from distpool.memory.envelope import Envelope  # noqa: E402
@@ -492,7 +500,32 @@ def main(argv: list[str] | None = None) -> int:
         help="which side's pages are scattered (churn cases: which side keeps its churn-trace placement); "
         "the other side's are contiguous (default: both); churn: only the churn cases, both sides churned",
     )
+    parser.add_argument(
+        "--tp",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="add heterogeneous-TP rows: prefill TP A -> decode TP B beside B:B "
+        "(repeatable, or comma-separated)",
+    )
+    parser.add_argument("--tp-only", action="store_true", help="run only the --tp rows")
+    parser.add_argument("--tp-requests", type=int, default=4, help="requests per --tp run (default 4)")
+    parser.add_argument("--tp-tokens", type=int, default=2048, help="tokens per --tp request (default 2048)")
+    parser.add_argument(
+        "--tp-config",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "bamba.json",
+        help="the Hugging Face config.json the --tp rows shard (default: tests/fixtures/bamba.json)",
+    )
     args = parser.parse_args(argv)
+    try:
+        tp_pairs = parse_tp(args.tp)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.tp_only and not tp_pairs:
+        parser.error("--tp-only needs at least one --tp A:B")
+    if args.tp_requests < 1 or args.tp_tokens < 1:
+        parser.error("--tp-requests and --tp-tokens must be >= 1")
     sizes = tuple(args.sizes_mib or (QUICK_SIZES_MIB if args.quick else SIZES_MIB))
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
     torch.set_num_threads(1)  # torch's intra-op threads would compete with Gloo's I/O threads
@@ -500,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     fragmentations = ("churn",) if args.fragmented == "churn" else FRAGMENTATIONS
     started = time.monotonic()
     churn: dict[int, dict] = {}
-    if "churn" in fragmentations:  # room for the churn traces to churn around the largest envelope
+    if (
+        "churn" in fragmentations and not args.tp_only
+    ):  # room for the churn traces to churn around the largest envelope
         largest = churn_slot_bytes() + churn_pages(max(sizes), churn_slot_bytes()) * PAGE_BYTES
         arena_bytes = max(arena_bytes, CHURN_ARENA_FACTOR * largest)
         churn = churn_envelopes(sizes, arena_bytes)
@@ -514,6 +549,32 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    rows: list[dict] = []
+    if not args.tp_only:
+        rows = run_cases(args, arena_bytes, sizes, repeats, fragmentations, churn, started)
+    if tp_pairs:
+        case = {
+            "requests": args.tp_requests,
+            "tokens": args.tp_tokens,
+            "streams": args.streams,
+            "chunk_bytes": args.chunk_mib << 20,
+            "direct_min_bytes": None if args.direct_min_kib is None else args.direct_min_kib << 10,
+        }
+        tp_rows = measure_tp(args.tp_config, tp_pairs, case, repeats)
+        print_tp_table(tp_rows, args.tp_config)
+        print(
+            f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
+            f"direct >= {bench_direct_min(args) >> 10} KiB, median of {repeats} runs per case)"
+        )
+        rows += tp_rows
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def run_cases(args, arena_bytes, sizes, repeats, fragmentations, churn, started) -> list[dict]:
+    """The envelope / raw / naive cases over one channel: rows, printed and plotted."""
     bench = Bench(args, arena_bytes)
     try:
         naive_max = QUICK_NAIVE_MAX_MIB if args.quick else NAIVE_MAX_MIB
@@ -534,10 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"cores busy, sender + receiver, envelopes >= 64 MiB, of {os.cpu_count()}: {busy}")
     plot(rows, args.plot)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

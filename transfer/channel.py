@@ -11,6 +11,13 @@ The handshake exchanges layout fingerprints before any group exists; a mismatch 
 broken; `connect()` again tears it down and connects a new generation, touching no other channel.
 Small control messages go over the pair's own Gloo link (`channel.control`, see
 `transfer.control`); this class owns the groups' lifecycle and the payload sends and receives.
+
+Tensor parallelism: a channel joins one rank of the prefill group and one of the decode group,
+each end built with its own `tp=TpEnd.of(sizes, shard)`. Destination rank d opens a channel to
+each source rank `transfer.reshard.source_ranks(src_layout, dst_layout, d)` names (one port per
+pair); with equal TP sizes that is rank r to rank r. After `connect()`, `tp_pair` says which two
+ranks of which layouts it joins across TP sizes (None at equal sizes), and the engines move that
+pair's share of each envelope (`transfer.tp_pair`); the caller does nothing different.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from transfer.handshake import exchange_hello, make_hello
 from transfer.pair_store import PairStore
 from transfer.protocol import TAG_DATA, bell_key
 from transfer.rendezvous import RendezvousPort, agree_generation, delta, is_loopback, join_peer
+from transfer.tp_pair import TpPair
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
 CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
@@ -84,6 +92,9 @@ class Channel:
         self.generation = 0
         self.transfer_seq = 0  # next transfer of this generation (sender rings it, receiver awaits it)
         self.peer_hello: dict[str, Any] | None = None
+        # The two ranks this channel joins across TP sizes (None: equal sizes, row i to row i), known
+        # once the handshake has checked the peer's TP layout.
+        self.tp_pair: TpPair | None = None
         self._port: RendezvousPort | None = None  # rank 0 holds its port across rebuilds
         self._control: ControlPlane | None = None  # this generation's control messages
         self._pg: dist.ProcessGroup | None = None  # payload (and on Gloo also control)
@@ -147,6 +158,7 @@ class Channel:
             generation = agree_generation(store, rank=self.rank, last=self.generation, name=self.name)
             gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
+            self.tp_pair = TpPair.of(self.tp, self.peer_hello, sending=self.rank == SENDER_RANK)
             loopback = is_loopback(self.host)
             if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
                 self._pg = nccl_group(gen_store, self.rank, self.device)

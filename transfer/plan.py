@@ -157,6 +157,8 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
     runs = np.asarray(runs, dtype=np.int64)
+    if runs.shape[0] == 0:
+        return []  # across TP, a pair may move nothing of an envelope: the stream is empty
     pieces, chunk_of_piece, run_of_piece = _split_at_chunks(runs, chunk_bytes)
     direct = runs[run_of_piece, NBYTES] >= direct_min_bytes
     num_chunks = int(chunk_of_piece[-1]) + 1

@@ -1,13 +1,17 @@
 """The receiving end (rank 1, the decode worker): envelopes land only where it reserved them.
 
 `EnvelopeReceiver.expect` registers a reserved destination envelope and returns a `Transfer`; a
-worker thread waits for the sender's bell, then for the transfer it announces:
+worker thread waits for the sender's bell, then for the transfer it announces. A decode rank of a
+TP group expects its own envelope on each of its channels (one per source rank its shard needs),
+or on all at once with `transfer.parts.expect_parts`: each channel's transfer concludes when its
+part has landed (its `num_bytes` is that part), and the request has landed on the rank when every
+part has (`Parts.wait()`). One transfer:
 
     decode the bell's HEADER (bounded); take the expectation it names (waiting up to
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, tokens, row count and row sizes (the source
-        table, less the pages held here already, must pair with ours), chunk size; any mismatch ->
-        REFUSE, nothing written
+        table, less the pages held here already, must pair with ours; across TP sizes each row
+        must have the source shard's unit size), chunk size; any mismatch -> REFUSE, nothing written
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
         receives posted (messages contiguous here straight into our arena, a staged one into
@@ -39,7 +43,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages, plan_runs
+from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
@@ -59,6 +63,7 @@ from transfer.protocol import (
     withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+from transfer.tp_pair import channel_runs
 
 Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
 
@@ -257,9 +262,16 @@ class EnvelopeReceiver(ChannelEnd):
             )
         try:
             source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
-            job.runs = plan_runs(source, expected.moving)
+            job.runs = channel_runs(
+                self.channel.tp_pair,
+                source,
+                expected.moving,
+                num_tokens=expected.num_tokens,
+                held=expected.held_pages,
+            )
         except (ProtocolError, ValueError) as exc:
             return FailureKind.REFUSED, str(exc)
+        transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
     def _status(self, seq: int, failure: Refusal | None = None) -> None:

@@ -11,6 +11,8 @@ the lowest-ranked among the source ranks whose share of the heads overlaps the d
 
     plan_reshard(...)  -> (RankRuns(src_rank, dst_rank, runs), ...): runs (m, 3) int64 of
                           (src_offset, dst_offset, nbytes) in the two ranks' arenas, stream order
+    plan_pair(...)     -> one (source rank, destination rank) pair's runs, from those two ranks'
+                          unit tables alone: what one channel of the transfer engine moves
     source_ranks(...)  -> the source ranks one destination rank needs a channel to
 
 A pure function of both layouts (their `RankShard`s) and both sides' unit tables. With the same
@@ -259,20 +261,68 @@ def plan_reshard(
         )
     plan = []
     for dst in dst_shards:
-        templates = _templates(tuple(src_shards), dst, page_size)
         for src_rank in range(len(src_shards)):
-            pieces = []
-            for kind in UNIT_KINDS:
-                template = templates.get((src_rank, kind))
-                src_at, dst_at = (
-                    getattr(src_units[src_rank], kind)[:, 0],
-                    getattr(dst_units[dst.rank], kind)[:, 0],
-                )
-                if template is None or src_at.size == 0:
-                    continue
-                shift = np.stack([src_at, dst_at, np.zeros_like(src_at)], axis=1)  # (units, 3)
-                pieces.append((template[None, :, :] + shift[:, None, :]).reshape(-1, 3))
-            if pieces:
-                runs = np.concatenate(pieces)
-                plan.append(RankRuns(src_rank, dst.rank, merge_runs(runs[:, 0], runs[:, 1], runs[:, 2])))
+            runs = _pair_runs(
+                tuple(src_shards), src_units[src_rank], dst, dst_units[dst.rank], src_rank, page_size
+            )
+            if runs.shape[0]:
+                plan.append(RankRuns(src_rank, dst.rank, runs))
     return tuple(plan)
+
+
+def plan_pair(
+    src_shards: Sequence[RankShard],
+    src_units: EnvelopeUnits,
+    dst_shards: Sequence[RankShard],
+    dst_units: EnvelopeUnits,
+    *,
+    src_rank: int,
+    dst_rank: int,
+    page_size: int,
+) -> np.ndarray:
+    """The runs source rank `src_rank` sends destination rank `dst_rank`: that pair's entry of
+    `plan_reshard`, from the two ranks' unit tables alone (what one channel knows). (0, 3) when the
+    pair moves nothing of this envelope. Raises ValueError when the layouts or the tables do not pair.
+    """
+    _check_layouts(src_shards, dst_shards)
+    if not (0 <= src_rank < len(src_shards) and 0 <= dst_rank < len(dst_shards)):
+        raise ValueError(
+            f"no rank pair ({src_rank}, {dst_rank}) between TP {len(src_shards)} and {len(dst_shards)}"
+        )
+    _check_units([src_shards[src_rank]], [src_units], page_size)
+    _check_units([dst_shards[dst_rank]], [dst_units], page_size)
+    for kind in UNIT_KINDS:
+        src_count, dst_count = getattr(src_units, kind).shape[0], getattr(dst_units, kind).shape[0]
+        if src_count != dst_count:
+            raise ValueError(
+                f"the ranks' envelopes do not pair: {src_count} {kind}s at the source, {dst_count} here"
+            )
+    if list(src_shards) == list(dst_shards):
+        if src_rank != dst_rank:
+            return np.zeros((0, 3), dtype=np.int64)
+        return plan_runs(src_units.rows, dst_units.rows)
+    return _pair_runs(tuple(src_shards), src_units, dst_shards[dst_rank], dst_units, src_rank, page_size)
+
+
+def _pair_runs(
+    src_shards: tuple[RankShard, ...],
+    src_units: EnvelopeUnits,
+    dst: RankShard,
+    dst_units: EnvelopeUnits,
+    src_rank: int,
+    page_size: int,
+) -> np.ndarray:
+    """The templates of (source rank, unit kind) shifted to every unit's start, merged."""
+    templates = _templates(src_shards, dst, page_size)
+    pieces = []
+    for kind in UNIT_KINDS:
+        template = templates.get((src_rank, kind))
+        src_at, dst_at = getattr(src_units, kind)[:, 0], getattr(dst_units, kind)[:, 0]
+        if template is None or src_at.size == 0:
+            continue
+        shift = np.stack([src_at, dst_at, np.zeros_like(src_at)], axis=1)  # (units, 3)
+        pieces.append((template[None, :, :] + shift[:, None, :]).reshape(-1, 3))
+    if not pieces:
+        return np.zeros((0, 3), dtype=np.int64)
+    runs = np.concatenate(pieces)
+    return merge_runs(runs[:, 0], runs[:, 1], runs[:, 2])

@@ -1,7 +1,9 @@
 """The sending end (rank 0, the prefill worker): a queue of envelopes moved one after another.
 
 `EnvelopeSender.submit` returns a `Transfer` at once; a worker thread runs the transfers on the
-channel in submission order. One transfer:
+channel in submission order. A prefill rank of a TP group submits its own envelope (`Pool.envelope`
+of its shard's pool) on each of its channels, or all at once with `transfer.parts.submit_parts`;
+each channel sends only the part its destination rank needs (`Channel.tp_pair`). One transfer:
 
     ring the bell with the HEADER (source table, first token); wait READY (destination table, and
         how many leading pages the destination holds already) | REFUSE; none by the deadline:
@@ -37,7 +39,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer, TransferOptions
-from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages, plan_runs
+from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
@@ -57,6 +59,7 @@ from transfer.protocol import (
     withdraw_key,
 )
 from transfer.staging import PIPELINE_DEPTH, checksum, gather
+from transfer.tp_pair import channel_runs
 
 
 def _staged(chunk: Chunk) -> Message | None:
@@ -223,7 +226,10 @@ class EnvelopeSender(ChannelEnd):
             raise TransferError(transfer.request_id, kind, f"receiver refused: {reply['reason']}")
         try:  # the receiver holds the first `held` pages already: they do not move
             ours = moving_rows(job.envelope.ranges, reply["held"], has_slot=job.envelope.has_slot)
-            runs = plan_runs(ours, table_from_bytes(reply["table"], num_rows=ours.shape[0]))
+            theirs = table_from_bytes(reply["table"], num_rows=ours.shape[0])
+            runs = channel_runs(
+                channel.tp_pair, ours, theirs, num_tokens=job.envelope.num_tokens, held=reply["held"]
+            )
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
         transfer.held_pages, transfer.num_bytes = reply["held"], int(runs[:, NBYTES].sum())
@@ -236,7 +242,8 @@ class EnvelopeSender(ChannelEnd):
         )
         # (chunk index, works, tensors that must outlive the works)
         in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
-        gathered: dict[int, Future | None] = {0: self._stage(job, chunks[0])}  # chunk index -> gather
+        # chunk index -> gather (a pair that moves nothing of this envelope sends no chunk at all)
+        gathered: dict[int, Future | None] = {0: self._stage(job, chunks[0])} if chunks else {}
         streams = assign_streams(chunks, channel.num_streams)
         for chunk in chunks:
             ahead = chunk.index + 1

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 384 * 1024
 
@@ -56,3 +58,33 @@ def test_bench_transfer_fragmented_churn_runs_only_churn_cases(tmp_path):
     for row in rows:
         check_churn_row(row)
     assert "[1/1]" in done.stderr and "fragmented: churn" in done.stdout
+
+
+def test_bench_transfer_tp_rows_put_heterogeneous_beside_equal_tp_at_the_same_bytes(tmp_path):
+    done, rows = run_bench(tmp_path, "--tp-only", "--tp", "2:1", "--tp-requests", "1", "--tp-tokens", "16")
+    assert len(rows) == 1
+    row = rows[0]
+    assert set(row) == {
+        "method", "tp", "equal_tp", "requests", "tokens", "bytes", "channels",
+        "equal_channels", "gbps", "equal_gbps", "ratio",
+    }  # fmt: skip
+    assert (row["method"], row["tp"], row["equal_tp"]) == ("tp_envelope", "2:1", "1:1")
+    assert (row["channels"], row["equal_channels"], row["requests"], row["tokens"]) == (2, 1, 1, 16)
+    # one whole Bamba envelope lands on the one decode rank: its state slot and one page, no padding
+    assert 117 << 20 < row["bytes"] < 118 << 20
+    assert row["gbps"] > 0 and row["equal_gbps"] > 0
+    assert row["ratio"] == pytest.approx(row["gbps"] / row["equal_gbps"], rel=1e-2)
+    assert "het/equal" in done.stdout and "[tp 1/1]" in done.stderr
+    assert not (tmp_path / "plot.png").exists()  # --tp-only: no envelope cases to plot
+
+
+@pytest.mark.parametrize("value", ["2-1", "2:1,0:1", "2:x"])
+def test_bench_transfer_refuses_a_malformed_tp_pair_in_one_line(value):
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_transfer.py", "--tp-only", "--tp", value],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--tp" in done.stderr and "Traceback" not in done.stderr
