@@ -18,7 +18,8 @@ class DecodeRequest:
     landed_at: float = 0.0
     admitted_at: float = 0.0
     finished_at: float = 0.0
-    transfer: Transfer | None = None
+    transfers: list[Transfer] = field(default_factory=list)  # one per channel from the prefill's ranks
+    received_bytes: int = 0  # what its transfers wrote here
     error: str | None = None  # set when decode gave it up after receiving it, with its kind:
     failure: FailureKind | None = None  # CORRUPT: its bytes failed verification
     retry: bool = True  # whether another pair may succeed (False: a bug here, e.g. the decode loop raised)
@@ -44,6 +45,7 @@ class DecodeRequest:
             destination_runs=self.runs,
             prefix_hit_tokens=self.held_tokens,
             verified=self.verified,
+            received_bytes=() if self.local else (self.received_bytes,),
             local_computed_tokens=self.prompt_len - self.held_tokens if self.local else 0,
             local_prefill_s=self.landed_at - self.accepted_at if self.local else 0.0,
             local_compute_s=self.compute_s,

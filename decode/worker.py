@@ -109,7 +109,8 @@ class DecodeWorker(WorkerBase):
                     reason = f"{self.name} has no room with headroom for running requests"
                     # Its prefill may be computing already: its header is refused when it comes.
                     refusal = f"reservation refused: {reason}"
-                    self.channels.refuse(request_id, FailureKind.NO_ROOM, refusal, peer=prefill)
+                    for peer in self.peer_ranks(prefill):
+                        self.channels.refuse(request_id, FailureKind.NO_ROOM, refusal, peer=peer)
                     raise DoesNotFit(request_id, reason)
                 # Its final length keeps room for the tokens it will generate right after its pages.
                 final = prompt_len + max_new_tokens
@@ -123,11 +124,16 @@ class DecodeWorker(WorkerBase):
             # The cached prefix's pages are shared: the transfer moves (and writes) only the rest.
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
             req.runs = byte_runs(envelope.moving)
-            req.transfer = self.channels.expect(prefill, envelope, self.pool.buffer)
+            # One transfer per channel from the prefill worker's ranks this rank's shard needs.
+            for peer in self.peer_ranks(prefill):
+                req.transfers.append(self.channels.expect(peer, envelope, self.pool.buffer))
         except BaseException:
+            for transfer in req.transfers:  # expected, never started: they fail at once
+                transfer.abort("the reservation failed")
             self._free(self._waiting, request_id, pinned=True)
             raise
-        req.transfer.add_done_callback(self._landed)
+        for transfer in req.transfers:
+            transfer.add_done_callback(self._landed)
 
     def _check_new(self, request_id: str) -> None:
         if any(request_id == rid for rid, _ in self._admitted()):
@@ -145,20 +151,28 @@ class DecodeWorker(WorkerBase):
             return answer
 
     def _landed(self, transfer: Transfer) -> None:
-        """A destination's transfer concluded (on the engine's thread): hand it to the decode loop,
-        which verifies it, or free it."""
+        """One of a destination's transfers concluded (on the engine's thread). Once all have, hand
+        it to the decode loop, which verifies it; or free it if one failed (the others are aborted
+        first: nothing may still write into it)."""
         rid = transfer.request_id
         with self._lock:
             req = self._waiting.get(rid)
-            if req is None or req.transfer is not transfer:
+            if req is None or transfer not in req.transfers:
                 return
             if transfer.error is not None:
-                self.metrics.add_failure(transfer.error.kind)
+                for other in req.transfers:
+                    other.abort(f"another channel of {rid!r} failed: {transfer.error.reason}")
+            if self._waiting.get(rid) is not req or not all(t.done() for t in req.transfers):
+                return  # the last to conclude moves it on
+            failed = [t.error for t in req.transfers if t.error is not None]
+            if failed:
+                self.metrics.add_failure(failed[0].kind)
                 self._free(self._waiting, rid, pinned=True)
                 return
             del self._waiting[rid]
             self.pool.unpin(rid)
-            req.tokens.append(int(transfer.first_token))
+            req.tokens.append(int(req.transfers[0].first_token))
+            req.received_bytes = sum(t.num_bytes for t in req.transfers)
             req.landed_at = time.monotonic()
             self._arrived[rid] = req
             self._wake.notify_all()
@@ -210,12 +224,18 @@ class DecodeWorker(WorkerBase):
             if self._give_up_admitted(request_id, notify=notify):
                 return True
             req = self._waiting.get(request_id)
-        if req is None or req.transfer is None:
+        if req is None or not req.transfers:
             return False
-        req.transfer.abort("cancelled: the request failed elsewhere")
-        try:  # aborting a waiting transfer concludes it at once, a running one within its deadline
-            req.transfer.wait()
-        except TransferError:
+        for transfer in req.transfers:
+            transfer.abort("cancelled: the request failed elsewhere")
+        failed = False
+        # A waiting transfer concludes at once, a running one within its deadline.
+        for transfer in req.transfers:
+            try:
+                transfer.wait()
+            except TransferError:
+                failed = True
+        if failed:
             return True  # the expected outcome: `_landed` freed the reservation
         with self._lock:  # the abort came after the last byte landed: the transfer admitted it
             self._give_up_admitted(request_id, notify=notify)

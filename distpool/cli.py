@@ -155,10 +155,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     impl = implementation_from(ns, ns.model, auto_transformers=True)
     model = impl.spec  # the transformers runner's: from the model's modules
     pool_args = pool_args_from(ns, None)
+    num_ranks = ns.prefill * ns.prefill_tp + ns.decode * ns.decode_tp  # a process each, --memory-gib each
     budget = (
         int(ns.memory_gib * GIB)
         if ns.memory_gib is not None
-        else default_budget_bytes(model, pool_args, impl.name, ns.prefill + ns.decode)
+        else default_budget_bytes(model, pool_args, impl.name, num_ranks)
     )
     conditional = ConditionalOptions(
         max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
@@ -174,6 +175,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         model_impl=impl.name,
         hf=impl.hf,
+        prefill_tp=ns.prefill_tp,
+        decode_tp=ns.decode_tp,
     )
     unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
     spec = DeploymentSpec.build(
@@ -181,10 +184,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     )  # the configurator's refusals come first, before Ray or any actor starts
     address = ns.address or settings.ray_address
     address_from = "--address" if ns.address else "RAY_ADDRESS"
-    num_workers = ns.prefill + ns.decode
-    check_cluster(address, address_from, num_cpus=ns.num_cpus, spread=ns.spread, num_workers=num_workers)
-    if not address:  # the embedded cluster runs every worker on this machine
-        check_fits_this_machine(spec.worker, ns.prefill, ns.decode)  # unified or not, as resolved
+    check_cluster(address, address_from, num_cpus=ns.num_cpus, spread=ns.spread, num_workers=num_ranks)
+    if not address:  # the embedded cluster runs every worker (every rank) on this machine
+        # unified or not, as resolved; every rank counted
+        check_fits_this_machine(spec.worker, ns.prefill * ns.prefill_tp, ns.decode * ns.decode_tp)
         if ns.metrics_port is not None:
             validate_metrics_port(ns.metrics_port)
     else:
@@ -240,6 +243,12 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    run.add_argument(
+        "--prefill-tp", type=_tp_size, default=1, help="tensor-parallel ranks per prefill worker (1)"
+    )
+    run.add_argument(
+        "--decode-tp", type=_tp_size, default=1, help="tensor-parallel ranks per decode worker (1)"
+    )
     requests_help = f"generated requests (multi-turn: turns; {request_flags.DEFAULT_REQUESTS})"
     run.add_argument("--requests", type=int, help=requests_help)
     run.add_argument(
@@ -267,8 +276,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "--memory-gib",
         type=_gib,
         default=None,
-        help=f"pool budget per worker (default: {DEFAULT_BUDGET_BYTES / GIB:g} for the reference model; for "
-        "the synthetic cache, 4 requests at full context within 40%% of the available memory)",
+        help=f"pool budget per worker, per rank of a TP group (default: {DEFAULT_BUDGET_BYTES / GIB:g} for "
+        "the reference model; for the synthetic cache, 4 requests at full context within 40%% of the "
+        "available memory)",
     )
     run.add_argument("--disable-unified-memory", action="store_true", help="static pools even for hybrid")
     run.add_argument(

@@ -64,25 +64,31 @@ class PrefillWorker(WorkerBase):
                 for job in outgoing:
                     self._free(self._held, job.rid, pinned=True)
                 raise
-        transfers: list[tuple[_Outgoing, Transfer]] = []
+        # One transfer per channel to the decode worker's ranks this rank serves (one at equal TP).
+        transfers: list[tuple[_Outgoing, list[Transfer]]] = []
         for job in outgoing:
+            moving: list[Transfer] = []
             try:
-                transfer = self.channels.submit(
-                    job.peer, job.envelope, self.pool.buffer, first_token=job.token
-                )
-            except ChannelError as exc:  # no channel to that peer (it died): nothing was queued
+                for peer in self.peer_ranks(job.peer):
+                    moving.append(
+                        self.channels.submit(peer, job.envelope, self.pool.buffer, first_token=job.token)
+                    )
+            except ChannelError as exc:  # no channel to a rank of that peer (it died)
+                for transfer in moving:  # queued already: concluded before the envelope is freed
+                    transfer.abort(f"another channel of {job.rid!r} failed")
+                    _concluded(transfer)
                 self._free(self._held, job.rid, pinned=True)
                 out[job.rid] = PrefillFailed(kind=exc.kind, reason=str(exc), retry=True)
                 continue
-            transfers.append((job, transfer))
-        for job, transfer in transfers:
+            transfers.append((job, moving))
+        for job, moving in transfers:
             try:
-                transfer.wait()
-                transfer_s = transfer.active_s or 0.0
-                self.metrics.add_transfer(transfer.num_bytes, transfer_s)
+                for transfer in moving:
+                    transfer.wait()
+                    self.metrics.add_transfer(transfer.num_bytes, transfer.active_s or 0.0)
                 out[job.rid] = PrefillSent(
-                    transfer_bytes=transfer.num_bytes,
-                    transfer_s=transfer_s,
+                    transfer_bytes=sum(t.num_bytes for t in moving),
+                    transfer_s=max(t.active_s or 0.0 for t in moving),
                     source_runs=byte_runs(job.envelope.ranges),
                     computed_tokens=job.computed,
                     compute_tokens_per_s=job.wave_tokens_per_s,
@@ -90,6 +96,9 @@ class PrefillWorker(WorkerBase):
             except TransferError as exc:
                 self.metrics.add_failure(exc.kind)
                 out[job.rid] = PrefillFailed(kind=exc.kind, reason=exc.reason, retry=True)
+                for transfer in moving:  # the envelope is freed below: nothing may still read it
+                    transfer.abort(f"another channel of {job.rid!r} failed")
+                    _concluded(transfer)
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out
@@ -145,3 +154,11 @@ class PrefillWorker(WorkerBase):
     def stats(self) -> PrefillStats:
         with self._lock:
             return PrefillStats(**asdict(super().stats()), held=len(self._held))
+
+
+def _concluded(transfer: Transfer) -> None:
+    """Wait for `transfer` to conclude (an aborted one does within its deadline), however it ended."""
+    try:
+        transfer.wait()
+    except TransferError:
+        pass

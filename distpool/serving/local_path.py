@@ -40,9 +40,10 @@ class LocalPath:
         waiting: Waiting,
     ) -> LocalPath | None:
         """The local path when it can happen: decode keeps final states (local prefill on, a prefix
-        cache, and a model with recurrent state and KV pages); else None."""
+        cache, and a model with recurrent state and KV pages) on one rank; else None. A decode worker
+        of TP > 1 prefills nothing itself: every request takes the disaggregated path."""
         worker = deployment.spec.worker
-        if not (worker.local_prefill and worker.pool_args.prefix_cache):
+        if not (worker.local_prefill and worker.pool_args.prefix_cache) or worker.decode_tp > 1:
             return None
         sizes = size_pools(worker.spec, worker.for_role("decode"), worker.budget_bytes)
         if not (sizes.slot_bytes and sizes.page_bytes):

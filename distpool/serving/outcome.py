@@ -26,6 +26,7 @@ class Outcome:
     first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
     decode_s: float = 0.0  # first token -> last token
     transfer_bytes: int = 0
+    received_bytes: tuple[int, ...] = ()  # what its transfer wrote on each rank of the decode worker
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0  # the prompt's tokens prefill computed (after a cached prefix)
     prefill_compute_tokens_per_s: float = 0.0  # prefill's model rate in its wave (0: unknown, or local)
@@ -56,7 +57,7 @@ class Outcome:
         self.first_token_s = result.admit_s
         self.source_runs, self.destination_runs = sent.source_runs, result.destination_runs
         self.decode_prefix_hit_tokens = result.prefix_hit_tokens
-        self.verified = result.verified
+        self.verified, self.received_bytes = result.verified, result.received_bytes
         self.pair = pair
         self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
 
@@ -73,6 +74,7 @@ class Outcome:
         self.source_runs, self.destination_runs = 0, 0
         self.decode_prefix_hit_tokens = result.prefix_hit_tokens
         self.verified, self.pair, self.path = result.verified, None, "local"  # no pair: nothing moved
+        self.received_bytes = ()
         self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
 
     @property

@@ -6,7 +6,8 @@ nothing of theirs waits on it. So does a worker that stops answering (`kill -STO
 every call goes through `call`, which pings the worker whenever the call has gone `silence_s`
 without an answer; no answer to the ping within PING_TIMEOUT_S either, and the worker is lost (a
 worker that answers the ping is only slow, and its call is waited on further). Ray restarts a dead
-actor (`max_restarts` in the deployment); this module waits for the worker to answer again,
+actor (`max_restarts` in the deployment); a TP group's other ranks are restarted with it, so the
+group comes back as one (`Deployment.take_down`); this module waits for the worker to answer again,
 rebuilds its channels to every live peer, and gives it back to the router. A worker that does not
 come back within `REJOIN_TIMEOUT_S` stays lost.
 
@@ -113,17 +114,18 @@ class Recovery:
         self.rejoining[name] = asyncio.get_running_loop().create_task(self._rejoin(name))
 
     async def _rejoin(self, name: str) -> None:
-        handle = self.dep.handles()[name]
         deadline = time.monotonic() + REJOIN_TIMEOUT_S
+        await self.dep.take_down(name)  # a TP group's other ranks go down with the lost one
         while True:
             try:
-                await asyncio.wait_for(handle.ping.remote(), PING_TIMEOUT_S)
-                break
+                if await self.dep.answers(name, PING_TIMEOUT_S):  # every rank, in a new life
+                    break
             except (RayActorError, asyncio.TimeoutError):
-                if time.monotonic() > deadline:
-                    print(f"distpool: {name} did not come back within {REJOIN_TIMEOUT_S:.0f} s", flush=True)
-                    return
-                await asyncio.sleep(PING_INTERVAL_S)
+                pass
+            if time.monotonic() > deadline:
+                print(f"distpool: {name} did not come back within {REJOIN_TIMEOUT_S:.0f} s", flush=True)
+                return
+            await asyncio.sleep(PING_INTERVAL_S)
         self.dep.lives[name] = self.dep.lives.get(name, 0) + 1  # channels from here on are to the new life
         is_prefill = name in self.dep.prefill
         peers = [

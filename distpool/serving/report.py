@@ -75,6 +75,13 @@ def by_path(done: list[Outcome], figure: Callable[[Outcome], float | None]) -> d
     return out
 
 
+def bytes_by_rank(done: list[Outcome]) -> list[int]:
+    """Bytes the transfers wrote on each rank of the decode workers (rank r of every decode worker
+    counted together): one entry per rank, [] when nothing moved."""
+    ranks = max((len(o.received_bytes) for o in done), default=0)
+    return [sum(o.received_bytes[r] for o in done if len(o.received_bytes) > r) for r in range(ranks)]
+
+
 def summarize(
     outcomes: list[Outcome],
     *,
@@ -86,6 +93,7 @@ def summarize(
     workers_restarted: int = 0,
     model_impl: str = "reference",
     dtype: str = "float64",
+    tp: tuple[int, int] = (1, 1),
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
@@ -97,7 +105,7 @@ def summarize(
     Counts that must survive a worker come from the outcomes (what each result reported), not from
     the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`).
     `lost_why`: how each lost worker was lost (died, stopped answering). `interrupted`: Ctrl-C ended
-    the run, with `unfinished` requests not ended yet."""
+    the run, with `unfinished` requests not ended yet. `tp`: ranks per prefill and per decode worker."""
     done = [o for o in outcomes if o.tokens is not None]
     read = [w.stats for w in worker_stats if w.stats is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
@@ -112,6 +120,8 @@ def summarize(
     return {
         "model_impl": model_impl,
         "dtype": dtype,
+        "prefill_tp": tp[0],
+        "decode_tp": tp[1],
         "interrupted": interrupted,
         "requests": len(outcomes) + unfinished,
         "unfinished": unfinished,
@@ -129,6 +139,7 @@ def summarize(
         "verified_envelopes": sum(o.verified for o in done),
         "corrupt_envelopes": sum(o.corrupt for o in outcomes),
         "transfer_bytes": moved,
+        "transfer_bytes_by_rank": bytes_by_rank(done),  # received, per decode rank
         # prefill's prefix cache: prompt tokens found cached, and those prefill computed
         "prefix_hit_tokens": sum(o.prompt_tokens - o.prefill_tokens_computed for o in done),
         "prefill_tokens_computed": sum(o.prefill_tokens_computed for o in done),
@@ -227,6 +238,17 @@ def _rate(gbps: float) -> str:
     return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
 
 
+def _tp_rows(report: dict) -> list[tuple[str, str]]:
+    """Past TP 1: the TP sizes, and what each decode rank received."""
+    if report["prefill_tp"] == report["decode_tp"] == 1:
+        return []
+    received = " / ".join(_mib(b) for b in report["transfer_bytes_by_rank"]) or "-"
+    return [
+        ("TP prefill : decode", f"{report['prefill_tp']} : {report['decode_tp']}"),
+        ("  received per decode rank", received),
+    ]
+
+
 def format_summary(report: dict) -> str:
     breakdown = report["ttft_breakdown_ms"]
     verified = (
@@ -268,6 +290,7 @@ def format_summary(report: dict) -> str:
             f"{report['runs_per_envelope_p50']:.0f} / {report['runs_per_envelope_max']:.0f}",
         ),
         ("transfer", f"{_mib(report['transfer_bytes'])} at {_rate(report['transfer_gbps'])}"),
+        *_tp_rows(report),
         (
             "prompt tokens hit / computed",
             f"{report['prefix_hit_tokens']} / {report['prefill_tokens_computed']}",

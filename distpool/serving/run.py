@@ -32,13 +32,14 @@ from distpool.serving.workload import Request
 def worker_stats(
     deployment: Deployment, *, timeout_s: float = 30.0, lost: set[str] = frozenset()
 ) -> list[WorkerReading]:
-    """Every worker's stats, asked of all at once; a worker that cannot answer within `timeout_s`
-    (`PING_TIMEOUT_S` for one known `lost`) is listed as dead or not answering, its figures unknown
-    (None), not zero."""
-    refs = {name: handle.stats.remote() for name, handle in deployment.handles().items()}
+    """Every worker's stats (each rank's, of a TP group), asked of all at once; a worker that cannot
+    answer within `timeout_s` (`PING_TIMEOUT_S` for one known `lost`) is listed as dead or not
+    answering, its figures unknown (None), not zero."""
+    refs = {name: handle.stats.remote() for name, handle in deployment.rank_handles().items()}
     deadline, readings = time.monotonic() + timeout_s, []
     for name, ref in refs.items():
-        wait_s = PING_TIMEOUT_S if name in lost else max(deadline - time.monotonic(), 0.1)
+        was_lost = deployment.worker_of(name) in lost
+        wait_s = PING_TIMEOUT_S if was_lost else max(deadline - time.monotonic(), 0.1)
         try:
             readings.append(WorkerReading(name=name, stats=ray.get(ref, timeout=wait_s)))
         except Exception as exc:  # dead, or stuck: the summary is written all the same
@@ -48,9 +49,9 @@ def worker_stats(
 
 
 def drop_prefix_caches(deployment: Deployment, readings: list[WorkerReading]) -> list[WorkerReading]:
-    """Drop every live worker's prefix cache; what a pool still holds then is a leak, counted in
-    its reading's `*_used` (the larger of before and after). The readings, so completed."""
-    handles = deployment.handles()
+    """Drop every live worker's prefix cache (each rank's); what a pool still holds then is a leak,
+    counted in its reading's `*_used` (the larger of before and after). The readings, so completed."""
+    handles = deployment.rank_handles()
     out = []
     for reading in readings:
         if reading.stats is not None and reading.name in handles:
@@ -67,20 +68,25 @@ LINK_REPEATS = 5  # raw messages per channel; the median counts
 
 
 def measure_links(deployment: Deployment, outcomes: list[Outcome], lost: set[str] = frozenset()) -> dict:
-    """Each channel's raw link at the run's median envelope size, one channel at a time, after the
-    run drained (nothing else competes for the cores or the link); none with a worker `lost`."""
+    """Each pair's raw link at the run's median envelope size, one pair at a time, after the run
+    drained (nothing else competes for the cores or the link); none with a worker `lost`. A pair
+    of TP groups is measured on its first channel (its ranks' channels are alike), at the median
+    envelope's share of one channel."""
     done = [o for o in outcomes if o.tokens is not None and o.transfer_bytes]
     if not done:
         return link_summary([], {}, 0)
     nbytes = int(percentile([float(o.transfer_bytes) for o in done], 50))
+    channel_bytes = nbytes // len(deployment.pairing.channels)
     seconds: dict[tuple[str, str], float] = {}
+    ranks = deployment.rank_handles()
     for pair in sorted({o.pair for o in done if o.pair is not None and not set(o.pair) & lost}):
         prefill, decode = pair
+        p_rank, d_rank = deployment.channel_ends(prefill, decode)[0]
         try:
             sent, received = ray.get(
                 [
-                    deployment.prefill[prefill].measure_link.remote(decode, nbytes, LINK_REPEATS),
-                    deployment.decode[decode].measure_link.remote(prefill, nbytes, LINK_REPEATS),
+                    ranks[p_rank].measure_link.remote(d_rank, channel_bytes, LINK_REPEATS),
+                    ranks[d_rank].measure_link.remote(p_rank, channel_bytes, LINK_REPEATS),
                 ],
                 timeout=120,
             )
@@ -88,7 +94,7 @@ def measure_links(deployment: Deployment, outcomes: list[Outcome], lost: set[str
             print(f"distpool: warning: link {prefill}->{decode} not measured: {one_line(exc)}", flush=True)
             continue
         seconds[pair] = received
-    return link_summary(done, seconds, nbytes)
+    return link_summary(done, seconds, channel_bytes)
 
 
 def serve_workload(server: Server, requests: list[Request] | MultiTurn, feed: TurnFeed | None) -> None:
@@ -108,7 +114,7 @@ def start_ray(
         return
     ray.init(  # "local": a new cluster, even when another one runs on this machine
         address="local",
-        num_cpus=num_cpus or spec.num_prefill + spec.num_decode + 1,
+        num_cpus=num_cpus or spec.num_ranks + 1,  # a CPU per rank process, and the driver's
         include_dashboard=False,
         log_to_driver=False,
         **ray_init_options(metrics_port),
@@ -147,7 +153,9 @@ def run(
         "transformers": f"transformers runner ({spec.worker.hf and spec.worker.hf.path})",
     }[model_impl] + f", {dtype}"
     served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
-    print(f"distpool: {spec.num_prefill}P{spec.num_decode}D on {where}; {served}; {what}", flush=True)
+    worker = spec.worker
+    tp = f" (TP {worker.prefill_tp}:{worker.decode_tp})" if worker.prefill_tp * worker.decode_tp > 1 else ""
+    print(f"distpool: {spec.num_prefill}P{spec.num_decode}D{tp} on {where}; {served}; {what}", flush=True)
     if metrics_port is not None and not ray.is_initialized() and not address:
         print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     owns_ray = not ray.is_initialized()
@@ -197,6 +205,7 @@ def run(
             lost_why=server.recovery.why if server is not None else None,
             model_impl=model_impl,
             dtype=dtype,
+            tp=(worker.prefill_tp, worker.decode_tp),
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
             # Memory held by requests still in flight is no leak: before the drain, leaks go unread.

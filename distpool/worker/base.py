@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 
 import torch
 
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
-from distpool.memory.sizing import size_pools
+from distpool.memory.sizing import PoolSizes, size_pools
+from distpool.memory.tp_sizes import size_tp_pools
+from distpool.model.shard import RankShard, shard
+from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.select import build_model_impl
+from distpool.model_impl.synthetic.model import SyntheticCache
 from distpool.worker.config import WorkerConfig
 from distpool.worker.metrics import WorkerMetrics
 from distpool.worker.stats import PoolHeld, WorkerStats
+from distpool.worker.tp_pairing import rank_name
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
 from transfer.plan import plan_runs
 from transfer.rendezvous import free_port
@@ -38,23 +44,46 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def rank_pool_sizes(config: WorkerConfig, role: str, rank_shard: RankShard) -> PoolSizes:
+    """One rank's pool: the whole model's at TP 1, else sized for the shapes the rank stores."""
+    args, budget = config.for_role(role), config.budget_bytes
+    if rank_shard.tp == 1:
+        return size_pools(config.spec, args, budget)
+    return size_tp_pools(config.spec, args, budget, rank_shard.tp).rank
+
+
+def build_rank_model(config: WorkerConfig, rank_shard: RankShard, device: torch.device) -> PoolModel:
+    """What computes in one rank's pool. Past TP 1 only the synthetic cache runs a shard (the
+    deployment refuses the others before any worker starts)."""
+    if rank_shard.tp == 1:
+        return build_model_impl(
+            config.spec, model_impl=config.model_impl, seed=config.seed, device=device, hf=config.hf
+        )
+    assert config.model_impl == "synthetic", f"{config.model_impl} at TP {rank_shard.tp}"
+    return SyntheticCache(config.spec, seed=config.seed, device=device, shard=rank_shard)
+
+
 class WorkerBase:
     role: str  # "prefill" | "decode": the disaggregation mode this worker's pool is planned for
 
-    def __init__(self, *, name: str, config: WorkerConfig) -> None:
-        self.name = name
+    def __init__(self, *, name: str, config: WorkerConfig, rank: int = 0) -> None:
+        """Rank `rank` of worker `name` (a TP group of `config.tp_of(role)` ranks, each a process
+        with its own pool shard; at TP 1 the worker is its one rank)."""
+        tp = config.tp_of(self.role)
+        self.group, self.rank, self.name = name, rank, rank_name(name, rank, tp)
         self.config = config
+        self.pairing = config.pairing
         self.device = resolve_device(config.device)
+        self.shard = shard(config.spec, tp, rank)
         # What computes in the pool: transformers' modeling code, the reference model or the synthetic cache.
-        self.model = build_model_impl(
-            config.spec, model_impl=config.model_impl, seed=config.seed, device=self.device, hf=config.hf
-        )
-        self.sizes = size_pools(config.spec, config.for_role(self.role), config.budget_bytes)
-        built = build_pool(self.sizes, self.device, final_states=config.local_prefill)
+        self.model = build_rank_model(config, self.shard, self.device)
+        self.sizes = rank_pool_sizes(config, self.role, self.shard)
+        # Past TP 1 decode prefills nothing itself (serving.local_path): no final state would be read.
+        built = build_pool(self.sizes, self.device, final_states=config.local_prefill and tp == 1)
         self.pool: Pool = built
         self._lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
         self.channels = PeerChannels(
-            own_name=name,
+            own_name=self.name,
             rank=SENDER_RANK if self.role == "prefill" else RECEIVER_RANK,
             fingerprint=built.fingerprint,
             layout=layout_description(self.sizes),
@@ -63,12 +92,17 @@ class WorkerBase:
             secret=config.secret,
         )
         self._peak = dict.fromkeys(BANDS, 0)
-        self.metrics = WorkerMetrics(name, self.role)  # Prometheus, through Ray (no-op without Ray)
+        self.metrics = WorkerMetrics(self.name, self.role)  # Prometheus, through Ray (no-op without Ray)
         self._compactions_seen = (0, 0)  # what the metrics were told so far: count, bytes
+        self._life = uuid.uuid4().hex
 
     # ---- identity and wiring ------------------------------------------------------------------
     def ping(self) -> str:
         return self.name
+
+    def life(self) -> str:
+        """This instance's own id: a rank Ray restarted answers with a new one."""
+        return self._life
 
     def pid(self) -> int:
         """The worker's process id (what an operator kills, and what Ray restarts)."""
@@ -97,8 +131,13 @@ class WorkerBase:
         do the same concurrently. The prefill end holds the rendezvous port `host:port`."""
         self.channels.open(peer, host=host, port=port, peer_life=peer_life)
 
+    def peer_ranks(self, peer: str) -> list[str]:
+        """The ranks of worker `peer` (the other role) this rank holds a channel with."""
+        return self.pairing.peer_names(self.role, self.rank, peer)
+
     def channel_broken(self, peer: str) -> bool:
-        return self.channels.broken(peer)
+        """Whether a channel to a rank of worker `peer` is broken."""
+        return any(self.channels.broken(name) for name in self.peer_ranks(peer))
 
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
         """Raw messages of `nbytes` on the channel to `peer`, who calls this at the same time; the
@@ -111,9 +150,11 @@ class WorkerBase:
         self.channels.faults.plan(request_id, kind)
 
     def peer_lost(self, peer: str, peer_life: int) -> None:
-        """`peer` died in life `peer_life`: fail every transfer with it now and drop the channel (its
-        restart opens a new one; a late notice about an earlier life changes nothing)."""
-        self.channels.drop(peer, peer_life)
+        """Worker `peer` died in life `peer_life` (a TP group goes down as one): fail every transfer
+        with its ranks now and drop their channels (its restart opens new ones; a late notice
+        about an earlier life changes nothing)."""
+        for name in self.peer_ranks(peer):
+            self.channels.drop(name, peer_life)
 
     # ---- requests this worker owns ------------------------------------------------------------
     def _free(self, owned: dict, request_id: str, *, pinned: bool = False) -> bool:

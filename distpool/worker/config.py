@@ -10,6 +10,7 @@ from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.source import HFSource
 from distpool.model_impl.select import MODEL_IMPLS, compute_dtype
+from distpool.worker.tp_pairing import TpPairing
 from transfer import TransferOptions
 
 DEFAULT_LOCAL_PREFILL_CHUNK = 512  # tokens; see the README's conditional disaggregation
@@ -40,6 +41,10 @@ class WorkerConfig:
     # Decode's local prefill: prompt tokens computed between two decode steps of the running batch,
     # which bounds what a local prefill adds to a running request's step.
     local_prefill_chunk: int = DEFAULT_LOCAL_PREFILL_CHUNK
+    # Tensor parallelism: ranks per prefill and per decode worker (each rank a process with its own
+    # pool shard of `budget_bytes`); tp_pairing.py says which ranks hold a channel.
+    prefill_tp: int = 1
+    decode_tp: int = 1
     # Names and seals every control message of the deployment's channels (transfer.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
@@ -67,6 +72,16 @@ class WorkerConfig:
                 f"--device must be one of {', '.join(DEVICES)} (cuda:N too; a CPU has no index); "
                 f"got {self.device!r}"
             )
+
+    @property
+    def pairing(self) -> TpPairing:
+        """Which ranks of a prefill and a decode worker hold a channel (ValueError: a TP size the
+        model cannot shard)."""
+        return TpPairing(self.spec, prefill_tp=self.prefill_tp, decode_tp=self.decode_tp)
+
+    def tp_of(self, role: str) -> int:
+        """Ranks per worker of `role` ("prefill" or "decode")."""
+        return self.prefill_tp if role == "prefill" else self.decode_tp
 
     @property
     def dtype(self) -> str:

@@ -70,6 +70,9 @@ class DecodeFinished:
     destination_runs: int  # runs of consecutive bytes the transfer wrote into
     prefix_hit_tokens: int  # of the prompt, in pages held here already (never transferred)
     verified: bool  # every byte checked on arrival and at release
+    # Bytes its transfers wrote, per rank of the decode worker (one entry per rank; none when
+    # prefilled locally): the summary's `transfer_bytes_by_rank`.
+    received_bytes: tuple[int, ...] = ()
     # Prefilled here from a kept final state (`DecodeWorker.local_prefill`): the prompt tokens it
     # computed (0: its envelope was transferred), and accepted -> its last chunk computed.
     local_computed_tokens: int = 0

@@ -1,0 +1,177 @@
+"""The driver's handle on a worker that is a TP group of rank actors (`TpGroup`).
+
+It stands where one actor handle stands (`group.reserve.remote(...)`, awaited): each call goes to
+every rank at once, and its answer is rank 0's once the ranks agree. The ranks reserve, prefill,
+cancel and release the same requests, each on its own pool shard, so they must answer alike; where
+they cannot (a pool a request fits on one rank and not yet on another), the group undoes what the
+others did and answers as the refusing rank did. A request finishes when it finished on every rank:
+results are held until then, and the merged one is verified only if every rank verified its shard.
+A rank that raises (it died: `RayActorError`) makes the call raise, and the driver loses the whole
+group (`serving.recovery`), which goes down and comes back as one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from distpool.worker.messages import (
+    DecodeFailed,
+    DecodeFinished,
+    DecodeResult,
+    PrefillBusy,
+    PrefillFailed,
+    PrefillResult,
+    PrefillSent,
+)
+from transfer.failure import FailureKind
+
+Settle = Callable[..., Awaitable[Any]]  # (refs, *the call's arguments) -> the group's answer
+
+
+class RanksDisagree(RuntimeError):
+    """The ranks of one group answered one call differently: a bug, never retried."""
+
+
+class GroupCall:
+    """One method called on every rank (the calls are made at once, awaited or not); awaiting it
+    gives the group's answer."""
+
+    def __init__(self, settle: Callable[[], Awaitable[Any]]) -> None:
+        self._settle = settle
+
+    def __await__(self):
+        return self._settle().__await__()
+
+
+class _Method:
+    def __init__(self, group: TpGroup, name: str) -> None:
+        self.group, self.name = group, name
+
+    def remote(self, *args, **kwargs) -> GroupCall:
+        refs = [getattr(rank, self.name).remote(*args, **kwargs) for rank in self.group.ranks]
+        settle: Settle = getattr(self.group, f"_settle_{self.name}", self.group._agree)
+        return GroupCall(lambda: settle(refs, *args, **kwargs))
+
+
+async def _answers(refs: list[ray.ObjectRef]) -> list[Any]:
+    """Every rank's answer; the first error raised (a dead rank's first, so the group is lost)."""
+    answers = await asyncio.gather(*refs, return_exceptions=True)
+    errors = [a for a in answers if isinstance(a, BaseException)]
+    if errors:
+        raise next((e for e in errors if isinstance(e, RayActorError)), errors[0])
+    return answers
+
+
+class TpGroup:
+    """Rank actors `ranks` (rank 0 first) of worker `name`, called as one."""
+
+    def __init__(self, name: str, ranks: list[ray.actor.ActorHandle]) -> None:
+        assert len(ranks) > 1, "a worker of one rank is its actor handle"
+        self.name, self.ranks = name, ranks
+        # request id -> rank -> its result, until every rank finished the request
+        self._finished: dict[str, dict[int, DecodeResult]] = {}
+
+    def __getattr__(self, method: str) -> _Method:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self, method)
+
+    async def _agree(self, refs: list[ray.ObjectRef], *_) -> Any:
+        answers = await _answers(refs)
+        if any(a != answers[0] for a in answers[1:]):
+            raise RanksDisagree(f"the ranks of {self.name} answered differently: {answers}")
+        return answers[0]
+
+    async def _settle_ping(self, refs: list[ray.ObjectRef]) -> str:
+        await _answers(refs)  # each rank answers with its own name
+        return self.name
+
+    async def _settle_reserve(self, refs: list[ray.ObjectRef], request_id: str, *_) -> None:
+        """Reserved on every rank, or on none: when a rank refused (no room there yet while its
+        peers had room, or it died), the others give theirs up, and its refusal is raised."""
+        answers = await asyncio.gather(*refs, return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if not errors:
+            return
+        held = [rank for rank, a in zip(self.ranks, answers, strict=True) if not isinstance(a, BaseException)]
+        # notify: a header already on its way to those ranks is refused at once, not left waiting
+        await asyncio.gather(
+            *(rank.cancel.remote(request_id, notify=True) for rank in held), return_exceptions=True
+        )
+        self.forget(request_id)
+        raise next((e for e in errors if isinstance(e, RayActorError)), errors[0])
+
+    async def _settle_cancel(self, refs: list[ray.ObjectRef], request_id: str, **_) -> bool:
+        """Whether some rank held the request (what the ranks reported of it is dropped)."""
+        held = any(await _answers(refs))
+        self.forget(request_id)
+        return held
+
+    async def _settle_channel_broken(self, refs: list[ray.ObjectRef], *_) -> bool:
+        return any(await _answers(refs))
+
+    async def _settle_prefill_and_send(self, refs: list[ray.ObjectRef], *_) -> dict[str, PrefillResult]:
+        """Per request: sent when every rank sent its shard (the bytes summed, the slowest
+        transfer's time); else busy (any rank had no room) or failed (a rank's failure)."""
+        answers: list[dict[str, PrefillResult]] = await _answers(refs)
+        return {rid: merge_prefill([a[rid] for a in answers]) for rid in answers[0]}
+
+    async def _settle_next_finished(self, refs: list[ray.ObjectRef], *_) -> dict[str, DecodeResult]:
+        """The requests every rank has finished by now, merged; the others wait here for the rest."""
+        answers: list[dict[str, DecodeResult]] = await _answers(refs)
+        for rank, answer in enumerate(answers):
+            for rid, result in answer.items():
+                self._finished.setdefault(rid, {})[rank] = result
+        done = [rid for rid, results in self._finished.items() if len(results) == len(self.ranks)]
+        return {rid: merge_decode([r for _, r in sorted(self._finished.pop(rid).items())]) for rid in done}
+
+    def forget(self, request_id: str) -> None:
+        """Drop what the ranks reported of an attempt given up (a retry starts afresh)."""
+        self._finished.pop(request_id, None)
+
+
+def merge_prefill(results: list[PrefillResult]) -> PrefillResult:
+    """One request's prefill over every rank (rank 0 first)."""
+    failed = [r for r in results if isinstance(r, PrefillFailed)]
+    if failed:
+        return next((r for r in failed if not r.retry), failed[0])
+    busy = [r for r in results if isinstance(r, PrefillBusy)]
+    if busy:
+        return busy[0]
+    sent: list[PrefillSent] = results  # type: ignore[assignment]
+    if len({r.computed_tokens for r in sent}) > 1:
+        reason = f"the prefill ranks computed different token counts: {[r.computed_tokens for r in sent]}"
+        return PrefillFailed(kind=FailureKind.INTERNAL, reason=reason, retry=False)
+    return dataclasses.replace(
+        sent[0],
+        transfer_bytes=sum(r.transfer_bytes for r in sent),
+        transfer_s=max(r.transfer_s for r in sent),
+        source_runs=sum(r.source_runs for r in sent),
+    )
+
+
+def merge_decode(results: list[DecodeResult]) -> DecodeResult:
+    """One request's decode over every rank (rank 0 first): failed if any rank failed (corrupt
+    first); else rank 0's tokens, which every rank must have generated, verified only if every
+    rank verified its shard, and each rank's received bytes."""
+    failed = [r for r in results if isinstance(r, DecodeFailed)]
+    if failed:
+        return next((r for r in failed if r.corrupt), failed[0])
+    done: list[DecodeFinished] = results  # type: ignore[assignment]
+    if any(r.tokens != done[0].tokens for r in done):
+        reason = f"the decode ranks generated different tokens: {[r.tokens for r in done]}"
+        return DecodeFailed(kind=FailureKind.INTERNAL, reason=reason, retry=False)
+    return dataclasses.replace(
+        done[0],
+        decode_s=max(r.decode_s for r in done),
+        admit_s=max(r.admit_s for r in done),
+        destination_runs=sum(r.destination_runs for r in done),
+        verified=all(r.verified for r in done),
+        received_bytes=tuple(b for r in done for b in r.received_bytes),
+    )
