@@ -1,0 +1,113 @@
+"""The driver's side of TP groups, without Ray: what a group answers from its ranks' answers, what
+the deployment refuses before any rank starts, and that decode TP > 1 keeps the local path off."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from distpool.memory.sizing import PoolArgs
+from distpool.serving.conditional import ConditionalOptions
+from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
+from distpool.serving.local_path import LocalPath
+from distpool.serving.router import Router
+from distpool.serving.tp_group import merge_decode, merge_prefill
+from distpool.worker.config import WorkerConfig
+from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
+from tests.factories import tp_spec
+from transfer.failure import FailureKind
+
+
+def finished(
+    tokens: list[int], *, received: int, verified: bool = True, decode_s: float = 1.0
+) -> DecodeFinished:
+    return DecodeFinished(
+        tokens=tokens,
+        decode_s=decode_s,
+        admit_s=0.1,
+        destination_runs=3,
+        prefix_hit_tokens=0,
+        verified=verified,
+        received_bytes=(received,),
+    )
+
+
+def test_a_request_is_verified_only_when_every_rank_verified_its_shard():
+    merged = merge_decode([finished([5, 6], received=100), finished([5, 6], received=120, decode_s=2.0)])
+    assert isinstance(merged, DecodeFinished)
+    assert merged.tokens == [5, 6] and merged.verified
+    assert merged.received_bytes == (100, 120) and merged.destination_runs == 6 and merged.decode_s == 2.0
+    one_unchecked = merge_decode(
+        [finished([5, 6], received=100), finished([5, 6], received=100, verified=False)]
+    )
+    assert not one_unchecked.verified
+
+
+def test_a_corrupt_shard_fails_the_request_and_ranks_that_disagree_fail_it_unretried():
+    corrupt = DecodeFailed(kind=FailureKind.CORRUPT, reason="rank 1: byte 7", retry=False)
+    aborted = DecodeFailed(kind=FailureKind.ABORTED, reason="cancelled", retry=True)
+    assert merge_decode([aborted, corrupt]) is corrupt
+    assert merge_decode([finished([1], received=8), aborted]) is aborted
+    disagree = merge_decode([finished([1, 2], received=8), finished([1, 3], received=8)])
+    assert isinstance(disagree, DecodeFailed) and disagree.kind is FailureKind.INTERNAL and not disagree.retry
+
+
+def sent(nbytes: int, seconds: float) -> PrefillSent:
+    return PrefillSent(transfer_bytes=nbytes, transfer_s=seconds, source_runs=2, computed_tokens=9)
+
+
+def test_prefill_is_sent_when_every_rank_sent_and_busy_or_failed_otherwise():
+    both = PrefillSent(transfer_bytes=22, transfer_s=0.7, source_runs=4, computed_tokens=9)
+    assert merge_prefill([sent(10, 0.5), sent(12, 0.7)]) == both  # bytes summed, the slowest's time
+    busy = PrefillBusy(reason="no room")
+    failed = PrefillFailed(kind=FailureKind.TIMEOUT, reason="channel", retry=True)
+    assert merge_prefill([sent(10, 0.5), busy]) is busy
+    assert merge_prefill([busy, failed]) is failed
+    uneven = merge_prefill([sent(10, 0.5), dataclasses.replace(sent(10, 0.5), computed_tokens=4)])
+    assert isinstance(uneven, PrefillFailed) and not uneven.retry
+
+
+def tp_worker(prefill_tp: int, decode_tp: int, **changes) -> WorkerConfig:
+    return WorkerConfig(
+        spec=tp_spec("mamba2_groups1"),
+        pool_args=PoolArgs(page_size=4, context_len=128, prefix_cache=True),
+        local_prefill=True,
+        budget_bytes=4 << 20,
+        model_impl="synthetic",
+        prefill_tp=prefill_tp,
+        decode_tp=decode_tp,
+        **changes,
+    )
+
+
+@pytest.mark.parametrize(
+    "sizes, model_impl, message",
+    [
+        ((2, 2), "transformers", "no tensor-parallel plan for Mamba or gated delta net"),
+        ((2, 2), "reference", "Fix: --model-impl synthetic"),
+        ((2, 1), "synthetic", "Fix: the same TP size for prefill and decode"),
+    ],
+)
+def test_what_tensor_parallelism_cannot_run_is_refused_with_the_fix(sizes, model_impl, message):
+    with pytest.raises(ValueError, match=message):
+        check_tensor_parallel(tp_worker(*sizes), model_impl, spread=False)
+
+
+def test_a_tp_size_the_model_cannot_shard_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match=r"^--decode-tp 3: tensor parallelism of 3 ranks cannot shard"):
+        DeploymentSpec.build(tp_worker(1, 3))
+
+
+def test_decode_at_tp_2_takes_the_disaggregated_path_for_every_request():
+    """Conditional disaggregation prefills on decode only where decode runs one rank."""
+    options = ConditionalOptions()
+    router = Router(["prefill-0"], ["decode-0"], page_size=4)
+
+    def local_path(decode_tp: int) -> LocalPath | None:
+        spec = DeploymentSpec.build(tp_worker(decode_tp, decode_tp))
+        return LocalPath.build(SimpleNamespace(spec=spec), router, options, None, None, {})
+
+    assert isinstance(local_path(1), LocalPath)
+    assert local_path(2) is None
