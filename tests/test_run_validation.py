@@ -300,3 +300,31 @@ def test_run_memory_adds_staging_per_peer_the_link_message_the_model_and_the_pro
         memory.total_bytes
         == 2 * memory.prefill_bytes + 3 * memory.decode_bytes + memory.driver_bytes + RAY_BYTES
     )
+
+
+BAMBA = str(FIXTURES / "bamba.json")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--decode-tp", "3"], "--decode-tp 3: tensor parallelism of 3 ranks cannot shard BambaForCausalLM"),
+        (
+            ["--prefill-tp", "2", "--decode-tp", "2", "--model-impl", "reference"],
+            "Fix: --model-impl synthetic",
+        ),
+        (["--prefill-tp", "2", "--decode-tp", "2", "--spread"], "--spread is for TP 1"),
+    ],
+)
+def test_tp_sizes_a_run_cannot_serve_are_refused_before_ray(capsys, no_ray, args, expected):
+    if "reference" not in args:  # else the default model: the reference model's own config
+        args = [*args, "--model", BAMBA, "--model-impl", "synthetic"]
+    assert expected in run_refused(capsys, *args)
+
+
+def test_every_rank_counts_in_the_memory_check_and_the_embedded_clusters_cpus(capsys, monkeypatch, no_ray):
+    """--memory-gib is per rank: 2 prefill ranks and 2 decode ranks are 4 pools, 4 CPUs."""
+    monkeypatch.setattr(preflight, "_available_host_bytes", lambda: 8 << 30)
+    tp = ["--model", BAMBA, "--model-impl", "synthetic", "--prefill-tp", "2", "--decode-tp", "2"]
+    assert "for each of 4 workers" in run_refused(capsys, *tp, "--memory-gib", "2")
+    assert "each of the 4 workers takes one CPU" in run_refused(capsys, *tp, "--num-cpus", "3")

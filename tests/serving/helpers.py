@@ -53,3 +53,27 @@ def serve(spec, requests, **options):
     finally:
         deployment.shutdown()
     return outcomes, stats, server
+
+
+def tp_worker(
+    spec,
+    prefill_tp: int,
+    decode_tp: int,
+    *,
+    page_size: int = 4,
+    context_len: int = 128,
+    budget_bytes: int = 4 << 20,
+    transfer_timeout_s: float = 10.0,
+    **changes,
+) -> WorkerConfig:
+    """A synthetic-cache worker of `spec` at TP `prefill_tp` -> `decode_tp` (`budget_bytes` per rank)."""
+    return WorkerConfig(
+        spec=spec,
+        pool_args=PoolArgs(page_size=page_size, context_len=context_len, prefix_cache=True),
+        budget_bytes=budget_bytes,
+        transfer=TransferOptions(timeout_s=transfer_timeout_s),
+        model_impl="synthetic",
+        prefill_tp=prefill_tp,
+        decode_tp=decode_tp,
+        **changes,
+    )

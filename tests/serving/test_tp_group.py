@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from distpool.memory.sizing import PoolArgs
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
 from distpool.serving.local_path import LocalPath
@@ -17,6 +16,7 @@ from distpool.serving.tp_group import merge_decode, merge_prefill
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
+from tests.serving import helpers
 from transfer.failure import FailureKind
 
 
@@ -69,17 +69,8 @@ def test_prefill_is_sent_when_every_rank_sent_and_busy_or_failed_otherwise():
     assert isinstance(uneven, PrefillFailed) and not uneven.retry
 
 
-def tp_worker(prefill_tp: int, decode_tp: int, **changes) -> WorkerConfig:
-    return WorkerConfig(
-        spec=tp_spec("mamba2_groups1"),
-        pool_args=PoolArgs(page_size=4, context_len=128, prefix_cache=True),
-        local_prefill=True,
-        budget_bytes=4 << 20,
-        model_impl="synthetic",
-        prefill_tp=prefill_tp,
-        decode_tp=decode_tp,
-        **changes,
-    )
+def tp_worker(prefill_tp: int, decode_tp: int) -> WorkerConfig:
+    return helpers.tp_worker(tp_spec("mamba2_groups1"), prefill_tp, decode_tp, local_prefill=True)
 
 
 @pytest.mark.parametrize(

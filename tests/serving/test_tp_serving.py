@@ -9,16 +9,13 @@ import signal
 
 import pytest
 
-from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.run import exit_status, run
-from distpool.worker.config import WorkerConfig
 from tests.factories import FIXTURES, tp_spec
-from tests.serving.helpers import mixed_requests
+from tests.serving.helpers import mixed_requests, tp_worker
 from tests.serving.test_pd_faults import serve_and_strike
-from transfer import TransferOptions
 
 pytestmark = pytest.mark.ray
 
@@ -26,16 +23,10 @@ pytestmark = pytest.mark.ray
 def bamba_spec(prefill_tp: int, decode_tp: int) -> DeploymentSpec:
     """Bamba's public config at its true sizes (a 117 MiB slot: 59 MiB per rank at TP 2), with the
     synthetic cache, on 256 MiB per rank."""
-    worker = WorkerConfig(
-        spec=spec_from_hf(FIXTURES / "bamba.json"),
-        pool_args=PoolArgs(page_size=16, context_len=256),
-        budget_bytes=256 << 20,
-        transfer=TransferOptions(timeout_s=20),
-        model_impl="synthetic",
-        prefill_tp=prefill_tp,
-        decode_tp=decode_tp,
+    spec = spec_from_hf(FIXTURES / "bamba.json")
+    return DeploymentSpec.build(
+        tp_worker(spec, prefill_tp, decode_tp, page_size=16, context_len=256, budget_bytes=256 << 20)
     )
-    return DeploymentSpec.build(worker)
 
 
 def test_tp2_to_tp2_serves_every_request_verified_on_every_rank(ray_session, tmp_path):
@@ -61,16 +52,7 @@ def test_tp2_to_tp2_serves_every_request_verified_on_every_rank(ray_session, tmp
 
 def small_tp_spec(tp: int) -> DeploymentSpec:
     """A small Mamba2 hybrid (one group: B and C replicated on both ranks) at TP `tp` on both sides."""
-    worker = WorkerConfig(
-        spec=tp_spec("mamba2_groups1"),
-        pool_args=PoolArgs(page_size=4, context_len=128),
-        budget_bytes=4 << 20,
-        transfer=TransferOptions(timeout_s=5),
-        model_impl="synthetic",
-        prefill_tp=tp,
-        decode_tp=tp,
-    )
-    return DeploymentSpec.build(worker)
+    return DeploymentSpec.build(tp_worker(tp_spec("mamba2_groups1"), tp, tp, transfer_timeout_s=5))
 
 
 def test_a_killed_decode_rank_takes_its_group_down_and_back_and_every_request_completes(ray_session):
