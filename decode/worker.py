@@ -151,31 +151,35 @@ class DecodeWorker(WorkerBase):
             return answer
 
     def _landed(self, transfer: Transfer) -> None:
-        """One of a destination's transfers concluded (on the engine's thread). Once all have, hand
-        it to the decode loop, which verifies it; or free it if one failed (the others are aborted
-        first: nothing may still write into it)."""
+        """One of a destination's transfers concluded (on the engine's thread). The last to conclude
+        hands the request to the decode loop, which verifies it, or frees it if one failed; a
+        failure aborts the others first, so nothing still writes into it when it is freed."""
         rid = transfer.request_id
         with self._lock:
             req = self._waiting.get(rid)
             if req is None or transfer not in req.transfers:
                 return
-            if transfer.error is not None:
-                for other in req.transfers:
-                    other.abort(f"another channel of {rid!r} failed: {transfer.error.reason}")
-            if self._waiting.get(rid) is not req or not all(t.done() for t in req.transfers):
-                return  # the last to conclude moves it on
-            failed = [t.error for t in req.transfers if t.error is not None]
-            if failed:
-                self.metrics.add_failure(failed[0].kind)
-                self._free(self._waiting, rid, pinned=True)
+            if all(t.done() for t in req.transfers):
+                self._all_landed(rid, req)
                 return
-            del self._waiting[rid]
-            self.pool.unpin(rid)
-            req.tokens.append(int(req.transfers[0].first_token))
-            req.received_bytes = sum(t.num_bytes for t in req.transfers)
-            req.landed_at = time.monotonic()
-            self._arrived[rid] = req
-            self._wake.notify_all()
+            others = [t for t in req.transfers if not t.done()] if transfer.error is not None else []
+        for other in others:  # outside the lock: an abort may conclude it, which lands here again
+            other.abort(f"another channel of {rid!r} failed: {transfer.error.reason}")
+
+    def _all_landed(self, rid: str, req: DecodeRequest) -> None:
+        """Under the lock: every transfer of a waiting request concluded."""
+        failed = [t.error for t in req.transfers if t.error is not None]
+        if failed:
+            self.metrics.add_failure(failed[0].kind)
+            self._free(self._waiting, rid, pinned=True)
+            return
+        del self._waiting[rid]
+        self.pool.unpin(rid)
+        req.tokens.append(int(req.transfers[0].first_token))
+        req.received_bytes = sum(t.num_bytes for t in req.transfers)
+        req.landed_at = time.monotonic()
+        self._arrived[rid] = req
+        self._wake.notify_all()
 
     def _verify_arrived(self) -> None:
         """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
