@@ -82,7 +82,7 @@ class TpGroup:
             raise AttributeError(method)
         return _Method(self, method)
 
-    async def _agree(self, refs: list[ray.ObjectRef], *_) -> Any:
+    async def _agree(self, refs: list[ray.ObjectRef], *_, **__) -> Any:
         answers = await _answers(refs)
         if any(a != answers[0] for a in answers[1:]):
             raise RanksDisagree(f"the ranks of {self.name} answered differently: {answers}")
