@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from distpool.memory.envelope import Envelope
+from distpool.memory.tp_layout import TpEnd
 from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S
@@ -39,8 +40,10 @@ class PeerChannels:
         device: torch.device,
         options: TransferOptions,
         secret: bytes,
+        tp: TpEnd | None = None,
     ) -> None:
         self.own_name = own_name
+        self.tp = tp  # this rank's TP layout, which its channels present in the handshake
         self.rank = rank
         self.fingerprint = fingerprint
         self.layout = layout
@@ -75,6 +78,7 @@ class PeerChannels:
             timeout_s=self.options.timeout_s,
             secret=self._secret,
             name=channel_name(*names),
+            tp=self.tp,
         )
         if self.rank == SENDER_RANK:
             end: EnvelopeSender | EnvelopeReceiver = EnvelopeSender(

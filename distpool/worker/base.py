@@ -15,6 +15,7 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
 from distpool.memory.sizing import PoolSizes, size_pools
+from distpool.memory.tp_layout import TpEnd
 from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.pool_model import PoolModel
@@ -90,6 +91,9 @@ class WorkerBase:
             device=self.device,
             options=config.transfer,
             secret=config.secret,
+            # Past TP 1 on either side every rank presents its TP layout: the handshake checks that
+            # the two ranks' shards pair, and a channel across TP sizes moves its pair's share.
+            tp=None if config.prefill_tp == config.decode_tp == 1 else TpEnd.of(self.sizes, self.shard),
         )
         self._peak = dict.fromkeys(BANDS, 0)
         self.metrics = WorkerMetrics(self.name, self.role)  # Prometheus, through Ray (no-op without Ray)

@@ -78,7 +78,7 @@ def tp_worker(prefill_tp: int, decode_tp: int) -> WorkerConfig:
     [
         ((2, 2), "transformers", "no tensor-parallel plan for Mamba or gated delta net"),
         ((2, 2), "reference", "Fix: --model-impl synthetic"),
-        ((2, 1), "synthetic", "Fix: the same TP size for prefill and decode"),
+        ((2, 1), "transformers", "Fix: --prefill-tp 1 --decode-tp 1"),
     ],
 )
 def test_what_tensor_parallelism_cannot_run_is_refused_with_the_fix(sizes, model_impl, message):

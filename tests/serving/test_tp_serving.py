@@ -83,3 +83,25 @@ def test_a_killed_decode_rank_takes_its_group_down_and_back_and_every_request_co
     # fewer than the run (the rank not killed would otherwise count its first life's too).
     verified = {w.name: w.stats.verified_envelopes for w in stats if w.name.startswith("decode")}
     assert verified["decode-0.0"] == verified["decode-0.1"] < 16, verified
+
+
+@pytest.mark.parametrize("sizes", [(2, 1), (1, 2), (2, 4)], ids=["2to1", "1to2", "2to4"])
+def test_across_tp_sizes_every_envelope_is_verified_on_every_decode_rank(ray_session, tmp_path, sizes):
+    """Each decode rank receives its shard from the prefill ranks holding it (B and C of the one
+    Mamba2 group replicated on every rank), over one channel per source rank, and verifies every
+    byte of it; the tokens are those of TP 1."""
+    spec = DeploymentSpec.build(tp_worker(tp_spec("mamba2_groups1"), *sizes))
+    requests = mixed_requests(4, max_new_tokens=3, seed=9, max_prompt=60)
+    path = tmp_path / "run.json"
+    status = run(spec, requests, address=None, parity_sample=2, json_path=str(path))
+    report = json.loads(path.read_text())
+    assert status == exit_status(report) == 0, report["errors"]
+    assert (report["prefill_tp"], report["decode_tp"]) == sizes
+    assert report["completed"] == report["verified_envelopes"] == 4 and report["corrupt_envelopes"] == 0
+    assert report["parity_checked"] == 2 and report["parity_mismatches"] == 0
+    assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
+    by_rank = report["transfer_bytes_by_rank"]
+    assert len(by_rank) == sizes[1] and min(by_rank) > 0 and sum(by_rank) == report["transfer_bytes"]
+    decode_ranks = [w for w in report["workers"] if w["role"] == "decode"]
+    assert len(decode_ranks) == sizes[1]
+    assert all(w["verified_envelopes"] == 4 and w["corrupt_envelopes"] == 0 for w in decode_ranks)
