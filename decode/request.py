@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
-from transfer import FailureKind, Transfer
+from transfer import FailureKind, Parts, Transfer
 
 
 @dataclass
@@ -19,6 +19,7 @@ class DecodeRequest:
     admitted_at: float = 0.0
     finished_at: float = 0.0
     transfers: list[Transfer] = field(default_factory=list)  # one per channel from the prefill's ranks
+    parts: Parts | None = None  # the transfers joined, once every one was expected
     received_bytes: int = 0  # what its transfers wrote here
     error: str | None = None  # set when decode gave it up after receiving it, with its kind:
     failure: FailureKind | None = None  # CORRUPT: its bytes failed verification

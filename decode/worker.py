@@ -33,7 +33,7 @@ from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult, LocalPrefillAnswer
 from distpool.worker.stats import DecodeStats
-from transfer import FailureKind, Transfer, TransferError
+from transfer import FailureKind, Parts, TransferError
 
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
 # cores), for at most this long: a steady stream of transfers does not starve it.
@@ -127,13 +127,13 @@ class DecodeWorker(WorkerBase):
             # One transfer per channel from the prefill worker's ranks this rank's shard needs.
             for peer in self.peer_ranks(prefill):
                 req.transfers.append(self.channels.expect(peer, envelope, self.pool.buffer))
+            req.parts = Parts(req.transfers)  # one failing aborts the others
         except BaseException:
             for transfer in req.transfers:  # expected, never started: they fail at once
                 transfer.abort("the reservation failed")
             self._free(self._waiting, request_id, pinned=True)
             raise
-        for transfer in req.transfers:
-            transfer.add_done_callback(self._landed)
+        req.parts.add_done_callback(self._landed)
 
     def _check_new(self, request_id: str) -> None:
         if any(request_id == rid for rid, _ in self._admitted()):
@@ -150,33 +150,26 @@ class DecodeWorker(WorkerBase):
             self._wake.notify_all()
             return answer
 
-    def _landed(self, transfer: Transfer) -> None:
-        """One of a destination's transfers concluded (on the engine's thread). The last to conclude
-        hands the request to the decode loop, which verifies it, or frees it if one failed; a
-        failure aborts the others first, so nothing still writes into it when it is freed."""
-        rid = transfer.request_id
+    def _landed(self, parts: Parts) -> None:
+        """Every transfer of a waiting request concluded (on the engine's thread; a failure aborted
+        the others first, so nothing still writes into it): hand it to the decode loop, which
+        verifies it, or free it."""
+        rid = parts.request_id
         with self._lock:
             req = self._waiting.get(rid)
-            if req is None or transfer not in req.transfers:
-                return
-            if all(t.done() for t in req.transfers):
-                self._all_landed(rid, req)
-                return
-            others = [t for t in req.transfers if not t.done()] if transfer.error is not None else []
-        for other in others:  # outside the lock: an abort may conclude it, which lands here again
-            other.abort(f"another channel of {rid!r} failed: {transfer.error.reason}")
+            if req is not None and req.parts is parts:
+                self._all_landed(rid, req, parts)
 
-    def _all_landed(self, rid: str, req: DecodeRequest) -> None:
+    def _all_landed(self, rid: str, req: DecodeRequest, parts: Parts) -> None:
         """Under the lock: every transfer of a waiting request concluded."""
-        failed = [t.error for t in req.transfers if t.error is not None]
-        if failed:
-            self.metrics.add_failure(failed[0].kind)
+        if parts.error is not None:
+            self.metrics.add_failure(parts.error.kind)
             self._free(self._waiting, rid, pinned=True)
             return
         del self._waiting[rid]
         self.pool.unpin(rid)
-        req.tokens.append(int(req.transfers[0].first_token))
-        req.received_bytes = sum(t.num_bytes for t in req.transfers)
+        req.tokens.append(int(parts.transfers[0].first_token))
+        req.received_bytes = parts.num_bytes
         req.landed_at = time.monotonic()
         self._arrived[rid] = req
         self._wake.notify_all()
@@ -228,18 +221,12 @@ class DecodeWorker(WorkerBase):
             if self._give_up_admitted(request_id, notify=notify):
                 return True
             req = self._waiting.get(request_id)
-        if req is None or not req.transfers:
+        if req is None or req.parts is None:
             return False
-        for transfer in req.transfers:
-            transfer.abort("cancelled: the request failed elsewhere")
-        failed = False
-        # A waiting transfer concludes at once, a running one within its deadline.
-        for transfer in req.transfers:
-            try:
-                transfer.wait()
-            except TransferError:
-                failed = True
-        if failed:
+        req.parts.abort("cancelled: the request failed elsewhere")
+        try:  # a waiting transfer concludes at once, a running one within its deadline
+            req.parts.wait()
+        except TransferError:
             return True  # the expected outcome: `_landed` freed the reservation
         with self._lock:  # the abort came after the last byte landed: the transfer admitted it
             self._give_up_admitted(request_id, notify=notify)

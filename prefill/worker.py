@@ -15,7 +15,7 @@ from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
 from distpool.worker.stats import PrefillStats
 from prefill.jobs import PrefillWave, split_batch
-from transfer import ChannelError, FailureKind, Transfer, TransferError
+from transfer import ChannelError, FailureKind, Parts, Transfer, TransferError
 
 YIELD_MAX_S = 1.0  # the longest a batch's prefill waits for the previous batch's transfers
 
@@ -65,7 +65,7 @@ class PrefillWorker(WorkerBase):
                     self._free(self._held, job.rid, pinned=True)
                 raise
         # One transfer per channel to the decode worker's ranks this rank serves (one at equal TP).
-        transfers: list[tuple[_Outgoing, list[Transfer]]] = []
+        transfers: list[tuple[_Outgoing, Parts]] = []
         for job in outgoing:
             moving: list[Transfer] = []
             try:
@@ -80,15 +80,15 @@ class PrefillWorker(WorkerBase):
                 self._free(self._held, job.rid, pinned=True)
                 out[job.rid] = PrefillFailed(kind=exc.kind, reason=str(exc), retry=True)
                 continue
-            transfers.append((job, moving))
-        for job, moving in transfers:
+            transfers.append((job, Parts(moving)))  # one failing aborts the others
+        for job, parts in transfers:
             try:
-                for transfer in moving:
-                    transfer.wait()
+                parts.wait()  # every part concluded, landed or not: nothing reads the envelope after
+                for transfer in parts.transfers:
                     self.metrics.add_transfer(transfer.num_bytes, transfer.active_s or 0.0)
                 out[job.rid] = PrefillSent(
-                    transfer_bytes=sum(t.num_bytes for t in moving),
-                    transfer_s=max(t.active_s or 0.0 for t in moving),
+                    transfer_bytes=parts.num_bytes,
+                    transfer_s=max(t.active_s or 0.0 for t in parts.transfers),
                     source_runs=byte_runs(job.envelope.ranges),
                     computed_tokens=job.computed,
                     compute_tokens_per_s=job.wave_tokens_per_s,
@@ -96,9 +96,6 @@ class PrefillWorker(WorkerBase):
             except TransferError as exc:
                 self.metrics.add_failure(exc.kind)
                 out[job.rid] = PrefillFailed(kind=exc.kind, reason=exc.reason, retry=True)
-                for transfer in moving:  # the envelope is freed below: nothing may still read it
-                    transfer.abort(f"another channel of {job.rid!r} failed")
-                    _concluded(transfer)
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out

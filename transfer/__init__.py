@@ -4,6 +4,7 @@ from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.errors import ChannelError, FingerprintMismatch, ProtocolError, ReshardRefused, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import Transfer, TransferOptions, TransferState
+from transfer.parts import Parts
 from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
@@ -19,6 +20,7 @@ __all__ = [
     "FailureKind",
     "FingerprintMismatch",
     "Message",
+    "Parts",
     "ProtocolError",
     "ReshardRefused",
     "Transfer",

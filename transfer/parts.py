@@ -114,9 +114,9 @@ class Parts:
                 if other is not transfer:
                     other.abort(f"another channel's part of the request failed: {transfer.error.reason}")
         if last:
+            self._done.set()  # before the callbacks: they read `error`
             for callback in callbacks or ():
                 callback(self)
-            self._done.set()
 
 
 def expect_parts(

@@ -10,6 +10,7 @@ every page and slot once the request is released.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -227,8 +228,11 @@ def test_one_failed_channel_fails_the_ranks_part_and_the_reservation_is_released
         incoming[0].wait(timeout_s=30)
     assert failed.value.kind in (FailureKind.REFUSED, FailureKind.ABORTED)
     assert all(t.done() for t in incoming[0].transfers)  # nothing writes into the reservation now
-    with pytest.raises(TransferError):
+    # The good source part concludes either way: aborted by the destination, or landed before the
+    # other part failed (then the abort came too late to matter, and nothing was lost either way).
+    with contextlib.suppress(TransferError):
         good.wait(timeout_s=30)
+    assert good.done()
     groups.release_all()
 
 

@@ -111,12 +111,12 @@ def damage_on_landing(d, damage) -> None:
     and before decode verifies them."""
     landed = d._landed
 
-    def patched(transfer):
+    def patched(parts):  # every transfer of the request concluded
         with d._lock:
-            rid = transfer.request_id
-            if transfer.error is None:
+            rid = parts.request_id
+            if parts.error is None:
                 damage(d.pool, rid, d.pool.envelope_ranges(rid))
-        landed(transfer)
+        landed(parts)
 
     d._landed = patched
 
@@ -191,9 +191,9 @@ def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(p
     assert_nothing_held(d)
     original = d._landed
 
-    def wrong_first_token(transfer):
-        transfer.first_token = 10**9  # outside the vocabulary: what a broken peer could send
-        original(transfer)
+    def wrong_first_token(parts):
+        parts.transfers[0].first_token = 10**9  # outside the vocabulary: what a broken peer could send
+        original(parts)
 
     d._landed = wrong_first_token
     d.reserve("x", PROMPTS["b"], 3, "prefill-0")
