@@ -15,9 +15,24 @@ def python_files() -> list[Path]:
     return sorted(path for folder in SOURCE_DIRS for path in (ROOT / folder).rglob("*.py"))
 
 
+def parse(path: Path, attempts: int = 3) -> ast.Module:
+    """`ast.parse`, again when CPython 3.11 reports "AST constructor recursion depth mismatch": its
+    AST conversion keeps one depth counter per interpreter, and another thread converting an AST
+    at the same time (3.11's traceback module parses each frame's line to place its carets, so any
+    thread formatting a traceback does) corrupts it. The source was fine; a second parse is too."""
+    source = path.read_text()
+    for attempt in range(attempts):
+        try:
+            return ast.parse(source, filename=str(path))
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def imported_top_level_names(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
