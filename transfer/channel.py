@@ -4,7 +4,7 @@ Each channel forms through a rendezvous at `host:port` (rank 0 listens there onl
 for rank 1, and both prove the deployment's secret; see `transfer.rendezvous`), and gets its own
 process group (Gloo for CPU arenas, NCCL for CUDA arenas), never the global default group, so one
 process may hold many channels. Every (re)connect is a new generation: a fresh rendezvous, whose
-store (`transfer.pair_store`) lasts only while the groups form, and fresh groups.
+store (`transfer.relay_store`) lasts only while the groups form, and fresh groups.
 
 The handshake exchanges layout fingerprints before any group exists; a mismatch raises
 `FingerprintMismatch` on both ends, naming the differing fields. A failed wait marks the channel
@@ -33,10 +33,10 @@ from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.failure import FailureKind
-from transfer.groups import close_links, destroy_group, gloo_group, nccl_group
+from transfer.groups import NCCL_WATCHDOG_OFF, close_links, destroy_group, gloo_group, nccl_group
 from transfer.handshake import exchange_hello, make_hello
-from transfer.pair_store import PairStore
 from transfer.protocol import TAG_DATA, bell_key
+from transfer.relay_store import RelayStore
 from transfer.rendezvous import RendezvousPort, agree_generation, delta, is_loopback, join_peer
 from transfer.tp_pair import TpPair
 
@@ -154,18 +154,18 @@ class Channel:
                 peer = self._port.accept_peer(self.auth, deadline)
             else:
                 peer = join_peer(self.host, self.port, self.auth, deadline)
-            store = PairStore(peer, name=self.name, timeout_s=deadline - time.monotonic())
+            store = RelayStore([peer], name=f"channel {self.name}", timeout_s=deadline - time.monotonic())
             generation = agree_generation(store, rank=self.rank, last=self.generation, name=self.name)
             gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
             self.tp_pair = TpPair.of(self.tp, self.peer_hello, sending=self.rank == SENDER_RANK)
-            loopback = is_loopback(self.host)
+            timeout, loopback = delta(deadline - time.monotonic()), is_loopback(self.host)
             if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
-                self._pg = nccl_group(gen_store, self.rank, self.device)
+                self._pg = nccl_group(gen_store, self.rank, 2, self.device, timeout=NCCL_WATCHDOG_OFF)
                 control_store = dist.PrefixStore("control/", gen_store)
-                self._control_pg = gloo_group(control_store, self.rank, deadline, 1, loopback=loopback)
+                self._control_pg = gloo_group(control_store, self.rank, 2, timeout, 1, loopback=loopback)
             else:
-                self._pg = gloo_group(gen_store, self.rank, deadline, self.num_streams, loopback=loopback)
+                self._pg = gloo_group(gen_store, self.rank, 2, timeout, self.num_streams, loopback=loopback)
             control_group = self._control_pg or self._pg
             self.generation, self.transfer_seq = generation, 0
             self._control = ControlPlane(

@@ -1,4 +1,4 @@
-"""The process groups of one channel: how they are made, and how a Gloo group's links are closed.
+"""The process groups of a channel or a TP group: how they are made, and how a Gloo group's links are closed.
 
 Payload goes over Gloo (CPU arenas, `num_streams` devices: Gloo picks a message's connection by
 tag % number of devices) or NCCL (CUDA arenas); control messages go over Gloo always (the payload
@@ -8,7 +8,6 @@ group itself on CPU, a one-device group beside NCCL's on CUDA; see `transfer.con
 from __future__ import annotations
 
 import datetime
-import time
 
 import torch
 import torch.distributed as dist
@@ -16,28 +15,41 @@ import torch.distributed as dist
 from transfer.protocol import TAG_CLOSE
 from transfer.rendezvous import delta
 
+# A channel's waits carry its deadlines (work.wait(timeout)); NCCL's watchdog would tear the whole
+# process down when its own timeout fires, so a channel's NCCL group gets one far beyond any deadline.
+NCCL_WATCHDOG_OFF = datetime.timedelta(days=1)
+
 
 def gloo_group(
-    store: dist.Store, rank: int, deadline: float, num_devices: int, *, loopback: bool
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: datetime.timedelta,
+    num_devices: int,
+    *,
+    loopback: bool,
 ) -> dist.ProcessGroup:
-    """A two-rank Gloo group with `num_devices` connections, formed by the deadline."""
+    """A `size`-rank Gloo group with `num_devices` connections per pair of ranks; `timeout` bounds
+    its forming and every collective on it (on 127.0.0.1 when the ranks meet over loopback)."""
     gloo = dist.ProcessGroupGloo
     options = gloo._Options()
-    options._timeout = delta(deadline - time.monotonic())
+    options._timeout = timeout
     make_device = (
         (lambda: gloo.create_device(hostname="127.0.0.1")) if loopback else gloo.create_default_device
     )
     options._devices = [make_device() for _ in range(num_devices)]
-    return gloo(store, rank, 2, options)
+    return gloo(store, rank, size, options)
 
 
-def nccl_group(store: dist.Store, rank: int, device: torch.device) -> dist.ProcessGroup:
+def nccl_group(
+    store: dist.Store, rank: int, size: int, device: torch.device, *, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
+    """A `size`-rank NCCL group on `device`; NCCL's watchdog ends the process when a collective
+    takes longer than `timeout`. It forms lazily: its first collective reads `store`."""
     options = dist.ProcessGroupNCCL.Options()
-    # Our waits carry the deadlines (work.wait(timeout)); NCCL's watchdog would tear the whole
-    # process down when its own timeout fires, so it gets one far beyond any deadline.
-    options._timeout = datetime.timedelta(days=1)
+    options._timeout = timeout
     torch.cuda.set_device(device)
-    return dist.ProcessGroupNCCL(store, rank, 2, options)
+    return dist.ProcessGroupNCCL(store, rank, size, options)
 
 
 def destroy_group(group: dist.ProcessGroup, backend: str, peer_rank: int, num_devices: int) -> None:

@@ -10,9 +10,10 @@ connects must prove the deployment's secret within `PROOF_S`, on fresh nonces bo
 
 Rank 0 reads at most 64 bytes from a connection before it has proved itself, keeps at most
 `MAX_UNPROVEN` such connections (a new one displaces the oldest), and drops any that fails; it
-stops listening as soon as rank 1 proved itself. The one connection left carries the generation's
-store (`transfer.pair_store`) while the groups form, and is closed then. So an outsider who reaches
-the port while it listens costs a socket and 64 bytes, and nothing it sends is stored or acted on.
+stops listening as soon as rank 1 proved itself (a TP group's rank 0: as soon as every other rank
+did, `accept_peers`). The connections left carry the store (`transfer.relay_store`) while the groups
+form, and are closed then. So an outsider who reaches the port while it listens costs a socket and
+64 bytes, and nothing it sends is stored or acted on.
 """
 
 from __future__ import annotations
@@ -79,10 +80,17 @@ class RendezvousPort:
     def accept_peer(self, auth: ControlAuth, deadline: float) -> socket.socket:
         """Listen until a connection proves the secret (returned, blocking) or the deadline passes
         (ChannelError); the port stops listening either way."""
+        return self.accept_peers(auth, deadline, 1)[0]
+
+    def accept_peers(self, auth: ControlAuth, deadline: float, num_peers: int) -> list[socket.socket]:
+        """Listen until `num_peers` connections proved the secret (returned, blocking, in the order
+        they proved it) or the deadline passes (ChannelError); the port stops listening either way.
+        All are taken in one listen: peers connecting at once are all heard."""
         self._reuse(self._socket, True)
         self._socket.listen(MAX_UNPROVEN)
         self._socket.setblocking(False)
         unproven: dict[socket.socket, tuple[bytes, bytearray, float]] = {}  # nonce0, read, expiry
+        proven: list[socket.socket] = []
         with selectors.DefaultSelector() as selector:
             selector.register(self._socket, selectors.EVENT_READ)
             try:
@@ -91,13 +99,24 @@ class RendezvousPort:
                         if key.fileobj is self._socket:
                             self._admit(selector, unproven)
                         elif (peer := self._hear(key.fileobj, selector, unproven, auth)) is not None:
-                            return peer
+                            proven.append(peer)
+                            if len(proven) == num_peers:
+                                return proven
                     for sock, (_, _, expiry) in list(unproven.items()):
                         if time.monotonic() > expiry:
                             _drop(sock, selector, unproven)
+                if num_peers == 1:
+                    raise ChannelError(
+                        f"no rank-1 peer proved the secret at {self.host}:{self.port}: it never showed up"
+                    )
                 raise ChannelError(
-                    f"no rank-1 peer proved the secret at {self.host}:{self.port}: it never showed up"
+                    f"{len(proven)} of {num_peers} peers proved the secret at {self.host}:{self.port}; "
+                    f"{num_peers - len(proven)} never showed up"
                 )
+            except BaseException:
+                for sock in proven:
+                    sock.close()
+                raise
             finally:
                 for sock in list(unproven):
                     _drop(sock, selector, unproven)
@@ -147,7 +166,7 @@ class RendezvousPort:
             sock.sendall(auth.proof("server", theirs, nonce))
         except OSError as exc:
             sock.close()
-            raise ChannelError(f"the rank-1 peer went during the rendezvous: {exc}") from None
+            raise ChannelError(f"a peer went right after it proved the secret: {exc}") from None
         return sock
 
     def stop_listening(self) -> None:
