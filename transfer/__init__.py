@@ -6,6 +6,7 @@ from transfer.failure import FailureKind
 from transfer.handle import Transfer, TransferOptions, TransferState
 from transfer.parts import Parts
 from transfer.plan import Chunk, Message, check_ranges, plan_messages, plan_runs
+from transfer.rank_group import form_rank_group
 from transfer.receiver import EnvelopeReceiver
 from transfer.sender import EnvelopeSender
 
@@ -28,6 +29,7 @@ __all__ = [
     "TransferOptions",
     "TransferState",
     "check_ranges",
+    "form_rank_group",
     "plan_messages",
     "plan_runs",
 ]
