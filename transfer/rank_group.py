@@ -90,10 +90,9 @@ def _all_formed(group: dist.ProcessGroup, device: torch.device, deadline: float)
     and a rank that returns has then seen every other rank in the group."""
     ones = torch.ones(1, device=device)
     group.allreduce([ones]).wait(delta(deadline - time.monotonic()))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if int(ones.item()) != group.size():
-        raise ChannelError(f"the first all-reduce counted {int(ones.item())} ranks, not {group.size()}")
+    counted = int(ones.item())  # waits for the device too
+    if counted != group.size():
+        raise ChannelError(f"the first all-reduce counted {counted} ranks, not {group.size()}")
 
 
 def _close(store: RelayStore | None, socks: list[socket.socket], port: RendezvousPort | None) -> None:
