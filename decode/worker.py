@@ -38,6 +38,10 @@ from transfer import FailureKind, Parts, TransferError
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
 # cores), for at most this long: a steady stream of transfers does not starve it.
 MAX_VERIFY_PUT_OFF_S = 0.5
+# Past TP 1, rank 0 with nothing running starts a round at least this often (the other ranks wait in
+# it meanwhile), and one whose requests have not landed on every rank yet waits this long between.
+LOCKSTEP_IDLE_S = 0.05
+LOCKSTEP_STALL_S = 0.005
 
 
 class DecodeWorker(WorkerBase):
@@ -268,6 +272,9 @@ class DecodeWorker(WorkerBase):
         self._wake.notify_all()
 
     def _decode_loop(self) -> None:
+        if self.lockstep is not None:
+            self._lockstep_loop()
+            return
         while True:
             put_off_s = 0.0
             with self._lock:
@@ -281,6 +288,41 @@ class DecodeWorker(WorkerBase):
                 self.channels.activity.wait_idle(put_off_s)
             else:
                 time.sleep(0)  # between steps: let receives and reservations take the lock
+
+    def _group_formed(self) -> None:
+        self._wake.notify_all()  # the lockstep loop starts stepping
+
+    def _lockstep_loop(self) -> None:
+        """Past TP 1: the ranks step together (lockstep.py). Rank 0 paces the rounds: it waits for
+        work of its own (or a while, LOCKSTEP_IDLE_S, so that the others' waits stay short), then
+        every rank verifies what arrived and the batch is the requests running on every rank, in
+        rank 0's order. Any failure is the group's: its requests fail and the rank goes down."""
+        lockstep = self.lockstep
+        assert lockstep is not None
+        stalled = False  # rank 0 ran a round that stepped nothing while it had requests running
+        try:
+            while True:
+                with self._lock:
+                    while not lockstep.bound and not self._stopping:
+                        self._wake.wait()
+                    if self.rank == 0 and not self._stopping:
+                        if not (self._running or self._arrived):
+                            self._wake.wait(LOCKSTEP_IDLE_S)
+                        elif stalled:  # the others' shards are still landing
+                            self._wake.wait(LOCKSTEP_STALL_S)
+                    stop = self._stopping
+                if not lockstep.go(stop):
+                    return
+                with self._lock:
+                    self._verify_arrived()
+                    rids = lockstep.common(list(self._running))
+                    if rids:
+                        self.step_locked(rids)
+                    stalled = bool(self._running) and not rids
+        except Exception as exc:  # the ranks are out of step for good
+            with self._lock:
+                self._fail_loop_requests(exc)
+            self._group_broken(exc)
 
     def _loop_once(self) -> float:
         """Under the lock: verify what arrived, else one decode step, else wait for work. Returns how
@@ -323,9 +365,10 @@ class DecodeWorker(WorkerBase):
         self._verify_by = None
         self._wake.notify_all()
 
-    def step_locked(self) -> None:
-        """One batched decode step over every running request (caller holds the lock)."""
-        rids = list(self._running)
+    def step_locked(self, rids: list[str] | None = None) -> None:
+        """One batched decode step over running requests `rids` (None: all of them); the caller
+        holds the lock."""
+        rids = list(self._running) if rids is None else rids
         self._extend_all(rids)
         next_tokens = self.model.decode_step(self.pool, rids, [self._running[r].tokens[-1] for r in rids])
         self.num_steps += 1

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from distpool.memory.envelope import Envelope
 from distpool.worker.base import WorkerBase, byte_runs
+from distpool.worker.lockstep import GroupBroken, wave_signature
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
 from distpool.worker.stats import PrefillStats
 from prefill.jobs import PrefillWave, split_batch
@@ -60,9 +61,11 @@ class PrefillWorker(WorkerBase):
                 for positions in (waves.first, waves.then):
                     wave = [batch[i] for i in positions]
                     outgoing += self._prefill_wave(wave, shared, out)
-            except BaseException:  # the first wave's envelopes are never sent: give them back
+            except BaseException as exc:  # the first wave's envelopes are never sent: give them back
                 for job in outgoing:
                     self._free(self._held, job.rid, pinned=True)
+                if isinstance(exc, GroupBroken):
+                    self._group_broken(exc)
                 raise
         # One transfer per channel to the decode worker's ranks this rank serves (one at equal TP).
         transfers: list[tuple[_Outgoing, Parts]] = []
@@ -119,15 +122,20 @@ class PrefillWorker(WorkerBase):
         for job in wave.jobs:
             self._held[job.request_id] = peers[job.request_id]
         self._note_peak()
+        # Past TP 1 every rank agrees on each wave, empty or not, before any computes it.
+        if self.lockstep is not None and not self.lockstep.same(wave_signature(wave.jobs)):
+            self._give_back(wave)
+            reason = f"the ranks of {self.group} reserved different waves"
+            for job in wave.jobs:  # e.g. one rank's prefix cache matched, another's had evicted it
+                out[job.request_id] = PrefillBusy(reason=reason)
+            return []
         if not wave.jobs:
             return []
         started = time.monotonic()
         try:
             done = self.model.prefill(self.pool, wave.jobs)
         except BaseException:
-            wave.discard()
-            for job in wave.jobs:
-                self._free(self._held, job.request_id)
+            self._give_back(wave)
             raise
         compute_s = time.monotonic() - started
         wave.cache()
@@ -147,6 +155,12 @@ class PrefillWorker(WorkerBase):
                 _Outgoing(rid, peers[rid], result.first_token, envelope, result.computed_tokens, rate)
             )
         return outgoing
+
+    def _give_back(self, wave: PrefillWave) -> None:
+        """Under the lock: a wave not computed gives back its checkpoints and its requests' memory."""
+        wave.discard()
+        for job in wave.jobs:
+            self._free(self._held, job.request_id)
 
     def stats(self) -> PrefillStats:
         with self._lock:

@@ -6,6 +6,7 @@ Workers touch memory only through the `Pool` interface (`distpool.memory.pool`).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 
@@ -18,15 +19,15 @@ from distpool.memory.sizing import PoolSizes, size_pools
 from distpool.memory.tp_layout import TpEnd
 from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.shard import RankShard, shard
-from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.select import build_model_impl
-from distpool.model_impl.synthetic.model import SyntheticCache
 from distpool.worker.config import WorkerConfig
+from distpool.worker.lockstep import Lockstep
 from distpool.worker.metrics import WorkerMetrics
 from distpool.worker.stats import PoolHeld, WorkerStats
 from distpool.worker.tp_pairing import rank_name
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
 from transfer.plan import plan_runs
+from transfer.rank_group import form_rank_group
 from transfer.rendezvous import free_port
 
 BANDS = ("pages", "slots")  # the bands whose peak a worker tracks
@@ -53,17 +54,6 @@ def rank_pool_sizes(config: WorkerConfig, role: str, rank_shard: RankShard) -> P
     return size_tp_pools(config.spec, args, budget, rank_shard.tp).rank
 
 
-def build_rank_model(config: WorkerConfig, rank_shard: RankShard, device: torch.device) -> PoolModel:
-    """What computes in one rank's pool. Past TP 1 only the synthetic cache runs a shard (the
-    deployment refuses the others before any worker starts)."""
-    if rank_shard.tp == 1:
-        return build_model_impl(
-            config.spec, model_impl=config.model_impl, seed=config.seed, device=device, hf=config.hf
-        )
-    assert config.model_impl == "synthetic", f"{config.model_impl} at TP {rank_shard.tp}"
-    return SyntheticCache(config.spec, seed=config.seed, device=device, shard=rank_shard)
-
-
 class WorkerBase:
     role: str  # "prefill" | "decode": the disaggregation mode this worker's pool is planned for
 
@@ -76,8 +66,20 @@ class WorkerBase:
         self.pairing = config.pairing
         self.device = resolve_device(config.device)
         self.shard = shard(config.spec, tp, rank)
-        # What computes in the pool: transformers' modeling code, the reference model or the synthetic cache.
-        self.model = build_rank_model(config, self.shard, self.device)
+        # Past TP 1 the ranks step as one (lockstep.py) over the group they form once all have started.
+        self.lockstep = Lockstep(tp=tp, rank=rank, device=self.device) if tp > 1 else None
+        # What computes in the pool: transformers' modeling code, the reference model or the synthetic
+        # cache (the deployment refuses, before any worker starts, what cannot run at this TP).
+        self.model = build_model_impl(
+            config.spec,
+            model_impl=config.model_impl,
+            seed=config.seed,
+            device=self.device,
+            hf=config.hf,
+            tp=tp,
+            rank=rank,
+            group=self.lockstep,
+        )
         self.sizes = rank_pool_sizes(config, self.role, self.shard)
         # Past TP 1 decode prefills nothing itself (serving.local_path): no final state would be read.
         built = build_pool(self.sizes, self.device, final_states=config.local_prefill and tp == 1)
@@ -134,6 +136,39 @@ class WorkerBase:
         """Open (or rebuild) the channel to `peer` in its `peer_life` (restarts so far); the peer must
         do the same concurrently. The prefill end holds the rendezvous port `host:port`."""
         self.channels.open(peer, host=host, port=port, peer_life=peer_life)
+
+    def join_tp_group(self, host: str, port: int) -> None:
+        """Form the process group of this worker's TP group with its other ranks, which call this at
+        the same time (rank 0 holds the rendezvous port `host:port`); the ranks step as one from then
+        on. Collectives on it time out after the transfer timeout."""
+        assert self.lockstep is not None, f"{self.name} is a TP group of one"
+        group = form_rank_group(
+            name=f"{self.group}/tp",
+            rank=self.rank,
+            size=self.lockstep.size(),
+            host=host,
+            port=port,
+            secret=self.config.secret,
+            device=self.device,
+            timeout_s=self.config.transfer.timeout_s,
+        )
+        with self._lock:
+            self.lockstep.bind(group)
+            self._group_formed()
+
+    def _group_formed(self) -> None:
+        """Under the lock: the TP group's process group is bound (a role starts stepping)."""
+
+    def _group_broken(self, exc: BaseException) -> None:
+        """The TP group's collectives are out of step for good (`GroupBroken`): under Ray this rank
+        exits, so Ray restarts it and the driver takes its group down and back as one; outside Ray
+        (unit tests) the error is raised."""
+        import ray
+
+        print(f"distpool: {self.name}: the TP group broke: {exc}", file=sys.stderr, flush=True)
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+            os._exit(1)
+        raise exc
 
     def peer_ranks(self, peer: str) -> list[str]:
         """The ranks of worker `peer` (the other role) this rank holds a channel with."""

@@ -1,0 +1,131 @@
+"""The ranks of a TP group agree before each model call: on the requests of a decode step, on each
+prefill wave, and on stopping; a collective that fails breaks the group for good."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distpool.memory.pool import DoesNotFit
+from distpool.memory.sizing import PoolArgs
+from distpool.worker.config import WorkerConfig
+from distpool.worker.lockstep import GroupBroken, Lockstep
+from distpool.worker.messages import PrefillBusy, PrefillItem
+from prefill.worker import PrefillWorker
+from tests.factories import accounting, tp_spec
+from transfer import TransferOptions
+
+
+def gloo_groups(size: int, timeout_s: float = 10.0) -> list[dist.ProcessGroup]:
+    """`size` Gloo groups of one group, formed in this process (one thread per rank)."""
+    store, groups = dist.HashStore(), [None] * size
+
+    def form(rank: int) -> None:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = datetime.timedelta(seconds=timeout_s)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        groups[rank] = dist.ProcessGroupGloo(store, rank, size, options)
+
+    on_ranks(size, form)
+    return groups
+
+
+def on_ranks(size: int, fn: Callable[[int], object]) -> list:
+    """`fn(rank)` on every rank at once (threads); their results in rank order, or the first error."""
+    results, errors = [None] * size, []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:  # handed to the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def locksteps(size: int, timeout_s: float = 10.0) -> list[Lockstep]:
+    steps = [Lockstep(tp=size, rank=rank, device=torch.device("cpu")) for rank in range(size)]
+    for step, group in zip(steps, gloo_groups(size, timeout_s), strict=True):
+        step.bind(group)
+    return steps
+
+
+def test_a_step_is_the_requests_every_rank_holds_in_rank_0s_order():
+    steps = locksteps(3)
+    held = [["c", "a", "b", "d"], ["a", "b", "c"], ["b", "x", "c", "a"]]
+    agreed = on_ranks(3, lambda rank: steps[rank].common(held[rank]))
+    assert agreed == [["c", "a", "b"]] * 3
+    # a rank that holds nothing yet: no step, on every rank
+    assert on_ranks(3, lambda rank: steps[rank].common([] if rank == 1 else held[rank])) == [[]] * 3
+    assert on_ranks(3, lambda rank: steps[rank].common([])) == [[]] * 3
+
+
+def test_the_ranks_stop_together_and_compare_signatures():
+    steps = locksteps(2)
+    assert on_ranks(2, lambda rank: steps[rank].go(False)) == [True, True]
+    assert on_ranks(2, lambda rank: steps[rank].go(rank == 1)) == [False, False]
+    assert on_ranks(2, lambda rank: steps[rank].same(7)) == [True, True]
+    assert on_ranks(2, lambda rank: steps[rank].same(7 + rank)) == [False, False]
+
+
+def test_the_model_sums_over_the_group_it_was_bound_to():
+    steps = locksteps(2)
+    values = [torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])]
+    on_ranks(2, lambda rank: steps[rank].allreduce([values[rank]]).wait())
+    assert all(v.tolist() == [11.0, 22.0] for v in values)
+
+
+def test_a_rank_that_never_comes_breaks_the_group_within_its_timeout():
+    steps = locksteps(2, timeout_s=1.0)
+    with pytest.raises(GroupBroken, match="collective of the TP group failed"):
+        steps[0].go(False)  # rank 1 never joins this round
+
+
+def test_computing_before_the_group_formed_is_refused():
+    with pytest.raises(GroupBroken, match="before its group formed"):
+        Lockstep(tp=2, rank=1, device=torch.device("cpu")).allreduce([torch.zeros(1)])
+    with pytest.raises(ValueError, match="group of 2 ranks in which it is rank 0"):
+        Lockstep(tp=2, rank=1, device=torch.device("cpu")).bind(gloo_groups(2)[0])
+
+
+def test_prefill_ranks_that_reserved_different_waves_compute_none_and_hold_nothing():
+    """Rank 1 has no room for the prompt, rank 0 has: neither computes the wave (an all-reduce
+    would pair with nothing), both answer busy, and rank 0 gave its reservation back."""
+    config = WorkerConfig(
+        spec=tp_spec("mamba2_groups1"),
+        pool_args=PoolArgs(page_size=4, context_len=64),
+        budget_bytes=1 << 20,
+        transfer=TransferOptions(timeout_s=5),
+        model_impl="synthetic",
+        prefill_tp=2,
+    )
+    ranks = [PrefillWorker(name="prefill-0", config=config, rank=rank) for rank in range(2)]
+    for worker, group in zip(ranks, gloo_groups(2), strict=True):
+        worker.lockstep.bind(group)
+    prompt = list(range(1, 40))
+    fillers = 0
+    with pytest.raises(DoesNotFit):  # fill rank 1 until the prompt no longer fits there
+        while True:
+            ranks[1].pool.reserve(f"filler-{fillers}", len(prompt))
+            fillers += 1
+    before = accounting(ranks[0].pool)
+    item = PrefillItem(request_id="r", prompt=prompt, decode_worker="decode-0")
+    results = on_ranks(2, lambda rank: ranks[rank].prefill_and_send([item]))
+    assert all(isinstance(r["r"], PrefillBusy) for r in results)
+    assert "reserved different waves" in results[0]["r"].reason
+    assert accounting(ranks[0].pool) == before and ranks[0].stats().held == 0
+    for worker in ranks:
+        worker.shutdown()
