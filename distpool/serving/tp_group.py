@@ -6,7 +6,8 @@ cancel and release the same requests, each on its own pool shard, so they must a
 they cannot (a pool a request fits on one rank and not yet on another), the group undoes what the
 others did and answers as the refusing rank did. A request finishes when it finished on every rank:
 results are held until then, and the merged one is verified only if every rank verified its shard.
-A rank that raises (it died: `RayActorError`) makes the call raise, and the driver loses the whole
+Calls that run the model (`IN_TURN`) go to the group one at a time, so every rank runs them in the
+same order (worker/lockstep.py). A rank that raises (it died: `RayActorError`) makes the call raise, and the driver loses the whole
 group (`serving.recovery`), which goes down and comes back as one.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +33,9 @@ from distpool.worker.messages import (
 )
 from transfer.failure import FailureKind
 
+# Calls that run the model: the ranks must run them in the same order (every all-reduce pairs up by
+# call order, worker/lockstep.py), so the group makes them one at a time.
+IN_TURN = frozenset({"prefill_and_send"})
 Settle = Callable[..., Awaitable[Any]]  # (refs, *the call's arguments) -> the group's answer
 
 
@@ -54,9 +59,15 @@ class _Method:
         self.group, self.name = group, name
 
     def remote(self, *args, **kwargs) -> GroupCall:
-        refs = [getattr(rank, self.name).remote(*args, **kwargs) for rank in self.group.ranks]
         settle: Settle = getattr(self.group, f"_settle_{self.name}", self.group._agree)
+        if self.name in IN_TURN:
+            call = functools.partial(self._call, args, kwargs)  # made once its turn comes
+            return GroupCall(lambda: self.group._in_turn(call, settle, args, kwargs))
+        refs = self._call(args, kwargs)
         return GroupCall(lambda: settle(refs, *args, **kwargs))
+
+    def _call(self, args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
+        return [getattr(rank, self.name).remote(*args, **kwargs) for rank in self.group.ranks]
 
 
 async def _answers(refs: list[ray.ObjectRef]) -> list[Any]:
@@ -76,6 +87,12 @@ class TpGroup:
         self.name, self.ranks = name, ranks
         # request id -> rank -> its result, until every rank finished the request
         self._finished: dict[str, dict[int, DecodeResult]] = {}
+        self._turn = asyncio.Lock()  # held by the IN_TURN call in flight
+
+    async def _in_turn(self, call: Callable[[], list[ray.ObjectRef]], settle: Settle, args, kwargs) -> Any:
+        """Make `call` on every rank once the previous IN_TURN call has been answered."""
+        async with self._turn:
+            return await settle(call(), *args, **kwargs)
 
     def __getattr__(self, method: str) -> _Method:
         if method.startswith("_"):

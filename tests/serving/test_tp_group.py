@@ -3,6 +3,7 @@ the deployment refuses before any rank starts, and that decode TP > 1 keeps the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
 from distpool.serving.local_path import LocalPath
 from distpool.serving.router import Router
-from distpool.serving.tp_group import merge_decode, merge_prefill
+from distpool.serving.tp_group import TpGroup, merge_decode, merge_prefill
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
@@ -77,7 +78,6 @@ def tp_worker(prefill_tp: int, decode_tp: int) -> WorkerConfig:
     "sizes, model_impl, message",
     [
         ((2, 2), "transformers", "no tensor-parallel plan for Mamba or gated delta net"),
-        ((2, 2), "reference", "Fix: --model-impl synthetic"),
         ((2, 1), "transformers", "Fix: --prefill-tp 1 --decode-tp 1"),
     ],
 )
@@ -102,3 +102,40 @@ def test_decode_at_tp_2_takes_the_disaggregated_path_for_every_request():
 
     assert isinstance(local_path(1), LocalPath)
     assert local_path(2) is None
+
+
+class RecordingRank:
+    """A rank whose `prefill_and_send` takes a moment and records when it started and ended."""
+
+    def __init__(self, rank: int, log: list) -> None:
+        self.rank, self.log = rank, log
+        self.prefill_and_send = SimpleNamespace(remote=self._call)
+
+    def _call(self, batch: list[str]):
+        self.log.append(("start", self.rank, batch[0]))
+        return asyncio.ensure_future(self._answer(batch))
+
+    async def _answer(self, batch: list[str]):
+        await asyncio.sleep(0.02)
+        self.log.append(("end", self.rank, batch[0]))
+        return {rid: sent(10, 0.1) for rid in batch}
+
+
+def test_a_group_makes_prefill_calls_one_at_a_time_so_every_rank_runs_them_in_one_order():
+    async def two_batches(log: list) -> list:
+        group = TpGroup("prefill-0", [RecordingRank(0, log), RecordingRank(1, log)])
+        return await asyncio.gather(
+            group.prefill_and_send.remote(["a"]), group.prefill_and_send.remote(["b"])
+        )
+
+    log: list = []
+    answers = asyncio.run(two_batches(log))
+    assert [set(a) for a in answers] == [{"a"}, {"b"}]
+    first_b = log.index(("start", 0, "b"))
+    assert {("end", 0, "a"), ("end", 1, "a")} <= set(log[:first_b])  # b reached no rank before a ended
+    assert [entry for entry in log if entry[0] == "start"] == [
+        ("start", 0, "a"),
+        ("start", 1, "a"),
+        ("start", 0, "b"),
+        ("start", 1, "b"),
+    ]
