@@ -310,8 +310,8 @@ BAMBA = str(FIXTURES / "bamba.json")
     [
         (["--decode-tp", "3"], "--decode-tp 3: tensor parallelism of 3 ranks cannot shard BambaForCausalLM"),
         (
-            ["--prefill-tp", "2", "--decode-tp", "2", "--model-impl", "reference"],
-            "Fix: --model-impl synthetic",
+            ["--prefill-tp", "3", "--model-impl", "reference"],
+            "--prefill-tp 3: tensor parallelism of 3 ranks cannot shard NemotronHForCausalLM",
         ),
         (["--prefill-tp", "2", "--decode-tp", "2", "--spread"], "--spread is for TP 1"),
     ],

@@ -79,8 +79,7 @@ class DeploymentSpec:
 
 
 def check_tensor_parallel(worker: WorkerConfig, model_impl: str, *, spread: bool) -> None:
-    """Refuse (ValueError with the fix) what TP > 1 cannot run yet: a model implementation other
-    than the synthetic cache, and `--spread`."""
+    """Refuse (ValueError with the fix) what TP > 1 cannot run: the transformers runner, and `--spread`."""
     sizes = f"--prefill-tp {worker.prefill_tp} --decode-tp {worker.decode_tp}"
     if worker.prefill_tp == worker.decode_tp == 1:
         return
@@ -88,11 +87,6 @@ def check_tensor_parallel(worker: WorkerConfig, model_impl: str, *, spread: bool
         raise ValueError(
             f"{sizes}: the transformers runner runs one process per worker (transformers has no "
             "tensor-parallel plan for Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1"
-        )
-    if model_impl != "synthetic":
-        raise ValueError(
-            f"{sizes}: the {model_impl} model's ranks would have to step in lockstep, which the "
-            "workers do not do yet. Fix: --model-impl synthetic, or --prefill-tp 1 --decode-tp 1"
         )
     if spread:
         raise ValueError(
@@ -169,6 +163,23 @@ class Deployment:
                 ranks[0] if tp == 1 else TpGroup(name, ranks)
             )
         ray.get([h.ping.remote() for h in self.rank_handles().values()])
+        ray.get([ref for name in self.ranks for ref in self._form_tp_group(name)])
+
+    def _form_tp_group(self, name: str) -> list[ray.ObjectRef]:
+        """Past TP 1, the ranks of worker `name` form their process group (every rank has started:
+        rank 0 holds the rendezvous port); refs that resolve once it formed. At TP 1, none."""
+        ranks = self.ranks[name]
+        if len(ranks) == 1:
+            return []
+        host, port = ray.get(ranks[0].rendezvous_address.remote())
+        return [rank.join_tp_group.remote(host, port) for rank in ranks]
+
+    async def form_tp_group_async(self, name: str) -> None:
+        """`_form_tp_group` without blocking an event loop (a group Ray restarted forms anew)."""
+        ranks = self.ranks[name]
+        if len(ranks) > 1:
+            host, port = await ranks[0].rendezvous_address.remote()
+            await asyncio.gather(*(rank.join_tp_group.remote(host, port) for rank in ranks))
 
     def handles(self) -> dict[str, Handle]:
         return {**self.prefill, **self.decode}

@@ -127,6 +127,11 @@ class Recovery:
                 return
             await asyncio.sleep(PING_INTERVAL_S)
         self.dep.lives[name] = self.dep.lives.get(name, 0) + 1  # channels from here on are to the new life
+        try:
+            await self.dep.form_tp_group_async(name)  # past TP 1 the new ranks form their group first
+        except Exception as exc:  # a rank died again meanwhile: stay lost
+            print(f"distpool: {name} restarted but its ranks could not form their group: {exc}", flush=True)
+            return
         is_prefill = name in self.dep.prefill
         peers = [
             p for p in (self.dep.decode if is_prefill else self.dep.prefill) if p not in self.router.dead

@@ -9,13 +9,17 @@ import signal
 
 import pytest
 
+from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
 from distpool.serving.run import exit_status, run
+from distpool.worker.config import WorkerConfig
 from tests.factories import FIXTURES, tp_spec
 from tests.serving.helpers import mixed_requests, tp_worker
 from tests.serving.test_pd_faults import serve_and_strike
+from transfer import TransferOptions
 
 pytestmark = pytest.mark.ray
 
@@ -105,3 +109,30 @@ def test_across_tp_sizes_every_envelope_is_verified_on_every_decode_rank(ray_ses
     decode_ranks = [w for w in report["workers"] if w["role"] == "decode"]
     assert len(decode_ranks) == sizes[1]
     assert all(w["verified_envelopes"] == 4 and w["corrupt_envelopes"] == 0 for w in decode_ranks)
+
+
+@pytest.mark.parametrize("sizes", [(2, 1), (1, 2)], ids=["2to1", "1to2"])
+def test_the_reference_model_served_across_tp_sizes_gives_the_tokens_of_tp_1(ray_session, tmp_path, sizes):
+    """The reference model all-reduces over each group's ranks, which prefill and decode in lockstep:
+    state prefilled at one TP size decodes at the other to the colocated TP 1 run's tokens."""
+    spec = DeploymentSpec.build(
+        WorkerConfig(
+            spec=spec_from_hf(REFERENCE_HYBRID_CONFIG),
+            pool_args=PoolArgs(page_size=4, context_len=128, prefix_cache=True),
+            budget_bytes=8 << 20,
+            transfer=TransferOptions(timeout_s=10),
+            model_impl="reference",
+            prefill_tp=sizes[0],
+            decode_tp=sizes[1],
+        )
+    )
+    requests = mixed_requests(12, max_new_tokens=6, seed=11, max_prompt=60)
+    path = tmp_path / "run.json"
+    status = run(spec, requests, address=None, parity_sample=12, json_path=str(path))
+    report = json.loads(path.read_text())
+    assert status == exit_status(report) == 0, report["errors"]
+    assert (report["prefill_tp"], report["decode_tp"]) == sizes
+    assert report["completed"] == 12 and report["parity_checked"] == 12
+    assert report["parity_mismatches"] == 0 and report["parity_near_ties"] == 0
+    assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
+    assert len(report["transfer_bytes_by_rank"]) == sizes[1]
