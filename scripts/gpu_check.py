@@ -1,4 +1,4 @@
-"""GPU check on cuda:0: five independent checks, one JSON file of results, within 5 minutes.
+"""GPU check on cuda:0 (and more GPUs where present): six checks, one JSON file, within 5 minutes.
 
 Each check records wall_s and its figures; a failing one records {"ok": false, "error": ...} and the
 others still run. Exit 0 when every check that ran passed (or there is no GPU: {"gpus": 0, "skipped":
@@ -49,6 +49,10 @@ GATHER_PIECE_BYTES, TIMING_REPEATS = 64 * 1024, 5  # 4096 pieces by default: 256
 PD_ARGS = "--model nemotron-h-8b --model-impl synthetic --device cuda --requests 6 --memory-gib 4".split()
 PD_FIELDS = ("completed", "verified_envelopes", "corrupt_envelopes", "transfer_gbps", "link_utilization")
 PD_TIMEOUT_S, GPU2_TIMEOUT_S = 100, 150
+# The reference model served at TP 2 -> 1 and 1 -> 2 (a GPU per rank: three), with token parity.
+TP_ARGS = "--model-impl reference --device cuda --requests 8 --max-new-tokens 8 --parity-sample 8".split()
+TP_SIZES, TP_TIMEOUT_S = ((2, 1), (1, 2)), 60
+TP_FIELDS = ("completed", "parity_checked", "parity_mismatches", "parity_near_ties")
 MIN_SUBPROCESS_S = 20  # a subprocess check with less time left fails as out of time
 # deployment.py gives each worker a GPU of its own only when there is one GPU per worker.
 ONE_GPU_REASON = "needs two GPUs: on one, both workers share cuda:0 and NCCL refuses two ranks on one GPU"
@@ -236,6 +240,25 @@ def check_pd_run(num_gpus: int) -> dict:
     return figures
 
 
+def check_tp_runs(num_gpus: int) -> dict:
+    """The reference model served across TP sizes on NCCL: every request's tokens those of TP 1."""
+    if num_gpus < 3:
+        return {"skipped": "needs three GPUs: one per rank of a prefill TP 2 -> decode TP 1 run"}
+    figures: dict = {}
+    for prefill_tp, decode_tp in TP_SIZES:
+        sizes = f"tp{prefill_tp}to{decode_tp}"
+        with tempfile.TemporaryDirectory() as tmp:
+            report_path = Path(tmp) / "run.json"
+            tp = ["--prefill-tp", str(prefill_tp), "--decode-tp", str(decode_tp)]
+            cmd = [sys.executable, "-m", "distpool", "run", *TP_ARGS, *tp, "--json", str(report_path)]
+            status, output = _run_subprocess(cmd, TP_TIMEOUT_S)
+            report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        figures |= {f"{sizes}_exit_status": status} | {f"{sizes}_{k}": report.get(k) for k in TP_FIELDS}
+        if status != 0:
+            raise CheckFailed(f"distpool run {' '.join(tp)} exited {status}: {output[-1500:]}", figures)
+    return figures
+
+
 def check_gpu2_tests(num_gpus: int) -> dict:
     if num_gpus < 2:
         return {"skipped": "needs two GPUs"}
@@ -282,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "staged_gather_scatter": lambda: check_staged_gather_scatter("cuda:0"),
         "pd_run_synthetic_cuda": lambda: check_pd_run(num_gpus),
         "gpu2_tests": lambda: check_gpu2_tests(num_gpus),
+        "tp_runs_reference_nccl": lambda: check_tp_runs(num_gpus),
     }
     for name, check in checks.items():
         outcome = result.setdefault("checks", {})[name] = run_check(check)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for a machine with one or more NVIDIA GPUs: five checks on cuda:0, one JSON file of
-# results (default out/gpu_check.json; --json PATH to change), within 5 minutes. Without a GPU it says
-# so and exits 0. Sets nothing up: it uses the project's .venv when present, else python3.
+# GPU check for a machine with one or more NVIDIA GPUs: six checks on cuda:0 (and more GPUs where
+# present), one JSON file of results (default out/gpu_check.json; --json PATH to change), within
+# 5 minutes. Without a GPU it says so and exits 0. Sets nothing up: it uses the project's .venv when
+# present, else python3.
 #
 #     bash scripts/gpu_check.sh [--json PATH]
 set -euo pipefail

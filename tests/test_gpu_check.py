@@ -94,6 +94,8 @@ def test_two_gpu_checks_are_skipped_with_one_gpu_and_carry_no_ok():
     for check in (gpu_check.check_pd_run, gpu_check.check_gpu2_tests):
         outcome = gpu_check.run_check(lambda check=check: check(1))
         assert "ok" not in outcome and "two GPUs" in outcome["skipped"]
+    outcome = gpu_check.run_check(lambda: gpu_check.check_tp_runs(2))
+    assert "ok" not in outcome and "three GPUs" in outcome["skipped"]
 
 
 def test_a_failing_check_records_its_error_and_figures():

@@ -39,9 +39,10 @@ class Outcome:
     elapsed_s: float
 
 
-def _rank_main(rank: int, size: int, port: int, timeout_s: float, results) -> None:
+def _rank_main(rank: int, size: int, port: int, timeout_s: float, results, device_type: str) -> None:
     torch.set_num_threads(1)  # the ranks share the machine's few cores
     start = time.monotonic()
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     try:
         group = form_rank_group(
             name="tp-test",
@@ -50,10 +51,10 @@ def _rank_main(rank: int, size: int, port: int, timeout_s: float, results) -> No
             host=HOST,
             port=port,
             secret=SECRET,
-            device=torch.device("cpu"),
+            device=device,
             timeout_s=timeout_s,
         )
-        value = torch.tensor([10.0 * (rank + 1)])
+        value = torch.tensor([10.0 * (rank + 1)], device=device)
         group.allreduce([value]).wait()
         results.put(Outcome(rank, value.item(), None, None, time.monotonic() - start))
     except Exception as exc:
@@ -69,15 +70,16 @@ def _context():
 class Ranks:
     """Rank processes of one group at one port, started when asked; `outcomes` collects them all."""
 
-    def __init__(self, size: int, timeout_s: float) -> None:
+    def __init__(self, size: int, timeout_s: float, device_type: str = "cpu") -> None:
         self.ctx = _context()
         self.size, self.timeout_s, self.port = size, timeout_s, free_port()
+        self.device_type = device_type  # "cuda": rank r on cuda:r (NCCL)
         self.results = self.ctx.Queue()
         self.processes: list = []
 
     def start(self, *ranks: int) -> None:
         for rank in ranks:
-            args = (rank, self.size, self.port, self.timeout_s, self.results)
+            args = (rank, self.size, self.port, self.timeout_s, self.results, self.device_type)
             process = self.ctx.Process(target=_rank_main, args=args, daemon=True)
             process.start()
             self.processes.append(process)
@@ -93,9 +95,15 @@ class Ranks:
         return {outcome.rank: outcome for outcome in got}
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_ranks_form_a_group_and_all_reduce_to_the_sum(size):
-    ranks = Ranks(size, timeout_s=20)
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
+
+
+@pytest.mark.parametrize(
+    "size, device_type",
+    [(2, "cpu"), (3, "cpu"), pytest.param(2, "cuda", marks=[pytest.mark.gpu2, two_gpus])],
+)
+def test_ranks_form_a_group_and_all_reduce_to_the_sum(size, device_type):
+    ranks = Ranks(size, timeout_s=20, device_type=device_type)
     ranks.start(*range(size))
     outcomes = ranks.outcomes()
     expected = sum(10.0 * (rank + 1) for rank in range(size))
