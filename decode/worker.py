@@ -1,15 +1,15 @@
 """The decode worker: reserves destination envelopes, receives them, and decodes with continuous batching.
 
 State contract (who owns which request, guarded by `_lock`):
-- `_waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
+- `waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
-- `_prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
-  decode steps; once its prompt is in, it moves to `_arrived` as if its envelope had landed.
-- `_arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
+- `prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
+  decode steps; once its prompt is in, it moves to `arrived` as if its envelope had landed.
+- `arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
   before the request joins the batch, and fails it as corrupt on a mismatch.
-- `_running`: verified; in the decode batch; grows one token per step. Before release the whole
+- `running`: verified; in the decode batch; grows one token per step. Before release the whole
   envelope is verified again (compaction or a neighbour's write could have damaged it).
-- `_finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
+- `finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
   nothing for them but what its prefix cache kept: their full pages, and their final state with
   their partial page (`final_states.py`), which a next turn continues from.
 Prefix reuse: a request whose prompt starts with cached pages (an earlier turn that finished here)
@@ -28,20 +28,13 @@ from contextlib import nullcontext
 from dataclasses import asdict
 
 from decode.local_prefill import LocalPrefills
+from decode.loop import DecodeLoop
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult, LocalPrefillAnswer
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Parts, TransferError
-
-# A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
-# cores), for at most this long: a steady stream of transfers does not starve it.
-MAX_VERIFY_PUT_OFF_S = 0.5
-# Past TP 1, rank 0 with nothing running starts a round at least this often (the other ranks wait in
-# it meanwhile), and one whose requests have not landed on every rank yet waits this long between.
-LOCKSTEP_IDLE_S = 0.05
-LOCKSTEP_STALL_S = 0.005
 
 
 class DecodeWorker(WorkerBase):
@@ -51,20 +44,18 @@ class DecodeWorker(WorkerBase):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._waiting: dict[str, DecodeRequest] = {}
-        self._arrived: dict[str, DecodeRequest] = {}
-        self._running: dict[str, DecodeRequest] = {}
-        self._finished: dict[str, DecodeRequest] = {}
+        self.waiting: dict[str, DecodeRequest] = {}
+        self.arrived: dict[str, DecodeRequest] = {}
+        self.running: dict[str, DecodeRequest] = {}
+        self.finished: dict[str, DecodeRequest] = {}
         self.local = LocalPrefills(self.pool, self.model, chunk_tokens=self.config.local_prefill_chunk)
-        self._prefilling = self.local.requests
-        self._wake = threading.Condition(self._lock)
-        self._stopping = False
+        self.prefilling = self.local.requests
+        self.wake = threading.Condition(self.lock)  # an arrival, a finished request, or shutdown
         self.num_steps = 0
-        self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
-        self._stepper = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
-        self._stepper.start()
+        self.loop = DecodeLoop(self)
+        self.loop.start()
 
     # ---- admission --------------------------------------------------------------------------
     def _growth_tokens(self) -> int:
@@ -80,7 +71,7 @@ class DecodeWorker(WorkerBase):
         """Whether a request fits (compacting if need be, evicting idle cached prefixes) beside the
         growth every admitted request may still claim; `held_tokens` of its prompt are in cached
         pages it will share."""
-        with self._lock:
+        with self.lock:
             if sum(1 for _ in self._admitted()) >= self.sizes.max_running_requests:
                 return False
             need = prompt_len + max_new_tokens + self._growth_tokens() - held_tokens
@@ -89,10 +80,10 @@ class DecodeWorker(WorkerBase):
     def _admitted(self):
         """(request id, request) of every request holding memory here."""
         return (
-            *self._waiting.items(),
-            *self._prefilling.items(),
-            *self._arrived.items(),
-            *self._running.items(),
+            *self.waiting.items(),
+            *self.prefilling.items(),
+            *self.arrived.items(),
+            *self.running.items(),
         )
 
     def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> None:
@@ -103,7 +94,7 @@ class DecodeWorker(WorkerBase):
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
         check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
         prompt_len = len(prompt)
-        with self._lock:
+        with self.lock:
             self._check_new(request_id)
             cache = self.pool.prefix_cache
             match = cache.match(prompt) if cache is not None else None
@@ -120,7 +111,7 @@ class DecodeWorker(WorkerBase):
                 final = prompt_len + max_new_tokens
                 self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=final, prefix=match)
             self.pool.pin(request_id)  # a transfer writes into it from now on
-            req = self._waiting[request_id] = DecodeRequest(
+            req = self.waiting[request_id] = DecodeRequest(
                 prompt=prompt, max_new_tokens=max_new_tokens, held_tokens=held_pages * self.pool.page_size
             )
             self._note_peak()
@@ -135,7 +126,7 @@ class DecodeWorker(WorkerBase):
         except BaseException:
             for transfer in req.transfers:  # expected, never started: they fail at once
                 transfer.abort("the reservation failed")
-            self._free(self._waiting, request_id, pinned=True)
+            self._free(self.waiting, request_id, pinned=True)
             raise
         req.parts.add_done_callback(self._landed)
 
@@ -147,11 +138,11 @@ class DecodeWorker(WorkerBase):
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
         transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room)."""
         check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
-        with self._lock:
+        with self.lock:
             self._check_new(request_id)
             answer = self.local.start(request_id, prompt, max_new_tokens, self.can_admit)
             self._note_peak()
-            self._wake.notify_all()
+            self.wake.notify_all()
             return answer
 
     def _landed(self, parts: Parts) -> None:
@@ -159,8 +150,8 @@ class DecodeWorker(WorkerBase):
         the others first, so nothing still writes into it): hand it to the decode loop, which
         verifies it, or free it."""
         rid = parts.request_id
-        with self._lock:
-            req = self._waiting.get(rid)
+        with self.lock:
+            req = self.waiting.get(rid)
             if req is not None and req.parts is parts:
                 self._all_landed(rid, req, parts)
 
@@ -168,20 +159,20 @@ class DecodeWorker(WorkerBase):
         """Under the lock: every transfer of a waiting request concluded."""
         if parts.error is not None:
             self.metrics.add_failure(parts.error.kind)
-            self._free(self._waiting, rid, pinned=True)
+            self._free(self.waiting, rid, pinned=True)
             return
-        del self._waiting[rid]
+        del self.waiting[rid]
         self.pool.unpin(rid)
         req.tokens.append(int(parts.transfers[0].first_token))
         req.received_bytes = parts.num_bytes
         req.landed_at = time.monotonic()
-        self._arrived[rid] = req
-        self._wake.notify_all()
+        self.arrived[rid] = req
+        self.wake.notify_all()
 
-    def _verify_arrived(self) -> None:
+    def verify_arrived(self) -> None:
         """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
-        for rid in list(self._arrived):
-            req = self._arrived.pop(rid)
+        for rid in list(self.arrived):
+            req = self.arrived.pop(rid)
             try:
                 mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
             except ValueError as exc:  # e.g. a first token outside the vocabulary
@@ -195,7 +186,7 @@ class DecodeWorker(WorkerBase):
             if len(req.tokens) >= req.max_new_tokens:
                 self._finish(rid, req)
             else:
-                self._running[rid] = req
+                self.running[rid] = req
 
     def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str) -> None:
         """Under the lock: the request's bytes are wrong; it is never decoded (further)."""
@@ -206,8 +197,8 @@ class DecodeWorker(WorkerBase):
         self.model.forget(rid)
         self.pool.release(rid)
         req.finished_at = time.monotonic()
-        self._finished[rid] = req
-        self._wake.notify_all()
+        self.finished[rid] = req
+        self.wake.notify_all()
 
     def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
@@ -221,10 +212,10 @@ class DecodeWorker(WorkerBase):
             self.channels.refuse(request_id, FailureKind.ABORTED, "cancelled: the request was given up here")
         else:
             self.channels.refuse(request_id, None)
-        with self._lock:
+        with self.lock:
             if self._give_up_admitted(request_id, notify=notify):
                 return True
-            req = self._waiting.get(request_id)
+            req = self.waiting.get(request_id)
         if req is None or req.parts is None:
             return False
         req.parts.abort("cancelled: the request failed elsewhere")
@@ -232,25 +223,25 @@ class DecodeWorker(WorkerBase):
             req.parts.wait()
         except TransferError:
             return True  # the expected outcome: `_landed` freed the reservation
-        with self._lock:  # the abort came after the last byte landed: the transfer admitted it
+        with self.lock:  # the abort came after the last byte landed: the transfer admitted it
             self._give_up_admitted(request_id, notify=notify)
         return True
 
     def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
         """Under the lock: drop an arrived, running or finished request (see `cancel`); whether
         there was one."""
-        held = (self._prefilling, self._arrived, self._running, self._finished)
+        held = (self.prefilling, self.arrived, self.running, self.finished)
         req = next((owned[request_id] for owned in held if request_id in owned), None)
         if req is None:
             return False
-        self._free(self._prefilling, request_id)
-        self._free(self._arrived, request_id)
-        self._free(self._running, request_id)
-        self._finished.pop(request_id, None)
+        self._free(self.prefilling, request_id)
+        self._free(self.arrived, request_id)
+        self._free(self.running, request_id)
+        self.finished.pop(request_id, None)
         if notify:
             req.error, req.failure = "decode gave the request up (receiver cancel)", FailureKind.ABORTED
-            self._finished[request_id] = req
-            self._wake.notify_all()
+            self.finished[request_id] = req
+            self.wake.notify_all()
         return True
 
     # ---- decode loop --------------------------------------------------------------------------
@@ -268,92 +259,20 @@ class DecodeWorker(WorkerBase):
         self.model.forget(request_id)
         req.finished_at = time.monotonic()
         self.pool.release(request_id)
-        self._finished[request_id] = req
-        self._wake.notify_all()
-
-    def _decode_loop(self) -> None:
-        if self.lockstep is not None:
-            self._lockstep_loop()
-            return
-        while True:
-            put_off_s = 0.0
-            with self._lock:
-                if self._stopping:
-                    return
-                try:
-                    put_off_s = self._loop_once()
-                except Exception as exc:  # a bug: the loop's requests fail, and it goes on serving
-                    self._fail_loop_requests(exc)
-            if put_off_s > 0:  # outside the lock: receives and reservations go on meanwhile
-                self.channels.activity.wait_idle(put_off_s)
-            else:
-                time.sleep(0)  # between steps: let receives and reservations take the lock
+        self.finished[request_id] = req
+        self.wake.notify_all()
 
     def _group_formed(self) -> None:
-        self._wake.notify_all()  # the lockstep loop starts stepping
+        self.wake.notify_all()  # the lockstep loop starts stepping
 
-    def _lockstep_loop(self) -> None:
-        """Past TP 1: the ranks step together (lockstep.py). Rank 0 paces the rounds: it waits for
-        work of its own (or a while, LOCKSTEP_IDLE_S, so that the others' waits stay short), then
-        every rank verifies what arrived and the batch is the requests running on every rank, in
-        rank 0's order. Any failure is the group's: its requests fail and the rank goes down."""
-        lockstep = self.lockstep
-        assert lockstep is not None
-        stalled = False  # rank 0 ran a round that stepped nothing while it had requests running
-        try:
-            while True:
-                with self._lock:
-                    while not lockstep.bound and not self._stopping:
-                        self._wake.wait()
-                    if self.rank == 0 and not self._stopping:
-                        if not (self._running or self._arrived):
-                            self._wake.wait(LOCKSTEP_IDLE_S)
-                        elif stalled:  # the others' shards are still landing
-                            self._wake.wait(LOCKSTEP_STALL_S)
-                    stop = self._stopping
-                if not lockstep.go(stop):
-                    return
-                with self._lock:
-                    self._verify_arrived()
-                    rids = lockstep.common(list(self._running))
-                    if rids:
-                        self.step_locked(rids)
-                    stalled = bool(self._running) and not rids
-        except Exception as exc:  # the ranks are out of step for good
-            with self._lock:
-                self._fail_loop_requests(exc)
-            self._group_broken(exc)
-
-    def _loop_once(self) -> float:
-        """Under the lock: verify what arrived, else one decode step, else wait for work. Returns how
-        long to wait for the channels to go idle first (0: go on)."""
-        if self._arrived:
-            now = time.monotonic()
-            if self._verify_by is None:
-                self._verify_by = now + MAX_VERIFY_PUT_OFF_S
-            if self.channels.moving() and now < self._verify_by:
-                # Verification shares the cores with the transfer landing now: let it land first (on
-                # a GPU they would not compete). Decode steps wait too.
-                return self._verify_by - now
-            self._verify_by = None
-            self._verify_arrived()
-        elif self._running or self._prefilling:
-            if (done := self.local.advance()) is not None:  # one chunk, then one step of the batch
-                self._arrived[done[0]] = done[1]
-            if self._running:
-                self.step_locked()
-        else:
-            self._wake.wait()  # an arrival or shutdown wakes it
-        return 0.0
-
-    def _fail_loop_requests(self, exc: Exception) -> None:
+    def fail_loop_requests(self, exc: Exception) -> None:
         """Under the lock: the decode loop raised; every request it holds (arrived or running) fails
         with the reason, is handed out by `next_finished`, and gives its memory back."""
         reason = f"the decode loop failed: {type(exc).__name__}: {exc}"
         print(f"distpool: {self.name}: {reason}", file=sys.stderr, flush=True)
         traceback.print_exc()
         self.metrics.add_failure(FailureKind.INTERNAL)
-        for owned in (self._prefilling, self._arrived, self._running):
+        for owned in (self.prefilling, self.arrived, self.running):
             for rid, req in list(owned.items()):
                 try:
                     self._free(owned, rid)
@@ -361,22 +280,22 @@ class DecodeWorker(WorkerBase):
                     owned.pop(rid, None)
                 req.error, req.failure, req.retry = reason, FailureKind.INTERNAL, False
                 req.finished_at = time.monotonic()
-                self._finished[rid] = req
-        self._verify_by = None
-        self._wake.notify_all()
+                self.finished[rid] = req
+        self.loop.failed()
+        self.wake.notify_all()
 
     def step_locked(self, rids: list[str] | None = None) -> None:
         """One batched decode step over running requests `rids` (None: all of them); the caller
         holds the lock."""
-        rids = list(self._running) if rids is None else rids
+        rids = list(self.running) if rids is None else rids
         self._extend_all(rids)
-        next_tokens = self.model.decode_step(self.pool, rids, [self._running[r].tokens[-1] for r in rids])
+        next_tokens = self.model.decode_step(self.pool, rids, [self.running[r].tokens[-1] for r in rids])
         self.num_steps += 1
         for rid, token in zip(rids, next_tokens, strict=True):
-            req = self._running[rid]
+            req = self.running[rid]
             req.tokens.append(int(token))
             if len(req.tokens) >= req.max_new_tokens:
-                self._finish(rid, self._running.pop(rid))
+                self._finish(rid, self.running.pop(rid))
 
     def _extend_all(self, rids: list[str]) -> None:
         # Admission kept the room; only fragmentation can be in the way, and compaction clears it.
@@ -385,8 +304,8 @@ class DecodeWorker(WorkerBase):
 
     def poll(self, request_ids: list[str]) -> dict[str, list[int]]:
         """Tokens produced so far for admitted requests among `request_ids` (streaming; removes nothing)."""
-        with self._lock:
-            live = {**self._running, **self._finished}
+        with self.lock:
+            live = {**self.running, **self.finished}
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
@@ -395,25 +314,25 @@ class DecodeWorker(WorkerBase):
         The driver keeps one such call outstanding per decode worker: results arrive as they finish,
         with no polling interval."""
         deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while not self._finished and not self._stopping and time.monotonic() < deadline:
-                self._wake.wait(deadline - time.monotonic())
-            done, self._finished = self._finished, {}
+        with self.lock:
+            while not self.finished and not self.loop.stopping and time.monotonic() < deadline:
+                self.wake.wait(deadline - time.monotonic())
+            done, self.finished = self.finished, {}
         return {rid: req.result() for rid, req in done.items()}
 
     def stats(self) -> DecodeStats:
-        with self._lock:
+        with self.lock:
             return DecodeStats(
                 **asdict(super().stats()),
-                waiting=len(self._waiting),
-                prefilling=len(self._prefilling),
+                waiting=len(self.waiting),
+                prefilling=len(self.prefilling),
                 local_prefills=self.local.started,
                 decode_state_checkpoints=self._final_states_kept(),
-                arrived=len(self._arrived),
-                running=len(self._running),
+                arrived=len(self.arrived),
+                running=len(self.running),
                 verified_envelopes=self.verified_envelopes,
                 corrupt_envelopes=self.corrupt_envelopes,
-                finished_uncollected=len(self._finished),
+                finished_uncollected=len(self.finished),
                 steps=self.num_steps,
             )
 
@@ -422,8 +341,5 @@ class DecodeWorker(WorkerBase):
         return cache.final_states.kept if cache is not None and cache.final_states is not None else 0
 
     def shutdown(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._wake.notify_all()
-        self._stepper.join(timeout=5)
+        self.loop.stop()
         super().shutdown()

@@ -54,7 +54,7 @@ class PrefillWorker(WorkerBase):
         self.channels.activity.wait_idle(YIELD_MAX_S)  # the previous batch's transfers move first
         out: dict[str, PrefillResult] = {}
         outgoing: list[_Outgoing] = []
-        with self._lock:
+        with self.lock:
             waves = split_batch(self.pool, [item.prompt for item in batch])
             shared = {batch[i].request_id: pages for i, pages in waves.leader_pages.items()}
             try:
@@ -65,7 +65,7 @@ class PrefillWorker(WorkerBase):
                 for job in outgoing:
                     self._free(self._held, job.rid, pinned=True)
                 if isinstance(exc, GroupBroken):
-                    self._group_broken(exc)
+                    self.group_broken(exc)
                 raise
         # One transfer per channel to the decode worker's ranks this rank serves (one at equal TP).
         transfers: list[tuple[_Outgoing, Parts]] = []
@@ -163,7 +163,7 @@ class PrefillWorker(WorkerBase):
             self._free(self._held, job.request_id)
 
     def stats(self) -> PrefillStats:
-        with self._lock:
+        with self.lock:
             return PrefillStats(**asdict(super().stats()), held=len(self._held))
 
 

@@ -7,8 +7,9 @@ they cannot (a pool a request fits on one rank and not yet on another), the grou
 others did and answers as the refusing rank did. A request finishes when it finished on every rank:
 results are held until then, and the merged one is verified only if every rank verified its shard.
 Calls that run the model (`IN_TURN`) go to the group one at a time, so every rank runs them in the
-same order (worker/lockstep.py). A rank that raises (it died: `RayActorError`) makes the call raise, and the driver loses the whole
-group (`serving.recovery`), which goes down and comes back as one.
+same order (worker/lockstep.py). A rank that raises (it died: `RayActorError`) makes the call
+raise, and the driver loses the whole group (`serving.recovery`), which goes down and comes back as
+one.
 """
 
 from __future__ import annotations

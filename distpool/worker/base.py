@@ -15,10 +15,9 @@ import torch
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
-from distpool.memory.sizing import PoolSizes, size_pools
 from distpool.memory.tp_layout import TpEnd
 from distpool.memory.tp_sizes import size_tp_pools
-from distpool.model.shard import RankShard, shard
+from distpool.model.shard import shard
 from distpool.model_impl.select import build_model_impl
 from distpool.worker.config import WorkerConfig
 from distpool.worker.lockstep import Lockstep
@@ -44,14 +43,6 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def rank_pool_sizes(config: WorkerConfig, role: str, rank_shard: RankShard) -> PoolSizes:
-    """One rank's pool: the whole model's at TP 1, else sized for the shapes the rank stores."""
-    args, budget = config.for_role(role), config.budget_bytes
-    if rank_shard.tp == 1:
-        return size_pools(config.spec, args, budget)
-    return size_tp_pools(config.spec, args, budget, rank_shard.tp).rank
 
 
 class WorkerBase:
@@ -80,11 +71,12 @@ class WorkerBase:
             rank=rank,
             group=self.lockstep,
         )
-        self.sizes = rank_pool_sizes(config, self.role, self.shard)
+        # One rank's pool, sized for the shapes it stores (at TP 1: the whole model's).
+        self.sizes = size_tp_pools(config.spec, config.for_role(self.role), config.budget_bytes, tp).rank
         # Past TP 1 decode prefills nothing itself (serving.local_path): no final state would be read.
         built = build_pool(self.sizes, self.device, final_states=config.local_prefill and tp == 1)
         self.pool: Pool = built
-        self._lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
+        self.lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
         self.channels = PeerChannels(
             own_name=self.name,
             rank=SENDER_RANK if self.role == "prefill" else RECEIVER_RANK,
@@ -152,14 +144,14 @@ class WorkerBase:
             device=self.device,
             timeout_s=self.config.transfer.timeout_s,
         )
-        with self._lock:
+        with self.lock:
             self.lockstep.bind(group)
             self._group_formed()
 
     def _group_formed(self) -> None:
         """Under the lock: the TP group's process group is bound (a role starts stepping)."""
 
-    def _group_broken(self, exc: BaseException) -> None:
+    def group_broken(self, exc: BaseException) -> None:
         """The TP group's collectives are out of step for good (`GroupBroken`): under Ray this rank
         exits, so Ray restarts it and the driver takes its group down and back as one; outside Ray
         (unit tests) the error is raised."""
@@ -198,7 +190,7 @@ class WorkerBase:
     # ---- requests this worker owns ------------------------------------------------------------
     def _free(self, owned: dict, request_id: str, *, pinned: bool = False) -> bool:
         """Forget an owned request and give its memory back. Returns whether it was owned."""
-        with self._lock:
+        with self.lock:
             if owned.pop(request_id, None) is None:
                 return False
             self.model.forget(request_id)
@@ -226,7 +218,7 @@ class WorkerBase:
     def stats(self) -> WorkerStats:
         """The pool's occupancy and this worker's counters (a role adds its own: `PrefillStats`,
         `DecodeStats`); checks the pool's invariants."""
-        with self._lock:
+        with self.lock:
             self._note_peak()
             usage = self.pool.usage()
             self.pool.check_invariants()
@@ -253,7 +245,7 @@ class WorkerBase:
     def drop_prefix_cache(self) -> PoolHeld:
         """Give back everything the prefix cache holds (the run is over); returns what the pool
         still holds then: with nothing in flight, anything left is a leak."""
-        with self._lock:
+        with self.lock:
             if self.pool.prefix_cache is not None:
                 self.pool.prefix_cache.drop_all()
             self.pool.check_invariants()

@@ -112,7 +112,7 @@ def damage_on_landing(d, damage) -> None:
     landed = d._landed
 
     def patched(parts):  # every transfer of the request concluded
-        with d._lock:
+        with d.lock:
             rid = parts.request_id
             if parts.error is None:
                 damage(d.pool, rid, d.pool.envelope_ranges(rid))
@@ -166,17 +166,17 @@ def test_a_stale_slot_fails_as_corrupt(pair):
 def test_damage_while_decoding_is_caught_before_release(pair):
     """A neighbour's write (or a broken compaction) after admission: the release check fails it."""
     p, d = pair
-    landed = d._verify_arrived
+    landed = d.verify_arrived
 
     def then_damage():
-        rids = list(d._arrived)
+        rids = list(d.arrived)
         landed()
         for rid in rids:
-            if rid in d._running:
+            if rid in d.running:
                 offset, _ = d.pool.envelope_ranges(rid)[1].tolist()
                 d.pool.buffer[offset] ^= 0x5A  # the first page's first byte
 
-    d._verify_arrived = then_damage
+    d.verify_arrived = then_damage
     serve(p, d, {"x": PROMPTS["a"]}, 8)
     fails_as_corrupt(d, "x", "at release")
     assert d.stats().verified_envelopes == 1

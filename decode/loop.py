@@ -1,0 +1,126 @@
+"""The decode worker's loop (`DecodeLoop`): one thread that decides, under the worker's lock, what
+happens next: verify what arrived, advance a local prefill and step the batch, or wait for work.
+
+At TP 1 the loop serves on its own:
+
+    arrived envelopes    verified once the channels are idle (verification and a landing transfer
+                         share a CPU's cores), or after MAX_VERIFY_PUT_OFF_S whatever they do
+    running / prefilling one local-prefill chunk, then one decode step of the batch
+    nothing              wait for an arrival (or shutdown)
+
+Past TP 1 the group's ranks step together (`distpool.worker.lockstep`): rank 0 paces rounds, waiting
+for work of its own (at most LOCKSTEP_IDLE_S, so that the others' waits in the round stay short); in
+each round every rank verifies what arrived and steps the requests running on every rank, in rank
+0's order. Any failure there is the group's: the rank's requests fail and it goes down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decode.worker import DecodeWorker
+
+# A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
+# cores), for at most this long: a steady stream of transfers does not starve it.
+MAX_VERIFY_PUT_OFF_S = 0.5
+# Past TP 1, rank 0 with nothing running starts a round at least this often (the other ranks wait in
+# it meanwhile), and one whose requests have not landed on every rank yet waits this long between.
+LOCKSTEP_IDLE_S = 0.05
+LOCKSTEP_STALL_S = 0.005
+
+
+class DecodeLoop:
+    """The loop of `worker` (started by `start`, ended by `stop`)."""
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self.worker = worker
+        self.stopping = False  # guarded by the worker's lock
+        self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
+        self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop (after the step it is in) and wait for it, at most 5 s."""
+        with self.worker.lock:
+            self.stopping = True
+            self.worker.wake.notify_all()
+        self._thread.join(timeout=5)
+
+    def failed(self) -> None:
+        """Under the lock: the loop's requests were failed; verification starts afresh."""
+        self._verify_by = None
+
+    def _run(self) -> None:
+        if self.worker.lockstep is not None:
+            self._run_in_lockstep()
+            return
+        worker = self.worker
+        while True:
+            put_off_s = 0.0
+            with worker.lock:
+                if self.stopping:
+                    return
+                try:
+                    put_off_s = self._once()
+                except Exception as exc:  # a bug: the loop's requests fail, and it goes on serving
+                    worker.fail_loop_requests(exc)
+            if put_off_s > 0:  # outside the lock: receives and reservations go on meanwhile
+                worker.channels.activity.wait_idle(put_off_s)
+            else:
+                time.sleep(0)  # between steps: let receives and reservations take the lock
+
+    def _once(self) -> float:
+        """Under the lock: verify what arrived, else one decode step, else wait for work. Returns how
+        long to wait for the channels to go idle first (0: go on)."""
+        worker = self.worker
+        if worker.arrived:
+            now = time.monotonic()
+            if self._verify_by is None:
+                self._verify_by = now + MAX_VERIFY_PUT_OFF_S
+            if worker.channels.moving() and now < self._verify_by:
+                # Verification shares the cores with the transfer landing now: let it land first (on
+                # a GPU they would not compete). Decode steps wait too.
+                return self._verify_by - now
+            self._verify_by = None
+            worker.verify_arrived()
+        elif worker.running or worker.prefilling:
+            if (done := worker.local.advance()) is not None:  # one chunk, then one step of the batch
+                worker.arrived[done[0]] = done[1]
+            if worker.running:
+                worker.step_locked()
+        else:
+            worker.wake.wait()  # an arrival or shutdown wakes it
+        return 0.0
+
+    def _run_in_lockstep(self) -> None:
+        worker, lockstep = self.worker, self.worker.lockstep
+        assert lockstep is not None
+        stalled = False  # rank 0 ran a round that stepped nothing while it had requests running
+        try:
+            while True:
+                with worker.lock:
+                    while not lockstep.bound and not self.stopping:
+                        worker.wake.wait()  # the group forms once every rank has started
+                    if worker.rank == 0 and not self.stopping:
+                        if not (worker.running or worker.arrived):
+                            worker.wake.wait(LOCKSTEP_IDLE_S)
+                        elif stalled:  # the others' shards are still landing
+                            worker.wake.wait(LOCKSTEP_STALL_S)
+                    stop = self.stopping
+                if not lockstep.go(stop):
+                    return
+                with worker.lock:
+                    worker.verify_arrived()
+                    rids = lockstep.common(list(worker.running))
+                    if rids:
+                        worker.step_locked(rids)
+                    stalled = bool(worker.running) and not rids
+        except Exception as exc:  # the ranks are out of step for good
+            with worker.lock:
+                worker.fail_loop_requests(exc)
+            worker.group_broken(exc)
