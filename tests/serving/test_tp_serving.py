@@ -24,6 +24,15 @@ from transfer import TransferOptions
 pytestmark = pytest.mark.ray
 
 
+def served(spec: DeploymentSpec, requests, tmp_path, *, parity_sample: int) -> dict:
+    """`distpool run`'s JSON report of serving `requests`, which must have exited 0."""
+    path = tmp_path / "run.json"
+    status = run(spec, requests, address=None, parity_sample=parity_sample, json_path=str(path))
+    report = json.loads(path.read_text())
+    assert status == exit_status(report) == 0, report["errors"]
+    return report
+
+
 def bamba_spec(prefill_tp: int, decode_tp: int) -> DeploymentSpec:
     """Bamba's public config at its true sizes (a 117 MiB slot: 59 MiB per rank at TP 2), with the
     synthetic cache, on 256 MiB per rank."""
@@ -36,10 +45,7 @@ def bamba_spec(prefill_tp: int, decode_tp: int) -> DeploymentSpec:
 def test_tp2_to_tp2_serves_every_request_verified_on_every_rank(ray_session, tmp_path):
     spec = bamba_spec(2, 2)
     requests = mixed_requests(4, max_new_tokens=3, seed=3, max_prompt=100)
-    path = tmp_path / "run.json"
-    status = run(spec, requests, address=None, parity_sample=2, json_path=str(path))
-    report = json.loads(path.read_text())
-    assert status == exit_status(report) == 0, report["errors"]
+    report = served(spec, requests, tmp_path, parity_sample=2)
     assert (report["prefill_tp"], report["decode_tp"]) == (2, 2)
     assert report["completed"] == 4 and report["verified_envelopes"] == 4
     assert report["corrupt_envelopes"] == 0 and report["parity_mismatches"] == 0
@@ -96,10 +102,7 @@ def test_across_tp_sizes_every_envelope_is_verified_on_every_decode_rank(ray_ses
     byte of it; the tokens are those of TP 1."""
     spec = DeploymentSpec.build(tp_worker(tp_spec("mamba2_groups1"), *sizes))
     requests = mixed_requests(4, max_new_tokens=3, seed=9, max_prompt=60)
-    path = tmp_path / "run.json"
-    status = run(spec, requests, address=None, parity_sample=2, json_path=str(path))
-    report = json.loads(path.read_text())
-    assert status == exit_status(report) == 0, report["errors"]
+    report = served(spec, requests, tmp_path, parity_sample=2)
     assert (report["prefill_tp"], report["decode_tp"]) == sizes
     assert report["completed"] == report["verified_envelopes"] == 4 and report["corrupt_envelopes"] == 0
     assert report["parity_checked"] == 2 and report["parity_mismatches"] == 0
@@ -127,10 +130,7 @@ def test_the_reference_model_served_across_tp_sizes_gives_the_tokens_of_tp_1(ray
         )
     )
     requests = mixed_requests(12, max_new_tokens=6, seed=11, max_prompt=60)
-    path = tmp_path / "run.json"
-    status = run(spec, requests, address=None, parity_sample=12, json_path=str(path))
-    report = json.loads(path.read_text())
-    assert status == exit_status(report) == 0, report["errors"]
+    report = served(spec, requests, tmp_path, parity_sample=12)
     assert (report["prefill_tp"], report["decode_tp"]) == sizes
     assert report["completed"] == 12 and report["parity_checked"] == 12
     assert report["parity_mismatches"] == 0 and report["parity_near_ties"] == 0
