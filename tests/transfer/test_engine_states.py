@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import transfer.receiver as receiver_module
-import transfer.sender as sender_module
+import transfer.send_pipeline as send_pipeline_module
 from distpool.memory.envelope import Envelope
 from tests.transfer.transfer_peer import (
     Ledger,
@@ -197,7 +197,7 @@ def test_the_side_whose_pages_are_contiguous_copies_nothing(pair, monkeypatch, s
 
         return copy
 
-    monkeypatch.setattr(sender_module, "gather", counting("gather", sender_module.gather))
+    monkeypatch.setattr(send_pipeline_module, "gather", counting("gather", send_pipeline_module.gather))
     monkeypatch.setattr(receiver_module, "scatter", counting("scatter", receiver_module.scatter))
     round_trip(sender, receiver, "one-sided", (src_arena, src), (dst_arena, dst), has_slot=False)
     staged_side, in_place_side = ("gather", "scatter") if scattered == "source" else ("scatter", "gather")
