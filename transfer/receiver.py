@@ -13,9 +13,8 @@ part has (`Parts.wait()`). One transfer:
         table, less the pages held here already, must pair with ours; across TP sizes each row
         must have the source shard's unit size), chunk size; any mismatch -> REFUSE, nothing written
     the sender withdrew it meanwhile -> REFUSE
-    READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
-        receives posted (messages contiguous here straight into our arena, a staged one into
-        staging buffer k % 3); land chunk k (its scatter overlaps k+1 and k+2), then post k+3
+    READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
+        (`transfer.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
     END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
 
 Where bytes go is computed from this end's own ranges alone; the header only has to agree.
@@ -43,7 +42,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages
+from transfer.plan import DST, NBYTES, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
@@ -52,7 +51,6 @@ from transfer.protocol import (
     READY,
     REFUSE,
     STATUS,
-    TAG_DATA,
     decode_message,
     encode_message,
     end_key,
@@ -62,7 +60,8 @@ from transfer.protocol import (
     table_from_bytes,
     withdraw_key,
 )
-from transfer.staging import PIPELINE_DEPTH, checksum, scatter
+from transfer.receive_pipeline import ReceivePipeline
+from transfer.staging import checksum
 from transfer.tp_pair import channel_runs
 
 Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
@@ -283,34 +282,11 @@ class EnvelopeReceiver(ChannelEnd):
         self.channel.control.send(status_key(seq), message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
-        transfer, deadline, runs = job.transfer, job.transfer.deadline, job.runs
+        deadline, runs = job.transfer.deadline, job.runs
         chunks = plan_messages(
             runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
         )
-        streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
-        # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
-        # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
-        # landed; messages contiguous here land in the arena in place and need none. So chunks
-        # k+1 and k+2 (at least) are arriving while chunk k is scattered.
-        posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
-        num_posted = num_landed = 0
-
-        def post_ahead() -> None:
-            nonlocal num_posted
-            while num_posted < len(chunks) and (
-                num_posted - PIPELINE_DEPTH < num_landed
-                or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
-            ):
-                posted.append(self._post(job, chunks[num_posted], streams[num_posted]))
-                num_posted += 1
-
-        aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
-        post_ahead()
-        for _ in chunks:
-            self._land(job, posted.popleft(), deadline, scatter_staged=aborted is None)
-            num_landed += 1
-            post_ahead()
-            aborted = aborted or transfer.abort_reason
+        aborted = ReceivePipeline(self.channel, self.staging, job, chunks).receive(deadline)
         end = self.await_message(
             end_key(seq), seq, expect=(END, ABORT), timeout_s=deadline - time.monotonic(), max_bytes=4096
         )
@@ -334,34 +310,3 @@ class EnvelopeReceiver(ChannelEnd):
             raise Stopped(*failure)
         self.stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq)
-
-    def _post(self, job: Job, chunk: Chunk, streams: list[int]) -> tuple[Chunk, list, list]:
-        """Post the receives of one chunk (message i on stream `streams[i]`): direct messages
-        straight into the arena."""
-        works, buffers = [], []
-        channel = self.channel
-        for message, stream in zip(chunk.messages, streams, strict=True):
-            offset = message.in_place_at(DST)
-            if offset is not None:
-                buffer = job.buffer[offset : offset + message.nbytes]
-            else:
-                buffer = self.staging.get(chunk.index, message.nbytes)
-            works.append(channel.recv(buffer, TAG_DATA + stream))
-            buffers.append(buffer)
-        return chunk, works, buffers
-
-    def _land(
-        self, job: Job, posted: tuple[Chunk, list, list], deadline: float, *, scatter_staged: bool
-    ) -> None:
-        """Wait for a posted chunk's messages and scatter its staged one into the arena."""
-        chunk, works, buffers = posted
-        for work in works:
-            self.channel.wait(work, deadline, f"receiving chunk {chunk.index}")
-        if not scatter_staged:
-            return
-        for message, buffer in zip(chunk.messages, buffers, strict=True):
-            if message.in_place_at(DST) is None:
-                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
-        job.transfer.num_chunks_done = chunk.index + 1
-        if job.transfer.on_chunk is not None:
-            job.transfer.on_chunk(job.transfer, chunk.index)
