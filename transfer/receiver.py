@@ -11,7 +11,8 @@ part has (`Parts.wait()`). One transfer:
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, tokens, row count and row sizes (the source
         table, less the pages held here already, must pair with ours; across TP sizes each row
-        must have the source shard's unit size), chunk size; any mismatch -> REFUSE, nothing written
+        must have the source shard's unit size), chunk size (`transfer.header_check`); any
+        mismatch -> REFUSE, nothing written
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
         (`transfer.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
@@ -42,12 +43,12 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
+from transfer.header_check import Refusal, header_runs
 from transfer.plan import DST, NBYTES, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
     HEADER,
-    PROTOCOL_VERSION,
     READY,
     REFUSE,
     STATUS,
@@ -57,14 +58,10 @@ from transfer.protocol import (
     reply_key,
     status_key,
     table_bytes,
-    table_from_bytes,
     withdraw_key,
 )
 from transfer.receive_pipeline import ReceivePipeline
 from transfer.staging import checksum
-from transfer.tp_pair import channel_runs
-
-Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
 
 
 class EnvelopeReceiver(ChannelEnd):
@@ -244,32 +241,11 @@ class EnvelopeReceiver(ChannelEnd):
             return FailureKind.ABORTED, transfer.abort_reason
         if time.monotonic() >= transfer.deadline:
             return FailureKind.TIMEOUT, "the reservation's deadline passed before the transfer could start"
-        num_rows = len(header["table"]) // 16
-        checks = [
-            ("protocol version", PROTOCOL_VERSION, header["version"]),
-            ("transfer sequence number", seq, header["seq"]),
-            ("number of tokens", expected.num_tokens, header["num_tokens"]),
-            ("number of byte ranges (slot and pages)", expected.ranges.shape[0], num_rows),
-        ]
-        for what, mine, theirs in checks:
-            if mine != theirs:
-                return FailureKind.REFUSED, f"{what} differs: reserved {mine!r}, sender has {theirs!r}"
-        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
-            return FailureKind.REFUSED, (
-                f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} must "
-                f"be in (0, {self.max_chunk_bytes}] and > 0"
-            )
-        try:
-            source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
-            job.runs = channel_runs(
-                self.channel.tp_pair,
-                source,
-                expected.moving,
-                num_tokens=expected.num_tokens,
-                held=expected.held_pages,
-            )
-        except (ProtocolError, ValueError) as exc:
-            return FailureKind.REFUSED, str(exc)
+        job.runs, refusal = header_runs(
+            expected, header, seq=seq, max_chunk_bytes=self.max_chunk_bytes, tp_pair=self.channel.tp_pair
+        )
+        if refusal is not None:
+            return refusal
         transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
