@@ -33,7 +33,7 @@ from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
 from transfer.failure import FailureKind
-from transfer.groups import NCCL_WATCHDOG_OFF, close_links, destroy_group, gloo_group, nccl_group
+from transfer.groups import channel_groups, close_links, destroy_group
 from transfer.handshake import exchange_hello, make_hello
 from transfer.protocol import TAG_DATA, bell_key
 from transfer.relay_store import RelayStore
@@ -160,12 +160,9 @@ class Channel:
             self.peer_hello = self._handshake(gen_store, generation, deadline)
             self.tp_pair = TpPair.of(self.tp, self.peer_hello, sending=self.rank == SENDER_RANK)
             timeout, loopback = delta(deadline - time.monotonic()), is_loopback(self.host)
-            if self.backend == "nccl":  # NCCL moves device memory only, in order: control needs its own link
-                self._pg = nccl_group(gen_store, self.rank, 2, self.device, timeout=NCCL_WATCHDOG_OFF)
-                control_store = dist.PrefixStore("control/", gen_store)
-                self._control_pg = gloo_group(control_store, self.rank, 2, timeout, 1, loopback=loopback)
-            else:
-                self._pg = gloo_group(gen_store, self.rank, 2, timeout, self.num_streams, loopback=loopback)
+            self._pg, self._control_pg = channel_groups(  # NCCL: control gets a Gloo link of its own
+                gen_store, self.rank, self.device, self.num_streams, timeout=timeout, loopback=loopback
+            )
             control_group = self._control_pg or self._pg
             self.generation, self.transfer_seq = generation, 0
             self._control = ControlPlane(

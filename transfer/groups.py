@@ -52,6 +52,31 @@ def nccl_group(
     return dist.ProcessGroupNCCL(store, rank, size, options)
 
 
+def channel_groups(
+    store: dist.Store,
+    rank: int,
+    device: torch.device,
+    num_streams: int,
+    *,
+    timeout: datetime.timedelta,
+    loopback: bool,
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """A channel's two-rank groups: (payload, control). On CPU one Gloo group with `num_streams`
+    connections carries both (control None: it shares the payload group). NCCL moves device memory
+    only, in order: control needs its own link, a one-connection Gloo group formed under `control/`
+    in `store` (an NCCL group whose control group fails to form is aborted before the error goes on).
+    """
+    if device.type != "cuda":
+        return gloo_group(store, rank, 2, timeout, num_streams, loopback=loopback), None
+    payload = nccl_group(store, rank, 2, device, timeout=NCCL_WATCHDOG_OFF)
+    try:
+        control = gloo_group(dist.PrefixStore("control/", store), rank, 2, timeout, 1, loopback=loopback)
+    except Exception:
+        destroy_group(payload, "nccl", 1 - rank, 1)
+        raise
+    return payload, control
+
+
 def destroy_group(group: dist.ProcessGroup, backend: str, peer_rank: int, num_devices: int) -> None:
     """Take a channel's payload group down now: NCCL's aborted, Gloo's links closed."""
     if backend == "nccl":

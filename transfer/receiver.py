@@ -11,11 +11,11 @@ part has (`Parts.wait()`). One transfer:
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, tokens, row count and row sizes (the source
         table, less the pages held here already, must pair with ours; across TP sizes each row
-        must have the source shard's unit size), chunk size; any mismatch -> REFUSE, nothing written
+        must have the source shard's unit size), chunk size (`transfer.header_check`); any
+        mismatch -> REFUSE, nothing written
     the sender withdrew it meanwhile -> REFUSE
-    READY + our table + how many leading pages we hold (the sender skips them); keep three chunks'
-        receives posted (messages contiguous here straight into our arena, a staged one into
-        staging buffer k % 3); land chunk k (its scatter overlaps k+1 and k+2), then post k+3
+    READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
+        (`transfer.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
     END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
 
 Where bytes go is computed from this end's own ranges alone; the header only has to agree.
@@ -43,29 +43,25 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer
-from transfer.plan import DST, NBYTES, Chunk, assign_streams, plan_messages
+from transfer.header_check import Refusal, header_runs
+from transfer.plan import DST, NBYTES, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
     HEADER,
-    PROTOCOL_VERSION,
     READY,
     REFUSE,
     STATUS,
-    TAG_DATA,
     decode_message,
     encode_message,
     end_key,
     reply_key,
     status_key,
     table_bytes,
-    table_from_bytes,
     withdraw_key,
 )
-from transfer.staging import PIPELINE_DEPTH, checksum, scatter
-from transfer.tp_pair import channel_runs
-
-Refusal = tuple[FailureKind, str]  # why a header is refused, or a transfer failed: kind, reason
+from transfer.receive_pipeline import ReceivePipeline
+from transfer.staging import checksum
 
 
 class EnvelopeReceiver(ChannelEnd):
@@ -245,32 +241,11 @@ class EnvelopeReceiver(ChannelEnd):
             return FailureKind.ABORTED, transfer.abort_reason
         if time.monotonic() >= transfer.deadline:
             return FailureKind.TIMEOUT, "the reservation's deadline passed before the transfer could start"
-        num_rows = len(header["table"]) // 16
-        checks = [
-            ("protocol version", PROTOCOL_VERSION, header["version"]),
-            ("transfer sequence number", seq, header["seq"]),
-            ("number of tokens", expected.num_tokens, header["num_tokens"]),
-            ("number of byte ranges (slot and pages)", expected.ranges.shape[0], num_rows),
-        ]
-        for what, mine, theirs in checks:
-            if mine != theirs:
-                return FailureKind.REFUSED, f"{what} differs: reserved {mine!r}, sender has {theirs!r}"
-        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
-            return FailureKind.REFUSED, (
-                f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} must "
-                f"be in (0, {self.max_chunk_bytes}] and > 0"
-            )
-        try:
-            source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
-            job.runs = channel_runs(
-                self.channel.tp_pair,
-                source,
-                expected.moving,
-                num_tokens=expected.num_tokens,
-                held=expected.held_pages,
-            )
-        except (ProtocolError, ValueError) as exc:
-            return FailureKind.REFUSED, str(exc)
+        job.runs, refusal = header_runs(
+            expected, header, seq=seq, max_chunk_bytes=self.max_chunk_bytes, tp_pair=self.channel.tp_pair
+        )
+        if refusal is not None:
+            return refusal
         transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
@@ -283,34 +258,11 @@ class EnvelopeReceiver(ChannelEnd):
         self.channel.control.send(status_key(seq), message)
 
     def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
-        transfer, deadline, runs = job.transfer, job.transfer.deadline, job.runs
+        deadline, runs = job.transfer.deadline, job.runs
         chunks = plan_messages(
             runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
         )
-        streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
-        # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
-        # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
-        # landed; messages contiguous here land in the arena in place and need none. So chunks
-        # k+1 and k+2 (at least) are arriving while chunk k is scattered.
-        posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
-        num_posted = num_landed = 0
-
-        def post_ahead() -> None:
-            nonlocal num_posted
-            while num_posted < len(chunks) and (
-                num_posted - PIPELINE_DEPTH < num_landed
-                or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
-            ):
-                posted.append(self._post(job, chunks[num_posted], streams[num_posted]))
-                num_posted += 1
-
-        aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
-        post_ahead()
-        for _ in chunks:
-            self._land(job, posted.popleft(), deadline, scatter_staged=aborted is None)
-            num_landed += 1
-            post_ahead()
-            aborted = aborted or transfer.abort_reason
+        aborted = ReceivePipeline(self.channel, self.staging, job, chunks).receive(deadline)
         end = self.await_message(
             end_key(seq), seq, expect=(END, ABORT), timeout_s=deadline - time.monotonic(), max_bytes=4096
         )
@@ -334,34 +286,3 @@ class EnvelopeReceiver(ChannelEnd):
             raise Stopped(*failure)
         self.stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq)
-
-    def _post(self, job: Job, chunk: Chunk, streams: list[int]) -> tuple[Chunk, list, list]:
-        """Post the receives of one chunk (message i on stream `streams[i]`): direct messages
-        straight into the arena."""
-        works, buffers = [], []
-        channel = self.channel
-        for message, stream in zip(chunk.messages, streams, strict=True):
-            offset = message.in_place_at(DST)
-            if offset is not None:
-                buffer = job.buffer[offset : offset + message.nbytes]
-            else:
-                buffer = self.staging.get(chunk.index, message.nbytes)
-            works.append(channel.recv(buffer, TAG_DATA + stream))
-            buffers.append(buffer)
-        return chunk, works, buffers
-
-    def _land(
-        self, job: Job, posted: tuple[Chunk, list, list], deadline: float, *, scatter_staged: bool
-    ) -> None:
-        """Wait for a posted chunk's messages and scatter its staged one into the arena."""
-        chunk, works, buffers = posted
-        for work in works:
-            self.channel.wait(work, deadline, f"receiving chunk {chunk.index}")
-        if not scatter_staged:
-            return
-        for message, buffer in zip(chunk.messages, buffers, strict=True):
-            if message.in_place_at(DST) is None:
-                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
-        job.transfer.num_chunks_done = chunk.index + 1
-        if job.transfer.on_chunk is not None:
-            job.transfer.on_chunk(job.transfer, chunk.index)

@@ -3,11 +3,10 @@ request's envelope to which destination rank.
 
 Every rank of the prefill group and of the decode group holds its shard of the envelope
 (`distpool.model.shard`). Units pair as in the one-rank plan (`plan.py`): the slot, then pages in
-token order, then window pages, unit i with unit i. Inside a unit, a destination rank's row of
-each tensor is pieces of the unsharded tensor's axis; each piece comes from a source rank holding
-those coordinates. A piece several source ranks hold (a replicated part) comes from one of them:
-the lowest-ranked among the source ranks whose share of the heads overlaps the destination's
-(the ones it receives sharded parts from anyway), else the lowest-ranked holder.
+token order, then window pages, unit i with unit i. Inside a unit, which source rank sends which
+pieces of each tensor (a replicated part from one of its holders) is a template per (source rank,
+unit kind), relative to the units' starts (`transfer.unit_templates`); the plan shifts it to every
+unit's offsets on both sides and merges what touches.
 
     plan_reshard(...)  -> (RankRuns(src_rank, dst_rank, runs), ...): runs (m, 3) int64 of
                           (src_offset, dst_offset, nbytes) in the two ranks' arenas, stream order
@@ -21,20 +20,17 @@ shards on both sides (equal TP), rank r sends its whole units to rank r, exactly
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
 
-from distpool.memory.layout import TensorPlace, align_up, page_places, slot_places, slot_stride_bytes
+from distpool.memory.layout import align_up, slot_stride_bytes
 from distpool.memory.runs import merge_runs
-from distpool.model.shard import RankShard, TensorShard
+from distpool.model.shard import RankShard
 from transfer.plan import moving_rows, plan_runs
-
-UNIT_KINDS = ("slot", "page", "swa_page")  # canonical order of an envelope's units
+from transfer.unit_templates import UNIT_KINDS, assign_pieces, source_preference, unit_templates
 
 
 @dataclass(frozen=True)
@@ -77,116 +73,6 @@ class RankRuns:
         return int(self.runs[:, 2].sum())
 
 
-def _places(shard: RankShard, kind: str, page_size: int) -> dict[tuple[int, str], TensorPlace]:
-    """Every tensor of one unit of `kind` on this rank, keyed (layer, tensor name)."""
-    spec = shard.spec
-    if kind == "slot":
-        return {(p.layer, p.name): p for p in slot_places(spec)}
-    if kind == "page":
-        places, prefix = page_places(spec.full_attention_layers, spec.full_attention, page_size), ""
-    else:
-        places, prefix = page_places(spec.sliding_window_layers, spec.sliding_attention, page_size), "swa_"
-    return {(p.layer, prefix + p.name): p for p in places}
-
-
-def _preference(src_tp: int, dst_tp: int, dst_rank: int) -> list[int]:
-    """Source ranks in the order a replicated piece is taken from: those whose share of the heads
-    overlaps the destination rank's first, then the others; each group lowest rank first."""
-    overlaps = [
-        s
-        for s in range(src_tp)
-        if s * dst_tp < (dst_rank + 1) * src_tp and dst_rank * src_tp < (s + 1) * dst_tp
-    ]
-    return overlaps + [s for s in range(src_tp) if s not in overlaps]
-
-
-def _assign(dst: TensorShard, sources: Sequence[TensorShard], order: list[int]) -> list[tuple[int, int, int]]:
-    """(source rank, start, stop) along the axis covering each of `dst`'s pieces once, in its order."""
-    assigned = []
-    for start, stop in dst.pieces:
-        todo = [(start, stop)]
-        for rank in order:
-            for a, b in sources[rank].pieces:
-                left = []
-                for lo, hi in todo:
-                    x, y = max(lo, a), min(hi, b)
-                    if x >= y:
-                        left.append((lo, hi))
-                        continue
-                    assigned.append((rank, x, y))
-                    left += [(lo, x)] if lo < x else []
-                    left += [(y, hi)] if y < hi else []
-                todo = left
-        if todo:
-            raise ValueError(
-                f"no source rank holds [{todo[0][0]}, {todo[0][1]}) of {dst.name}'s axis {dst.axis}: the "
-                "source layout does not cover the tensor"
-            )
-    return sorted(assigned, key=lambda piece: piece[1])
-
-
-def _local(pieces: tuple[tuple[int, int], ...], position: int) -> int:
-    """Where unsharded axis index `position` (held by the rank) sits on the rank's axis."""
-    at = 0
-    for start, stop in pieces:
-        if start <= position < stop:
-            return at + position - start
-        at += stop - start
-    raise AssertionError(f"{position} is not in {pieces}")
-
-
-def _tensor_runs(
-    src: TensorShard, dst: TensorShard, src_at: TensorPlace, dst_at: TensorPlace, lead: int, a: int, b: int
-) -> np.ndarray:
-    """Runs, relative to the two units' starts, moving axis [a, b) of every row of one tensor."""
-    inner = src.inner_bytes
-    rows = lead * math.prod(src.shape[: src.axis])
-    src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
-    assert src_at.nbytes == rows * src_row and dst_at.nbytes == rows * dst_row, (
-        "a shard breaks its rank's layout"
-    )
-    r = np.arange(rows, dtype=np.int64)
-    return np.stack(
-        [
-            src_at.offset + r * src_row + _local(src.pieces, a) * inner,
-            dst_at.offset + r * dst_row + _local(dst.pieces, a) * inner,
-            np.full(rows, (b - a) * inner, dtype=np.int64),
-        ],
-        axis=1,
-    )
-
-
-@lru_cache(maxsize=64)  # one per (layouts, destination rank) a worker meets; requests reuse them
-def _templates(
-    src_shards: tuple[RankShard, ...], dst: RankShard, page_size: int
-) -> dict[tuple[int, str], np.ndarray]:
-    """Per (source rank, unit kind): runs relative to unit starts, in destination order (read only)."""
-    order = _preference(len(src_shards), dst.tp, dst.rank)
-    parts: dict[tuple[int, str], list[np.ndarray]] = {}
-    for kind in UNIT_KINDS:
-        src_places = [_places(s, kind, page_size) for s in src_shards]
-        expected = 0
-        for (layer, name), dst_at in _places(dst, kind, page_size).items():
-            if dst_at.nbytes == 0:
-                continue  # MLA's V: nothing cached
-            expected += dst_at.nbytes
-            lead = 1 if kind == "slot" else page_size
-            sources = [s.tensor(name) for s in src_shards]
-            for rank, a, b in _assign(dst.tensor(name), sources, order):
-                runs = _tensor_runs(
-                    sources[rank], dst.tensor(name), src_places[rank][layer, name], dst_at, lead, a, b
-                )
-                parts.setdefault((rank, kind), []).append(runs)
-        moved = sum(int(r[:, 2].sum()) for (_, k), rs in parts.items() if k == kind for r in rs)
-        assert moved == expected, f"{kind}: rank {dst.rank} would receive {moved} of its {expected} bytes"
-    templates = {}
-    for key, runs in parts.items():
-        table = np.concatenate(runs)
-        templates[key] = table[np.argsort(table[:, 1], kind="stable")]
-        templates[key].flags.writeable = False
-    return templates
-
-
 def _unit_bytes(shard: RankShard, kind: str, page_size: int) -> int:
     """The stride of one unit of `kind` in a pool built from the rank's spec."""
     spec = shard.spec
@@ -223,12 +109,12 @@ def source_ranks(
     """The source ranks destination rank `dst_rank` receives bytes from (the channels it needs)."""
     _check_layouts(src_shards, dst_shards)
     dst = dst_shards[dst_rank]
-    order = _preference(len(src_shards), len(dst_shards), dst_rank)
+    order = source_preference(len(src_shards), len(dst_shards), dst_rank)
     ranks = {
         rank
         for t in dst.tensors
         if t.nbytes
-        for rank, _, _ in _assign(t, [s.tensor(t.name) for s in src_shards], order)
+        for rank, _, _ in assign_pieces(t, [s.tensor(t.name) for s in src_shards], order)
     }
     return tuple(sorted(ranks))
 
@@ -313,7 +199,7 @@ def _pair_runs(
     page_size: int,
 ) -> np.ndarray:
     """The templates of (source rank, unit kind) shifted to every unit's start, merged."""
-    templates = _templates(src_shards, dst, page_size)
+    templates = unit_templates(src_shards, dst, page_size)
     pieces = []
     for kind in UNIT_KINDS:
         template = templates.get((src_rank, kind))

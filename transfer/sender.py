@@ -9,14 +9,9 @@ each channel sends only the part its destination rank needs (`Channel.tp_pair`).
         how many leading pages the destination holds already) | REFUSE; none by the deadline:
         withdraw the header (see `_await_reply`)
     plan runs and messages from both tables, less the held pages (the receiver computes the same plan)
-    for each chunk k: start gathering chunk k+1 (staging buffer (k+1) % 3, once the sends of the
-        chunk that used it are done), then send chunk k's messages; big runs, and batches that
-        are contiguous here, go straight from the arena. After an abort the rest of the stream
-        goes unfilled (no gathers): both ends stay in step without a control message in the group.
+    for each chunk k: start gathering chunk k+1, then send chunk k's messages
+        (`transfer.send_pipeline`: the gather of chunk k+1 overlaps the send of chunk k)
     send END (+ checksum) or ABORT; wait STATUS
-
-The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
-write synchronously in the calling thread), on CUDA the copy stream beside NCCL's.
 
 A receiver that fails mid-stream tears its group down and leaves a STATUS marked broken. Over
 Gloo the closed link fails the next send at once; NCCL sends to an aborted peer stay pending, so
@@ -27,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -39,7 +34,7 @@ from transfer.end import ChannelEnd, Job, Stopped
 from transfer.errors import ChannelError, ProtocolError, TransferError
 from transfer.failure import FailureKind
 from transfer.handle import ChunkHook, Transfer, TransferOptions
-from transfer.plan import NBYTES, SRC, Chunk, Message, assign_streams, moving_rows, plan_messages
+from transfer.plan import NBYTES, SRC, moving_rows, plan_messages
 from transfer.protocol import (
     ABORT,
     END,
@@ -48,7 +43,6 @@ from transfer.protocol import (
     READY,
     REFUSE,
     STATUS,
-    TAG_DATA,
     WITHDRAWN,
     encode_message,
     end_key,
@@ -58,13 +52,9 @@ from transfer.protocol import (
     table_from_bytes,
     withdraw_key,
 )
-from transfer.staging import PIPELINE_DEPTH, checksum, gather
+from transfer.send_pipeline import SendPipeline
+from transfer.staging import checksum
 from transfer.tp_pair import channel_runs
-
-
-def _staged(chunk: Chunk) -> Message | None:
-    """The chunk's message the sender gathers (at most one), or None when all go from the arena."""
-    return next((m for m in chunk.messages if m.in_place_at(SRC) is None), None)
 
 
 class EnvelopeSender(ChannelEnd):
@@ -240,38 +230,8 @@ class EnvelopeSender(ChannelEnd):
         chunks = plan_messages(
             runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
         )
-        # (chunk index, works, tensors that must outlive the works)
-        in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
-        # chunk index -> gather (a pair that moves nothing of this envelope sends no chunk at all)
-        gathered: dict[int, Future | None] = {0: self._stage(job, chunks[0])} if chunks else {}
-        streams = assign_streams(chunks, channel.num_streams)
-        for chunk in chunks:
-            ahead = chunk.index + 1
-            if ahead < len(chunks) and _staged(chunks[ahead]) is not None:
-                # Chunk k+1 is gathered into the buffer chunk k+1-DEPTH used: its sends must be done.
-                # Chunks without a staged message need no buffer, so nothing limits their sends.
-                while in_flight and in_flight[0][0] <= ahead - PIPELINE_DEPTH:
-                    index, works, _ = in_flight.popleft()
-                    for work in works:
-                        channel.wait(work, deadline, f"sending chunk {index}")
-                gathered[ahead] = self._stage(job, chunks[ahead])
-            if (future := gathered.pop(chunk.index, None)) is not None:
-                future.result(timeout=max(deadline - time.monotonic(), 0.0))  # deadlines everywhere
-            works, keep = [], []
-            for message, stream in zip(chunk.messages, streams[chunk.index], strict=True):
-                offset = message.in_place_at(SRC)
-                if offset is not None:
-                    payload = job.buffer[offset : offset + message.nbytes]
-                else:
-                    payload = self.staging.get(chunk.index, message.nbytes)
-                # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.
-                works.append(channel.send(payload, TAG_DATA + stream))
-                keep.append(payload)
-            in_flight.append((chunk.index, works, keep))
-            if transfer.abort_reason is None:
-                transfer.num_chunks_done = chunk.index + 1
-                if transfer.on_chunk is not None:
-                    transfer.on_chunk(transfer, chunk.index)
+        pipeline = SendPipeline(channel, self.staging, self._gatherer, job, chunks)
+        pipeline.send(deadline)
         aborted = transfer.abort_reason
         if aborted is not None:
             # Failed already (its deadline passed before the READY came): the ABORT says as what.
@@ -281,29 +241,10 @@ class EnvelopeSender(ChannelEnd):
             value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
             end = encode_message(END, seq=seq, checksum=value)
         channel.control.send(end_key(seq), end)  # the receiver reads it once its receives complete
-        for index, works, _ in in_flight:
-            for work in works:
-                channel.wait(work, deadline, f"sending chunk {index}")
+        pipeline.drain(deadline)
         self._await_status(job, seq, deadline)
         if aborted is not None:
             raise Stopped(FailureKind.ABORTED, aborted)
-
-    def _stage(self, job: Job, chunk: Chunk) -> Future | None:
-        """Start gathering the chunk's staged message into its buffer (None: nothing to gather).
-
-        On CPU the gather runs on the gather thread; on CUDA it is enqueued on the copy stream
-        right here (the GPU overlaps it with NCCL's sends). After an abort, nothing is gathered:
-        the rest of the stream goes unfilled, which keeps both ends in step.
-        """
-        message = _staged(chunk)
-        if message is None or job.transfer.abort_reason is not None:
-            return None
-        staged = self.staging.get(chunk.index, message.nbytes)
-        args = (job.buffer, message.pieces[:, SRC], message.pieces[:, NBYTES], staged)
-        if self._gatherer is None:
-            gather(*args)
-            return None
-        return self._gatherer.submit(gather, *args)
 
     def _await_status(self, job: Job, seq: int, deadline: float) -> None:
         channel, rid = self.channel, job.transfer.request_id

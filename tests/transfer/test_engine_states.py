@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-import transfer.receiver as receiver_module
-import transfer.sender as sender_module
+import transfer.receive_pipeline as receive_pipeline_module
+import transfer.send_pipeline as send_pipeline_module
 from distpool.memory.envelope import Envelope
 from tests.transfer.transfer_peer import (
     Ledger,
@@ -166,13 +166,13 @@ def test_checksum_catches_bytes_corrupted_on_landing(pair, monkeypatch):
     sender.submit(envelope_for("ok", src, has_slot=True), src_arena, deadline_s=5).wait()
     incoming.wait()
 
-    real_scatter = receiver_module.scatter
+    real_scatter = receive_pipeline_module.scatter
 
     def flipping_scatter(buffer, offsets, nbytes, arena):
         real_scatter(buffer, offsets, nbytes, arena)
         arena[int(offsets[0])] ^= 0xFF
 
-    monkeypatch.setattr(receiver_module, "scatter", flipping_scatter)
+    monkeypatch.setattr(receive_pipeline_module, "scatter", flipping_scatter)
     incoming = receiver.expect(envelope_for("bad", dst, has_slot=True), dst_arena, deadline_s=5)
     outgoing = sender.submit(envelope_for("bad", src, has_slot=True), src_arena, deadline_s=5)
     for transfer in (outgoing, incoming):
@@ -197,8 +197,10 @@ def test_the_side_whose_pages_are_contiguous_copies_nothing(pair, monkeypatch, s
 
         return copy
 
-    monkeypatch.setattr(sender_module, "gather", counting("gather", sender_module.gather))
-    monkeypatch.setattr(receiver_module, "scatter", counting("scatter", receiver_module.scatter))
+    monkeypatch.setattr(send_pipeline_module, "gather", counting("gather", send_pipeline_module.gather))
+    monkeypatch.setattr(
+        receive_pipeline_module, "scatter", counting("scatter", receive_pipeline_module.scatter)
+    )
     round_trip(sender, receiver, "one-sided", (src_arena, src), (dst_arena, dst), has_slot=False)
     staged_side, in_place_side = ("gather", "scatter") if scattered == "source" else ("scatter", "gather")
     assert copied[staged_side] == 60 * PAGE_BYTES
