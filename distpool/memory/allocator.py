@@ -9,7 +9,8 @@ for requests that cross a page boundary: the others cost a few array operations 
 The allocator composes its parts, each with its own state: the two bands' ids (band.py), how much
 fits (the frontier, frontier.py), which positions new units take (placement.py, over each band's
 free runs), the growth room each request expects (claims.py), pages with several holders and the
-cache's own units (the shared-page table, sharing.py) and compaction plans (compaction.py).
+cache's own units (the shared-page table, sharing.py), compaction plans (compaction.py) and the
+growth of live requests (growth.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from distpool.memory.band import Band, require
 from distpool.memory.claims import GrowthClaims
 from distpool.memory.compaction import CompactionPlanner
 from distpool.memory.footprint import Footprint
-from distpool.memory.free_runs import NO_POSITIONS
 from distpool.memory.frontier import CompactionMoves, Frontier
+from distpool.memory.growth import Growth
 from distpool.memory.layout import ceil_div
 from distpool.memory.move_cost import MoveCost
 from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
@@ -73,6 +74,9 @@ class Allocator:
         cost = MoveCost(page_bytes=high.stride_bytes if high else 0)
         self.planner = CompactionPlanner(
             self.frontier, self.placement, self.holdings, self.claims, self.sharing, cost
+        )
+        self.growth = Growth(
+            self.footprint, self.holdings, self.frontier, self.placement, self.claims, self.planner
         )
 
     # ---- what a request of n tokens holds (footprint.py) ---------------------------------------
@@ -157,99 +161,7 @@ class Allocator:
         prefer_compaction: raise NeedsCompaction, taking nothing, when the one request growing
         elsewhere by several pages would scatter them and clearing one free run for them costs
         less (`CompactionPlanner.growth_window`)."""
-        table = self.holdings
-        ids, added, rows = table.checked_rows(requests, "extend")
-        if not ids:
-            return
-        old = table.num_tokens[rows]
-        new = old + added
-        if not self.has_swa:
-            if self.high:
-                # -old % page_size: free tokens in the last page (0: full or none). Where the added
-                # tokens exceed them by `short` > 0, the request takes ceil(short / page_size) pages.
-                page_size = self.footprint.page_size
-                short = added - -old % page_size
-                if np.maximum.reduce(short) > 0:  # one reduction on the common step that takes no page
-                    growing = (short > 0).nonzero()[0]
-                    some = slice(None) if growing.size == rows.size else growing  # all: views, no gathers
-                    self._grow(
-                        ids, rows[some], -(-short[some] // page_size), prefer_compaction=prefer_compaction
-                    )
-            table.num_tokens[rows] = new
-            return
-        new_pages, new_swa, drops = self.footprint.growth_array(old, new)
-        changing = np.flatnonzero(new_pages | new_swa | drops)
-        if changing.size:
-            dropped = concat_ids(
-                [table.vswa[r][:d] for r, d in zip(rows[changing], drops[changing], strict=True)]
-            )
-            self._grow(
-                ids,
-                rows[changing],
-                new_pages[changing],
-                new_swa[changing],
-                dropped,
-                drops[changing],
-                prefer_compaction=prefer_compaction,
-            )
-        table.num_tokens[rows] = new
-
-    def _grow(
-        self,
-        ids: Sequence[str],
-        rows: np.ndarray,
-        new_pages: np.ndarray,
-        new_swa: np.ndarray | None = None,
-        dropped_swa: np.ndarray = NO_POSITIONS,
-        drops: np.ndarray | None = None,
-        *,
-        prefer_compaction: bool = False,
-    ) -> None:
-        """Give `rows` their new pages (and window pages), freeing `dropped_swa`; all or nothing.
-        Without a window (`new_swa` None) every row takes pages: `new_pages` >= 1 each."""
-        table = self.holdings
-        num_pages = int(new_pages.sum())
-        num_swa = int(new_swa.sum()) if new_swa is not None else 0
-        low_runs = None
-        if dropped_swa.size:  # fit as if the dropped window pages were already free
-            low_runs = self.low_band.runs.copy()
-            low_runs.give(self.low_band.physical(dropped_swa))
-        if not self.frontier.fits(num_swa, num_pages, low_runs):
-            raise self.planner.refusal(ids, num_swa, num_pages)
-        # A batch taking one page each (a decode step) adds a run at most to each: not worth a look.
-        if prefer_compaction and (num_pages > rows.size or rows.size == 1):
-            paging = np.flatnonzero(new_pages) if new_swa is not None else slice(None)
-            window = self.planner.growth_window(rows[paging], new_pages[paging], low_runs)
-            if window is not None:
-                raise NeedsCompaction(
-                    ids[0],
-                    "its growth would add runs that clearing free pages for it saves",
-                    low=num_swa,
-                    pages=num_pages,
-                    window=window[0],
-                    window_at=window[1],
-                )
-        floor, swa_v = self.frontier.high_floor(), NO_POSITIONS
-        if num_swa or dropped_swa.size:
-            self.low_band.free(dropped_swa)
-            swa_pos = self.placement.low_positions(num_swa)
-            floor = self.frontier.high_floor(extra_low_top=int(swa_pos[-1]) if swa_pos.size else -1)
-            swa_v = self.low_band.assign(swa_pos)
-        if num_pages:
-            paging = np.flatnonzero(new_pages) if new_swa is not None else slice(None)
-            rows_paging, counts = rows[paging], new_pages[paging]
-            vlast = table.last_vpage[rows_paging]
-            last = self.high_band.physical(vlast)
-            last[vlast < 0] = -1  # no page yet (v2p[-1] above is meaningless)
-            rooms = self.claims.take_room(rows_paging, last, counts)
-            positions = self.placement.growth_positions(
-                last, counts, floor, rooms, self.claims.live(), num_pages
-            )
-            table.append_pages(rows_paging, counts, self.high_band.assign(positions))
-            if rooms is not None:
-                self.claims.set(rows_paging)
-        if new_swa is not None:
-            table.slide_windows(rows, drops, new_swa, swa_v)
+        self.growth.extend_batch(requests, prefer_compaction=prefer_compaction)
 
     def release_batch(self, request_ids: Sequence[str]) -> None:
         """Free everything the requests hold. All or nothing (unknown or pinned ids free nothing)."""

@@ -9,13 +9,13 @@ Dense models have only the high band; attention-free models only the low band.
 
 Compaction happens only when a caller allows it (`compact=True`, or `compact()`): a reserve that
 would fit after compaction otherwise raises `NeedsCompaction` (a `DoesNotFit`). With a prefix cache
-(prefix_cache.py), idle cached entries are evicted before a request is refused.
+(prefix_cache.py), idle cached entries are evicted before a request is refused (refusals.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,9 +24,10 @@ from distpool.memory.arena import Arena
 from distpool.memory.envelope import Envelope
 from distpool.memory.final_states import FinalStates
 from distpool.memory.fingerprint import layout_fingerprint
-from distpool.memory.pool import BandUsage, DoesNotFit, NeedsCompaction
+from distpool.memory.pool import BandUsage, NeedsCompaction
 from distpool.memory.prefix_cache import PrefixCache
 from distpool.memory.prefix_index import PrefixMatch
+from distpool.memory.refusals import compacting_if, evicting_if
 from distpool.memory.sizing import PoolSizes
 
 
@@ -128,11 +129,14 @@ class ArenaPool:
         def take(batch: Sequence, whole: bool = False) -> None:
             self.allocator.reserve_batch(batch, final_tokens, prefer_compaction=whole, prefixes=shared)
 
+        def attempt() -> None:
+            compacting_if(compact, take, requests, self.compact)
+
         acquiring = cache is not None and prefixes is not None
         if acquiring:  # acquired first: eviction spares them, a refusal gives them back
             cache.acquire_all(ids, prefixes)
         try:
-            self._evicting_if(lambda: self._compacting_if(compact, take, requests), requests, len(requests))
+            evicting_if(attempt, cache, requests, len(requests), self.pages_for)
         except BaseException:
             if acquiring:
                 cache.release_all(ids)
@@ -144,49 +148,8 @@ class ArenaPool:
     def extend_batch(self, requests: Sequence[tuple[str, int]], *, compact: bool = False) -> None:
         """Grow every (request_id, num_new_tokens), all or nothing."""
         grow = lambda batch, whole=False: self.allocator.extend_batch(batch, prefer_compaction=whole)  # noqa: E731
-        self._evicting_if(lambda: self._compacting_if(compact, grow, requests), requests, 0)
-
-    def _evicting_if(
-        self, attempt: Callable[[], None], requests: Sequence[tuple[str, int]], low_units: int
-    ) -> None:
-        """`attempt()`, evicting idle cached prefixes (as many pages as the requests' tokens fill,
-        and `low_units` checkpoints, at a time) while it is refused for want of room and something
-        is evictable."""
-        while True:
-            try:
-                return attempt()
-            except NeedsCompaction:
-                raise
-            except DoesNotFit:
-                pages = max(sum(self.pages_for(n) for _, n in requests), 1)
-                if self.prefix_cache is None or not self.prefix_cache.evict(pages, low_units):
-                    raise
-
-    def _compacting_if(self, compact: bool, take: Callable[..., None], requests: Sequence) -> None:
-        """`take(requests, whole=...)`, compacting when refused with `NeedsCompaction` and allowed.
-
-        Cheapest first: what is in the way moves, keeping every request's growth room; then the
-        same without the room. Until then `whole` asks the allocator to refuse a request that would
-        scatter when clearing a run for it costs less (move_cost.py). Then the call takes what
-        there is, scattered if need be; only when it still does not fit comes the full compaction
-        the refusal promised room after."""
-        try:
-            return take(requests, whole=compact)
-        except NeedsCompaction as needs:
-            if not compact:
-                raise
-            need = needs
-        for keep_room in (True, False):
-            self.compact(keep_room=keep_room, need=need)
-            try:
-                return take(requests, whole=True)
-            except NeedsCompaction as needs:
-                need = needs
-        try:
-            return take(requests, whole=False)
-        except NeedsCompaction:
-            self.compact()
-            return take(requests, whole=False)
+        attempt = lambda: compacting_if(compact, grow, requests, self.compact)  # noqa: E731
+        evicting_if(attempt, self.prefix_cache, requests, 0, self.pages_for)
 
     def release(self, request_id: str) -> None:
         self.release_batch([request_id])

@@ -16,26 +16,17 @@ least-recently-used first (ties: deeper first). Heaps of idle leaves / checkpoin
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-DIGEST_BYTES = 16
-TOKEN_BYTES = 8  # tokens are packed as int64 little-endian
-ROOT_DIGEST = hashlib.blake2b(b"distpool.prefix_index", digest_size=DIGEST_BYTES).digest()
+from distpool.memory.prefix_node import ROOT_DIGEST, TOKEN_BYTES, PrefixNode, page_digest
+
 Tokens = Sequence[int] | np.ndarray  # token ids, 1-D
 Checkpoints = dict[int, int] | None  # depth k (1-based) -> checkpoint handle
-
-
-def page_digest(parent_digest: bytes, page: bytes) -> bytes:
-    """Digest of a page (its tokens packed as int64 LE) after its parent's. (fixed-size digest, fixed
-    token count) encodes a whole prefix injectively, so two prefixes share a digest only through a
-    blake2b-128 collision: about n**2 / 2**129 for n cached pages. Matches compare tokens anyway."""
-    return hashlib.blake2b(parent_digest + page, digest_size=DIGEST_BYTES).digest()
 
 
 def require_or_raise(ok: bool, what: str) -> None:
@@ -62,26 +53,6 @@ class Handles:
     checkpoints: tuple[int, ...] = ()
 
 
-@dataclass(eq=False, slots=True)
-class _Node:
-    digest: bytes
-    tokens: bytes  # the page's tokens, packed as int64 LE
-    page: int
-    parent: _Node | None  # None only for the root; an evicted node is gone from parent.children
-    depth: int
-    children: dict[bytes, _Node] = field(default_factory=dict)  # child digest -> child
-    users: int = 0
-    child_users: int = 0  # sum of the children's users: users - child_users requests end here
-    tick: int = 0
-    checkpoint: int | None = None
-
-    def idle(self, *, leaf: bool, tick: int | None = None) -> bool:
-        """Cached, no users, a leaf (or holding a checkpoint), and last used at `tick` if given."""
-        wanted = not self.children if leaf else self.checkpoint is not None
-        cached = self.parent is not None and self.parent.children.get(self.digest) is self
-        return wanted and self.users == 0 and cached and tick in (None, self.tick)
-
-
 class PrefixIndex:
     """Cached full pages by token content, with state checkpoints, reference counts and LRU eviction.
     `needs_checkpoint=True` (hybrid Mamba): a prefix is usable only up to its deepest matched page with
@@ -95,9 +66,9 @@ class PrefixIndex:
         self._reset()
 
     def _reset(self) -> None:
-        self._root = _Node(digest=ROOT_DIGEST, tokens=b"", page=-1, parent=None, depth=0)
-        self._by_page: dict[int, _Node] = {}
-        self._by_checkpoint: dict[int, _Node] = {}
+        self._root = PrefixNode(digest=ROOT_DIGEST, tokens=b"", page=-1, parent=None, depth=0)
+        self._by_page: dict[int, PrefixNode] = {}
+        self._by_checkpoint: dict[int, PrefixNode] = {}
         self._num_idle_pages = self._num_idle_checkpoints = 0
         self._clock = 0
         self._seq = itertools.count()  # heap tie-break: push order
@@ -186,7 +157,7 @@ class PrefixIndex:
                 raise ValueError(f"handles {new} repeat or are cached already: each handle names one entry")
         for page, handle in zip(full_pages[known:reach], new_pages, strict=True):
             digest = page_digest(parent.digest, page)
-            node = _Node(digest=digest, tokens=page, page=handle, parent=parent, depth=parent.depth + 1)
+            node = PrefixNode(digest=digest, tokens=page, page=handle, parent=parent, depth=parent.depth + 1)
             parent.children[digest] = parent = node
             self._by_page[handle] = node
             self._num_idle_pages += 1
@@ -259,8 +230,8 @@ class PrefixIndex:
         data, step = array.astype("<i8", copy=False).tobytes(), TOKEN_BYTES * self.page_size
         return array.size, [data[start : start + step] for start in range(0, len(data) - step + 1, step)]
 
-    def _walk(self, pages: list[bytes]) -> list[_Node]:
-        path: list[_Node] = []
+    def _walk(self, pages: list[bytes]) -> list[PrefixNode]:
+        path: list[PrefixNode] = []
         node = self._root
         for page in pages:
             child = node.children.get(page_digest(node.digest, page))
@@ -269,14 +240,14 @@ class PrefixIndex:
             path.append(node := child)
         return path
 
-    def _path_of(self, pages: Sequence[int]) -> list[_Node]:
+    def _path_of(self, pages: Sequence[int]) -> list[PrefixNode]:
         path = [self._by_page.get(page) for page in pages]
         for parent, node, page in zip([self._root, *path], path, pages, strict=False):
             if node is None or node.parent is not parent:
                 raise ValueError(f"pages {list(pages)} are not a cached prefix (page {page}); match again")
         return path
 
-    def _stamp(self, path: list[_Node], *, users: int) -> None:
+    def _stamp(self, path: list[PrefixNode], *, users: int) -> None:
         """Add `users` to each node of a root path, stamp it with a new tick, queue new candidates."""
         self._clock += 1
         for node in path:
@@ -291,20 +262,20 @@ class PrefixIndex:
                 if node.idle(leaf=leaf):
                     self._push(node, leaf=leaf)
 
-    def _drop_checkpoint(self, node: _Node) -> int:
+    def _drop_checkpoint(self, node: PrefixNode) -> int:
         handle, node.checkpoint = node.checkpoint, None
         del self._by_checkpoint[handle]
         self._num_idle_checkpoints -= 1
         return handle
 
-    def _push(self, node: _Node, *, leaf: bool) -> None:
+    def _push(self, node: PrefixNode, *, leaf: bool) -> None:
         heap = self._heaps[leaf]
         heapq.heappush(heap, (node.tick, next(self._seq), node))
         if len(heap) > 2 * len(self._by_page) + 64:  # drop stale entries: amortized O(1) per push
             heap[:] = [entry for entry in heap if entry[2].idle(leaf=leaf, tick=entry[0])]
             heapq.heapify(heap)
 
-    def _pop(self, *, leaf: bool) -> _Node | None:
+    def _pop(self, *, leaf: bool) -> PrefixNode | None:
         heap = self._heaps[leaf]
         while heap:
             tick, _, node = heapq.heappop(heap)

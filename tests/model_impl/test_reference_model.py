@@ -12,12 +12,13 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
+from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
     REFERENCE_DENSE_CONFIG,
     REFERENCE_HYBRID_CONFIG,
     REFERENCE_SWA_CONFIG,
 )
-from distpool.model_impl.reference.layers import AttentionLayer, Mamba2Layer
+from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.model import ReferenceModel, unsupported_reason
 from tests.factories import FIXTURES, free_units, prefill_tokens
 from tests.fake_pool import FakePool

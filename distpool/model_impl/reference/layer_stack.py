@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from distpool.model.dtypes import torch_dtype
-from distpool.model_impl.reference.layers import (
-    TIME_STEP_MAX,
-    TIME_STEP_MIN,
-    AttentionLayer,
-    Layer,
-    Mamba2Layer,
-    MlpLayer,
-    WeightFactory,
-)
+from distpool.model_impl.reference.attention import AttentionLayer
+from distpool.model_impl.reference.layers import WeightFactory
+from distpool.model_impl.reference.mamba2 import TIME_STEP_MAX, TIME_STEP_MIN, Mamba2Layer
+from distpool.model_impl.reference.mlp import MlpLayer
 from distpool.model_impl.reference.tensor_parallel import TPRank
+
+Layer = AttentionLayer | Mamba2Layer | MlpLayer
 
 
 def build_layers(tp: TPRank, weights: WeightFactory) -> list[Layer]:

@@ -19,14 +19,10 @@ from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
+from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.layer_stack import build_layers
-from distpool.model_impl.reference.layers import (
-    COMPUTE_DTYPE,
-    AttentionLayer,
-    Mamba2Layer,
-    WeightFactory,
-    rms_norm,
-)
+from distpool.model_impl.reference.layers import COMPUTE_DTYPE, WeightFactory, rms_norm
+from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.past import Pair, Past
 from distpool.model_impl.reference.support import unsupported_reason
 from distpool.model_impl.reference.tensor_parallel import TPRank
