@@ -1,6 +1,6 @@
 """The decode worker: reserves destination envelopes, receives them, and decodes with continuous batching.
 
-State contract (who owns which request, guarded by `_lock`):
+State contract (who owns which request, guarded by `lock`):
 - `waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
 - `prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
