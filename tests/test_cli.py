@@ -183,7 +183,8 @@ def test_every_subcommand_prints_its_help(capsys, command):
     ("flag", "expected"), [([], True), (["--no-prefix-cache"], False), (["--prefix-cache"], True)]
 )
 def test_the_prefix_cache_is_on_by_default_and_the_flag_turns_it_off(flag, expected):
-    from distpool.cli import build_parser, pool_args_from
+    from distpool.cli import build_parser
+    from distpool.cli.flags import pool_args_from
 
     ns = build_parser().parse_args(["run", *flag])
     assert pool_args_from(ns, None).prefix_cache is expected

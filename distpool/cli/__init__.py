@@ -1,0 +1,36 @@
+"""`distpool` command line: `check` (classify and size), `presets` and `run` (PD serving, the main job).
+
+Exit status 0 on success, 2 with the reason on stderr (no traceback) for refusals and bad input.
+Everything is validated here, before Ray or any actor starts. Each command's flags are
+`distpool.cli.flags`; what it does with them, its handler in `distpool.cli.commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from distpool.cli.commands import cmd_check, cmd_presets, cmd_run
+from distpool.cli.flags import add_check_parser, add_presets_parser, add_run_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="distpool", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_check_parser(sub).set_defaults(handler=cmd_check)
+    add_presets_parser(sub).set_defaults(handler=cmd_presets)
+    add_run_parser(sub).set_defaults(handler=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.handler(ns)
+    except ValueError as exc:  # refusals and bad input: the message is the whole story
+        print(f"distpool: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before a run started (a run writes its own summary, then exits 130)
+        print("distpool: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,5 @@
+import sys
+
+from distpool.cli import main
+
+sys.exit(main())

@@ -1,0 +1,166 @@
+"""What each `distpool` command does with its parsed flags (`distpool.cli.flags`): `check` sizes a
+model's pools, `presets` lists the bundled models, `run` turns its flags into a deployment and serves.
+
+A handler returns the exit status; bad input raises ValueError with the fix, before Ray starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from distpool.cli.flags import pool_args_from
+from distpool.memory.describe import format_sizes
+from distpool.memory.sizing import GIB
+from distpool.memory.tp_sizes import size_tp_pools
+from distpool.model.presets import format_presets, preset_rows, resolve_model
+from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
+from distpool.model_impl.flags import implementation_from
+from distpool.model_impl.hf.tokenizer import find_tokenizer
+from distpool.model_impl.select import compute_dtype
+from distpool.serving.conditional import ConditionalOptions
+from distpool.serving.request_flags import RequestFlags
+from distpool.settings import Settings
+from distpool.worker.config import WorkerConfig
+from transfer import TransferOptions
+from transfer.defaults import MAX_CHUNK_BYTES
+from transfer.faults import SENDER_ABORT
+
+CONVENTION_WORDS = {
+    ENGINE_CONVENTION: "a conv state of kernel - 1 columns, as SGLang and vLLM keep it",
+    TRANSFORMERS_CONVENTION: "a conv state of kernel columns, as transformers' modeling code keeps it",
+}
+
+
+def _whole_tokens(value: str | None, flag: str) -> int | None:
+    """A token count of at least 1 given as `flag` (None stays None); ValueError names the flag."""
+    if value is None:
+        return None
+    if not value.isdecimal() or int(value) < 1:
+        raise ValueError(f"{flag} must be a whole number of tokens, at least 1; got {value!r}")
+    return int(value)
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    # `check` sizes the engine convention (spec_from_hf) unless asked for the transformers runner's.
+    impl = implementation_from(ns, ns.config, auto_transformers=False)
+    args = pool_args_from(ns, ns.disaggregation_mode)
+    # --tp N: one rank's pool of an N-rank group, within --memory-gib per rank (N = 1: the one pool)
+    tp = size_tp_pools(impl.spec, args, int(ns.memory_gib * GIB), ns.tp)
+    dtype = compute_dtype(impl.spec, impl.name, impl.hf, args.kv_dtype)
+    convention = impl.spec.state_convention
+    summary = {**tp.summary(), "model_impl": impl.name, "dtype": dtype, "state_convention": convention}
+    print(
+        json.dumps(summary)
+        if ns.json
+        else f"{format_sizes(tp.rank, tp)}\nimplementation {impl.name}, {dtype}; "
+        f"state sizes in the {convention} convention ({CONVENTION_WORDS[convention]})"
+    )
+    return 0
+
+
+def cmd_presets(ns: argparse.Namespace) -> int:
+    rows = preset_rows()
+    print(json.dumps([dataclasses.asdict(r) for r in rows]) if ns.json else format_presets(rows))
+    return 0
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    # Imported here so that `distpool check` does not pay for importing Ray.
+    from distpool.serving.deployment import DeploymentSpec
+    from distpool.serving.metrics import validate_metrics_port
+    from distpool.serving.output import check_output_path
+    from distpool.serving.preflight import check_cluster, check_fits_this_machine, default_budget_bytes
+    from distpool.serving.run import run
+
+    if not 0.0 <= ns.fault_rate < 1.0:
+        raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
+    if ns.enable_unified_memory and ns.disable_unified_memory:
+        raise ValueError("--enable-unified-memory and --disable-unified-memory contradict. Fix: keep one")
+    flags = RequestFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RequestFlags)})
+    settings = Settings.from_env()
+    transfer = transfer_options(ns, settings)
+    config_path = resolve_model(ns.model)
+    for path, flag in ((ns.json, "--json"), (ns.outputs, "--outputs")):
+        if path is not None:
+            check_output_path(path, flag, {"--prompts": ns.prompts, "--model": config_path})
+    impl = implementation_from(ns, ns.model, auto_transformers=True)
+    model = impl.spec  # the transformers runner's: from the model's modules
+    pool_args = pool_args_from(ns, None)
+    num_ranks = ns.prefill * ns.prefill_tp + ns.decode * ns.decode_tp  # a process each, --memory-gib each
+    budget = (
+        int(ns.memory_gib * GIB)
+        if ns.memory_gib is not None
+        else default_budget_bytes(model, pool_args, impl.name, num_ranks)
+    )
+    conditional = ConditionalOptions(
+        max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
+    )
+    worker = WorkerConfig(
+        spec=model,
+        local_prefill=ns.conditional_disagg,
+        local_prefill_chunk=_whole_tokens(ns.local_prefill_chunk, "--local-prefill-chunk"),
+        pool_args=pool_args,
+        budget_bytes=budget,
+        transfer=transfer,
+        device=ns.device,
+        seed=ns.seed,
+        model_impl=impl.name,
+        hf=impl.hf,
+        prefill_tp=ns.prefill_tp,
+        decode_tp=ns.decode_tp,
+    )
+    unified = True if ns.enable_unified_memory else (False if ns.disable_unified_memory else None)
+    spec = DeploymentSpec.build(
+        worker, unified=unified, num_prefill=ns.prefill, num_decode=ns.decode, spread=ns.spread
+    )  # the configurator's refusals come first, before Ray or any actor starts
+    address = ns.address or settings.ray_address
+    address_from = "--address" if ns.address else "RAY_ADDRESS"
+    check_cluster(address, address_from, num_cpus=ns.num_cpus, spread=ns.spread, num_workers=num_ranks)
+    if not address:  # the embedded cluster runs every worker (every rank) on this machine
+        # unified or not, as resolved; every rank counted
+        check_fits_this_machine(spec.worker, ns.prefill * ns.prefill_tp, ns.decode * ns.decode_tp)
+        if ns.metrics_port is not None:
+            validate_metrics_port(ns.metrics_port)
+    else:
+        if ns.metrics_port is not None:
+            raise ValueError(
+                "--metrics-port sets up the embedded cluster's exporter; a cluster exports its own "
+                "metrics (start its nodes with `ray start --metrics-export-port P`)"
+            )
+    tokenizer = find_tokenizer(config_path) if ns.prompts is not None or ns.outputs is not None else None
+    requests = flags.requests_for(
+        vocab_size=model.vocab_size, context_len=worker.pool_args.context_len, tokenizer=tokenizer
+    )
+    return run(
+        spec,
+        requests,
+        address=address,
+        num_cpus=ns.num_cpus,
+        faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
+        overlap_reservation=not ns.reserve_first,
+        conditional=conditional,
+        seed=ns.seed,
+        parity_sample=ns.parity_sample,
+        json_path=ns.json,
+        outputs_path=ns.outputs,
+        detokenize=tokenizer.decode if tokenizer is not None else None,
+        metrics_port=ns.metrics_port,
+    )
+
+
+def transfer_options(ns: argparse.Namespace, settings: Settings) -> TransferOptions:
+    """The flag, else the environment, else TransferOptions' own default; errors name the source."""
+    timeout, timeout_from = TransferOptions.timeout_s, None
+    if ns.transfer_timeout is not None:
+        timeout, timeout_from = ns.transfer_timeout, "--transfer-timeout"
+    elif settings.transfer_timeout_s is not None:
+        timeout, timeout_from = settings.transfer_timeout_s, "DISTPOOL_TRANSFER_TIMEOUT_S"
+    chunk_mib = settings.chunk_mib if settings.chunk_mib is not None else TransferOptions.chunk_bytes >> 20
+    if not 0 < chunk_mib <= MAX_CHUNK_BYTES >> 20:
+        raise ValueError(f"DISTPOOL_CHUNK_MIB must be 1 to {MAX_CHUNK_BYTES >> 20} (MiB); got {chunk_mib}")
+    try:
+        return TransferOptions(timeout_s=timeout, chunk_bytes=chunk_mib << 20)
+    except ValueError as exc:
+        raise ValueError(f"{timeout_from}: {exc}") from None
