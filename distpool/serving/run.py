@@ -24,7 +24,8 @@ from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.output import write_text
 from distpool.serving.parity import Parity, check_parity
 from distpool.serving.recovery import PING_TIMEOUT_S
-from distpool.serving.report import format_summary, link_summary, percentile, summarize
+from distpool.serving.report import link_summary, percentile, summarize
+from distpool.serving.report_text import format_summary
 from distpool.serving.worker_reading import WorkerReading
 from distpool.serving.workload import Request
 

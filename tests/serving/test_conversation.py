@@ -13,7 +13,8 @@ from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conv
 from distpool.serving.driver import ServeOptions, Server
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
-from distpool.serving.report import format_summary, summarize
+from distpool.serving.report import summarize
+from distpool.serving.report_text import format_summary
 from distpool.serving.run import exit_status
 from transfer import TransferOptions
 

@@ -5,7 +5,8 @@ implementation, and the summary's counts."""
 from __future__ import annotations
 
 from distpool.serving.parity import NEAR_TIE_MARGIN, Expected, Parity, compare
-from distpool.serving.report import format_summary, summarize
+from distpool.serving.report import summarize
+from distpool.serving.report_text import format_summary
 
 
 def expected(tokens: list[int], margins: list[float] | None) -> Expected:

@@ -6,7 +6,8 @@ import json
 
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
-from distpool.serving.report import format_summary, summarize
+from distpool.serving.report import summarize
+from distpool.serving.report_text import format_summary
 from distpool.serving.run import exit_status
 from distpool.serving.worker_reading import WorkerReading
 from distpool.worker.stats import PoolHeld

@@ -7,7 +7,8 @@ import pytest
 from distpool.serving import workload
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
-from distpool.serving.report import format_summary, percentile, summarize
+from distpool.serving.report import percentile, summarize
+from distpool.serving.report_text import format_summary
 from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
 from distpool.serving.worker_reading import WorkerReading
 from tests.factories import make_decode_stats
