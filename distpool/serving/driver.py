@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from distpool.serving.attempt_errors import Busy, GiveUp, Retry, decode_failure
 from distpool.serving.batcher import Batcher
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import Deployment
@@ -27,7 +28,7 @@ from distpool.serving.local_path import LocalPath
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery, WorkerLost
-from distpool.serving.reservations import ADMISSION_POLL_S, Busy, Reservations, Retry
+from distpool.serving.reservations import ADMISSION_POLL_S, Reservations
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, PrefillItem, PrefillResult
@@ -51,21 +52,6 @@ class ServeOptions:
     # first (`--reserve-first`): kept so that scripts/bench_ttft.py measures both orders side by side.
     overlap_reservation: bool = True
     conditional: ConditionalOptions = ConditionalOptions()  # local prefill on decode (serving.conditional)
-
-
-class _GiveUp(Exception):
-    """The request fails as `kind` without another attempt: a damaged envelope (CORRUPT) is a bug to
-    see, not bad luck to retry; so is anything a worker says retrying would only repeat."""
-
-    def __init__(self, kind: FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-
-
-def _failure(result: DecodeFailed) -> Exception:
-    """What a decode failure raises: corrupt, or a bug on decode's side, is never retried."""
-    retry = result.retry and not result.corrupt
-    return (Retry if retry else _GiveUp)(result.kind, result.reason)
 
 
 class Server:
@@ -180,7 +166,7 @@ class Server:
                     out.failure = FailureKind.NOT_ADMITTED
                     return out
                 await asyncio.sleep(ADMISSION_POLL_S)
-            except _GiveUp as exc:
+            except GiveUp as exc:
                 out.error, out.failure = str(exc), exc.kind
                 out.corrupt = exc.kind is FailureKind.CORRUPT
                 return out
@@ -197,7 +183,7 @@ class Server:
     async def _attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> None:
         if self.local is not None and (local := await self.local.attempt(req, out, submitted, avoid)):
             if isinstance(local, DecodeFailed):
-                raise _failure(local)
+                raise decode_failure(local)
             return
         rid = req.request_id
         prefill_name = self.router.pick_prefill()
@@ -244,10 +230,10 @@ class Server:
                 raise Busy(sent.reason)
             if isinstance(sent, PrefillFailed):
                 avoid.add(decode_name)
-                raise (Retry if sent.retry else _GiveUp)(sent.kind, sent.reason)
+                raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
             result = await future
             if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
-                raise _failure(result)
+                raise decode_failure(result)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
             self._remember(decode_name, req, out)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from distpool.memory.pool import DoesNotFit
+from distpool.serving.attempt_errors import Busy, Retry
 from distpool.serving.deployment import Deployment
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
@@ -26,19 +27,6 @@ ADMISSION_POLL_S = 0.005
 # reservation made while prefill computes would likely be refused again, and the prefill wasted.
 REFUSAL_MEMORY_S = 1.0
 Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
-
-
-class Busy(Exception):
-    """A pool had no room right now: wait and try again; this does not count as a failed attempt."""
-
-
-class Retry(Exception):
-    """This attempt failed in a way another pair may not (a failed transfer, a dead worker), as
-    `kind`; the message says why."""
-
-    def __init__(self, kind: FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
 
 
 class Reservations:
