@@ -10,30 +10,32 @@ through one long-poll per decode worker (`next_finished`). A failed transfer, a 
 queue; `queue_bound` of them are in the pipeline at once. With conditional disaggregation
 (`serving.conditional`), a request whose prompt extends a state a decode worker kept may instead be
 prefilled there (`DecodeWorker.local_prefill`), with no transfer; refused, it takes the path above.
+One attempt on each path is `serving.remote_path` and `serving.local_path`; the ways an attempt ends
+without its result, `serving.attempt_errors`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from distpool.serving.attempt_errors import Busy, GiveUp, Retry, decode_failure
-from distpool.serving.batcher import Batcher
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import Deployment
-from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
+from distpool.serving.faults import FaultPlan
 from distpool.serving.local_path import LocalPath
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery, WorkerLost
+from distpool.serving.remote_path import RemotePath
 from distpool.serving.reservations import ADMISSION_POLL_S, Reservations
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
-from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, PrefillItem, PrefillResult
+from distpool.worker.messages import DecodeFailed
 from transfer.failure import FailureKind
-from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 RESULT_WAIT_S = 1.0  # one long-poll per decode worker returns at least this often
 FollowUp = Callable[[Request, Outcome], Request | None]  # the request an outcome unlocks, if any
@@ -62,8 +64,6 @@ class Server:
         self.router = Router(list(deployment.prefill), list(deployment.decode), page_size=pool_args.page_size)
         self.cache_affinity = pool_args.prefix_cache  # decode workers keep finished requests' pages
         self.faults = FaultPlan(options.faults, options.seed)
-        self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
-        self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
         self.recovery = Recovery(
             deployment, self.router, on_lost=self._fail_results_on, on_return=self._on_return
@@ -79,6 +79,18 @@ class Server:
         )
         self.local = LocalPath.build(  # prefill on decode (conditional disaggregation), or None
             deployment, self.router, options.conditional, self._call, self._quiet, self.waiting
+        )
+        self.remote = RemotePath(  # prefill on a prefill worker, the envelope sent to decode
+            deployment,
+            self.router,
+            self.reservations,
+            self.faults,
+            self._call,
+            self._quiet,
+            self.waiting,
+            remember=self._remember,
+            in_background=self._in_background,
+            silence_s=self.silence_s,
         )
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
@@ -185,69 +197,7 @@ class Server:
             if isinstance(local, DecodeFailed):
                 raise decode_failure(local)
             return
-        rid = req.request_id
-        prefill_name = self.router.pick_prefill()
-        self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
-        fault = self.faults.draw()
-        try:
-            planned_on = await self._plan_fault(rid, fault, prefill_name)
-        except BaseException:
-            self.router.end(prefill_name)
-            raise
-        asked = time.monotonic()
-        reserving: asyncio.Task | None = None
-        try:
-            decode_name = self.reservations.overlap_candidate(req, prefill_name, avoid)
-            if decode_name is not None:  # reserved while prefill computes
-                reserving = asyncio.ensure_future(
-                    self.reservations.reserve_on(decode_name, req, prefill_name)
-                )
-            else:
-                decode_name = await self.reservations.reserve_first(req, prefill_name, avoid)
-        except BaseException:
-            self.router.end(prefill_name)
-            await self._forget_fault(rid, planned_on)
-            raise
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = (decode_name, future)
-        item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name)
-        sending: asyncio.Future | None = None
-        try:
-            if reserving is not None:
-                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
-                await self.reservations.settle(reserving, sending, decode_name, avoid)
-            prefill_asked = asked if sending is not None else time.monotonic()
-            if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
-                cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
-                self.background.append(asyncio.get_running_loop().create_task(self._quiet(cancel)))
-            if sending is None:
-                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
-            sent = await sending
-            sent_at = time.monotonic()
-            if isinstance(
-                sent, PrefillBusy
-            ):  # the prefill pool is full: give the destination back, try again
-                raise Busy(sent.reason)
-            if isinstance(sent, PrefillFailed):
-                avoid.add(decode_name)
-                raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
-            result = await future
-            if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
-                raise decode_failure(result)
-            times = (submitted, asked, prefill_asked, sent_at)
-            out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
-            self._remember(decode_name, req, out)
-        except BaseException:
-            if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
-                sending.cancel()
-            await self._after_failure(rid, prefill_name, decode_name)
-            raise
-        finally:
-            self.waiting.pop(rid, None)
-            self.router.end(prefill_name, decode_name)
-            await self._forget_fault(rid, planned_on)
-            if future.done() and not future.cancelled():
-                future.exception()  # a result that failed while nobody awaited it: seen, not lost
+        await self.remote.attempt(req, out, submitted, avoid)
 
     def _remember(self, decode_name: str, req: Request, out: Outcome) -> None:
         """What that worker now caches: all but the last token have KV; the state after them."""
@@ -258,33 +208,6 @@ class Server:
             else:
                 self.router.remember(decode_name, held)
 
-    async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
-        """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's
-        one seam (`plan_fault`): a sender fault on its prefill worker, a receiver fault on every live
-        decode worker (the one that expects the transfer takes it). The workers planned on."""
-        if fault in SENDER_FAULTS:
-            names = [prefill_name]
-        elif fault in RECEIVER_FAULTS:
-            names = self.router.alive(list(self.dep.decode))
-        else:
-            return []
-        handles = self.dep.handles()
-        try:
-            await asyncio.gather(*(self._call(n, handles[n].plan_fault.remote(rid, fault)) for n in names))
-        except BaseException:
-            await self._forget_fault(rid, names)
-            raise
-        return names
-
-    async def _forget_fault(self, rid: str, names: list[str]) -> None:
-        """After the attempt: no plan it did not take is left for the next one."""
-        handles = self.dep.handles()
-        await asyncio.gather(*(self._quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
-
-    async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
-        """Prefill and send one request on prefill worker `name` (batched with others)."""
-        return await self._call(name, self.batchers[name].submit(item))
-
     async def _call(self, name: str, awaitable):
         """Await a call to worker `name`; Retry when the worker died or stopped answering."""
         try:
@@ -292,31 +215,16 @@ class Server:
         except WorkerLost as exc:
             raise Retry(FailureKind.WORKER_LOST, str(exc)) from exc
 
+    def _in_background(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run `call` beside the requests: `serve` cancels it when it ends."""
+        self.background.append(asyncio.get_running_loop().create_task(call))
+
     async def _quiet(self, ref) -> None:
         """Await a call whose outcome does not matter, as long as its worker answers in time."""
         try:
             await asyncio.wait_for(ref, self.silence_s)
         except Exception:  # the peer is gone, silent, or never held it: nothing left to free there
             pass
-
-    async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:
-        """The destination is given up (the source was freed by prefill); a broken channel is rebuilt."""
-        p, d = self.dep.prefill[prefill_name], self.dep.decode[decode_name]
-        await self._quiet(d.cancel.remote(rid))
-        if {prefill_name, decode_name} & self.router.dead:
-            return
-        lock = self.rebuild_locks.setdefault((prefill_name, decode_name), asyncio.Lock())
-        async with lock:
-            try:
-                asked = (p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name))
-                broken = await asyncio.wait_for(asyncio.gather(*asked), self.silence_s)
-                if any(broken):
-                    await self.dep.connect_async(prefill_name, decode_name)
-            except Exception as exc:
-                # Not fatal: a pair that cannot reconnect fails its next transfer within its deadline,
-                # and that request is retried on another pair. Say so, since it costs throughput.
-                pair = f"{prefill_name}->{decode_name}"
-                print(f"distpool: warning: channel {pair} not rebuilt: {exc}", flush=True)
 
     def _fail_results_on(self, decode_name: str) -> None:
         for name, future in list(self.waiting.values()):
