@@ -24,12 +24,13 @@ from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, P
 from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 Remember = Callable[[str, Request, Outcome], None]  # a decode worker finished a request: what it caches
-InBackground = Callable[
-    [Coroutine[Any, Any, None]], None
-]  # run beside the requests; cancelled when `serve` ends
+# Runs a coroutine beside the requests; it is cancelled when `serve` ends.
+InBackground = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class RemotePath:
+    """The disaggregated attempts of one `Server`: its prefill batchers and channel rebuilds."""
+
     def __init__(
         self,
         deployment: Deployment,
