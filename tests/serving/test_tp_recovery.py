@@ -142,11 +142,11 @@ def test_a_prefill_group_that_loses_a_rank_comes_back_and_the_run_completes_with
     options = ServeOptions(progress=False, max_attempts=8, silence_s=SILENCE_S)
     try:
         for seed, strike in [(19, stop), (17, kill)]:
-            requests = mixed_requests(40, max_new_tokens=8, seed=seed, max_prompt=40)
+            requests = mixed_requests(16, max_new_tokens=4, seed=seed, max_prompt=40)
             server, report, _ = serve(deployment, requests, options, strike)
-            assert report["completed"] == 40, (strike.__name__, report["errors"])
+            assert report["completed"] == 16, (strike.__name__, report["errors"])
             assert server.recovery.lost == server.recovery.restarted == ["prefill-0"], strike.__name__
-            assert report["verified_envelopes"] == 40 and report["corrupt_envelopes"] == 0
+            assert report["verified_envelopes"] == 16 and report["corrupt_envelopes"] == 0
             assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
             assert exit_status(report) == 3
     finally:
