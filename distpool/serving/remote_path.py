@@ -135,7 +135,8 @@ class RemotePath:
     async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
         """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's
         one seam (`plan_fault`): a sender fault on its prefill worker, a receiver fault on every live
-        decode worker (the one that expects the transfer takes it). The workers planned on."""
+        decode worker (the one that expects the transfer takes it; `corrupt_one_rank`: on its last
+        rank only). The workers planned on."""
         handles: dict = self.dep.handles()
         if fault in SENDER_FAULTS:
             names = [prefill_name]
