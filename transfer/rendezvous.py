@@ -65,13 +65,21 @@ def reserve_port(host: str = "127.0.0.1") -> int:
     created here takes the bound socket over (or `hold_socket` of a socket handed to another
     process): nothing else can take the port in between, as it could between a `free_port` and
     the bind that follows it."""
-    return hold_socket(_bound_socket(host, 0))
+    return hold_socket(reserve_socket(host))
 
 
 def reserve_socket(host: str = "127.0.0.1") -> socket.socket:
     """A socket bound to a free port of `host`, to hand to the process that will listen there (it
-    passes it to `hold_socket`, or a TCPStore takes its descriptor); the caller closes its copy."""
-    return _bound_socket(host, 0)
+    passes it to `hold_socket`, or a TCPStore takes its descriptor); the caller closes its copy.
+
+    Bound by its number, not as port 0: a socket the kernel gave a port to gives it back when it
+    stops listening, and would listen on another port at the next rebuild. The port is found with
+    a first socket, which holds it until the second is bound (both allow it, neither listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as finder:
+        finder.bind((host, 0))
+        finder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return _bound_socket(host, finder.getsockname()[1])
 
 
 def hold_socket(sock: socket.socket) -> int:
