@@ -84,8 +84,8 @@ def _within_model(
             else "max_tokens"
         )
         raise bad_request(
-            f"this model's context is {card.context_len} tokens; {param} is {len(ids)} tokens and {name} "
-            f"asks {asked} more ({len(ids) + asked} in all): lower {name} to at most {room} or shorten the prompt",
+            f"this model's context is {card.context_len} tokens; {param} is {len(ids)} tokens and "
+            f"{name} asks {asked} more ({len(ids) + asked} in all): lower {name} to {room} or less, or shorten the prompt",
             param=name,
             code="context_length_exceeded",
         )
