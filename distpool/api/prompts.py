@@ -85,7 +85,8 @@ def _within_model(
         )
         raise bad_request(
             f"this model's context is {card.context_len} tokens; {param} is {len(ids)} tokens and "
-            f"{name} asks {asked} more ({len(ids) + asked} in all): lower {name} to {room} or less, or shorten the prompt",
+            f"{name} asks {asked} more ({len(ids) + asked} in all): "
+            f"lower {name} to {room} or less, or shorten the prompt",
             param=name,
             code="context_length_exceeded",
         )
