@@ -41,7 +41,7 @@ def test_one_token_at_a_time_never_emits_a_broken_character(byte_tokenizer):
 def test_any_split_of_the_ids_gives_the_whole_text(byte_tokenizer, cuts):
     ids = byte_ids(TEXT)
     bounds = sorted(set(cuts))
-    sizes = [b - a for a, b in zip([0, *bounds], bounds)]
+    sizes = [b - a for a, b in zip([0, *bounds], bounds, strict=False)]
     pieces = stream(IncrementalDetokenizer(byte_tokenizer.decode), ids, sizes)
     assert "".join(pieces) == TEXT
     assert all("\ufffd" not in piece for piece in pieces)
@@ -93,7 +93,7 @@ def test_the_earliest_of_several_stop_strings_wins():
 def test_a_stop_string_is_found_however_the_text_is_chunked(cuts):
     text = "one two <stop> three four"
     bounds = sorted(set(cuts))
-    chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
     matcher, shown, stopped = StopMatcher(["<stop>"]), [], False
     for chunk in chunks:
         check = matcher.push(chunk)
