@@ -17,7 +17,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     role: Role
-    content: Any = None  # str | list of {"type": "text", "text": ...} parts, checked by `_text`
+    content: Any = Field(
+        default=None, validate_default=True
+    )  # str | list of {"type": "text", "text": ...} parts, checked by `_text`
     name: str | None = None
 
     @field_validator("content")

@@ -12,7 +12,8 @@ Cancellation is closing the iterator: a client that disconnects makes the front 
 that consumes `generate` (or `aclose()` it), so the engine's generator sees `CancelledError` or
 `GeneratorExit` at its `await`/`yield` and must then free the request wherever it is (waiting,
 prefilling, moving, decoding). `abort(request_id)` is the same cancellation asked for by id; after
-either, no more events are read.
+either, no more events are read. Closing the iterator after the last event (the one with a
+finish_reason) is not a cancellation: the request has ended and holds nothing.
 """
 
 from __future__ import annotations

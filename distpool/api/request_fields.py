@@ -39,7 +39,9 @@ class RequestFields(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)  # 0 or -1: off
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    stop: Any = None  # a string or a list of strings: checked by `_stop_strings`
+    stop: Any = Field(
+        default=None, validate_default=True
+    )  # a string or a list of strings: checked by `_stop_strings`
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False

@@ -41,6 +41,7 @@ class FakeEngine:
         self.fail_after, self.busy = fail_after, busy
         self.started: list[str] = []
         self.args: dict[str, GenerationArgs] = {}
+        self.prompts: dict[str, tuple[int, ...]] = {}
         self.finished: list[str] = []
         self.cancelled: list[str] = []
         self.aborted: list[str] = []
@@ -56,6 +57,7 @@ class FakeEngine:
             raise EngineBusy(retry_after_s=3)
         self.started.append(request_id)
         self.args[request_id] = args
+        self.prompts[request_id] = prompt_ids
         tokens = self.reply(prompt_ids, args)[: args.max_tokens]
         stops = set(args.stop_token_ids) | (set() if args.ignore_eos else set(self.card.eos_token_ids))
         try:
@@ -76,7 +78,8 @@ class FakeEngine:
                     return
                 yield TokenEvent((token,))
         except (asyncio.CancelledError, GeneratorExit):
-            self.cancelled.append(request_id)
+            if request_id not in self.finished:  # closed after its last event: not a cancellation
+                self.cancelled.append(request_id)
             raise
 
     async def abort(self, request_id: str) -> None:
