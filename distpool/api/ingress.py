@@ -7,8 +7,8 @@ Each replica holds its own `FrontEnd` (its waiting room counts that replica's re
 requests share (routing, reservations, caches) lives in the engine, the one home every replica uses.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the routes' annotations (`Request`)
+# after Serve rewrites the methods, and string annotations would turn `request` into a query field.
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from ray import serve
