@@ -107,7 +107,6 @@ class FrontEnd:
                 prompts = await asyncio.to_thread(completion_prompts, fields, card, tokenizer)
             request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
             jobs = choice_jobs(fields, request_id, prompts)
-            self.waiting.admit(len(jobs))
         except ApiError as exc:
             return exc.response()
         plan = ReplyPlan(

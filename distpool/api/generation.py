@@ -22,27 +22,27 @@ async def run_choices(
     decode: Callable[[list[int]], str] | None,
     room: WaitingRoom,
 ) -> AsyncIterator[list[TextDelta]]:
-    """Batches of deltas until every choice has finished. The caller has admitted `len(jobs)` choices
-    into `room`; each leaves it at its first event or its end. An engine error is raised here."""
+    """Batches of deltas until every choice has finished. The choices enter `room` when the first
+    batch is asked for (ApiError 503 when it is full, before the engine sees them) and each leaves it
+    at its first event or its end, whatever ends it. An engine error is raised here."""
+    room.admit(len(jobs))
     queue: asyncio.Queue[TextDelta | Exception] = asyncio.Queue()
+    waiting = {job.index for job in jobs}
+
+    def leave(index: int) -> None:
+        if index in waiting:
+            waiting.discard(index)
+            room.leave()
 
     async def pump(job: ChoiceJob) -> None:
-        waiting = True
-
-        def first_event() -> None:
-            nonlocal waiting
-            if waiting:
-                waiting = False
-                room.leave()
-
         try:
-            async with aclosing(stream_choice(engine, job, decode, first_event)) as deltas:
+            async with aclosing(stream_choice(engine, job, decode, lambda: leave(job.index))) as deltas:
                 async for delta in deltas:
                     queue.put_nowait(delta)
         except Exception as exc:  # handed to the consumer, which raises it
             queue.put_nowait(exc)
         finally:
-            first_event()
+            leave(job.index)
 
     tasks = [asyncio.create_task(pump(job)) for job in jobs]
     running = len(jobs)
@@ -61,6 +61,8 @@ async def run_choices(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for index in list(waiting):  # a task cancelled before it ever ran
+            leave(index)
 
 
 def merge(deltas: list[TextDelta]) -> list[TextDelta]:

@@ -36,6 +36,8 @@ class ReplyPlan:
 
 
 def engine_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):  # the waiting room's 503
+        return exc
     if isinstance(exc, EngineBusy):
         return busy(exc.retry_after_s, "the engine is at capacity")
     if isinstance(exc, RequestFailed):
@@ -67,13 +69,14 @@ async def unless_disconnected(work: Awaitable[T], disconnected: Awaitable[None])
 
 
 async def first_batch(batches: AsyncIterator[list[TextDelta]]) -> list[TextDelta]:
-    """The first deltas (prefill's token): a stream's headers wait for them, so that an engine that
-    refuses or fails the request before its first token gets a status, not a broken stream."""
+    """The first deltas (prefill's token): a stream's headers wait for them, so that a request refused
+    (no room to wait, the engine at capacity) or failed before its first token gets a status, not a
+    broken stream."""
     try:
         return await anext(batches)
     except StopAsyncIteration:
         return []
-    except (EngineBusy, RequestFailed) as exc:
+    except Exception as exc:  # no room to wait, the engine at capacity or failing: a status
         raise engine_error(exc) from None
 
 

@@ -374,7 +374,7 @@ def test_a_client_leaving_a_stream_cancels_its_generation(card):
 
 
 def test_a_client_leaving_before_a_whole_answer_cancels_its_generation(card):
-    engine = FakeEngine(card, first_delay_s=0.05, step_delay_s=0.05)
+    engine = FakeEngine(card, first_delay_s=1.0, step_delay_s=0.05)  # leaving while prefill computes
     app = serve(engine)
     calls = [
         raw_call(app, "/v1/completions", {"prompt": [[1, 2], [3]], "max_tokens": 40}),
