@@ -75,7 +75,11 @@ class FrontEnd:
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(self, request: Request) -> Response:
-        health = await self.engine.health()
+        try:
+            health = await self.engine.health()
+        except Exception as exc:  # the engine itself does not answer
+            message = f"the engine does not answer: {type(exc).__name__}: {exc}"[:300]
+            return JSONResponse({"status": "unavailable", "message": message, "silent": []}, status_code=503)
         if health.ok:
             return JSONResponse({"status": "ok", "workers": [w.name for w in health.workers]})
         silent = [{"name": w.name, "detail": w.detail} for w in health.silent]

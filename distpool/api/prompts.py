@@ -74,9 +74,16 @@ def _within_model(
             param=param,
             code="context_length_exceeded",
         )
+    if request.min_tokens > room:
+        raise bad_request(
+            f"min_tokens={request.min_tokens} does not fit: this model's context is {card.context_len} "
+            f"tokens and {param} is {len(ids)}, which leaves {room}",
+            param="min_tokens",
+            code="context_length_exceeded",
+        )
     asked = request.requested_max_tokens()
-    if asked is None:
-        return PreparedPrompt(ids, min(default_max or room, room))
+    if asked is None:  # the default, raised to min_tokens where that asks for more
+        return PreparedPrompt(ids, min(max(default_max or room, request.min_tokens), room))
     if asked > room:
         name = (
             "max_completion_tokens"

@@ -111,7 +111,7 @@ class RequestFields(BaseModel):
     def generation_args(self, max_tokens: int) -> GenerationArgs:
         return GenerationArgs(
             max_tokens=max_tokens,
-            min_tokens=min(self.min_tokens, max_tokens),
+            min_tokens=self.min_tokens,
             temperature=float(self.temperature),
             top_p=float(self.top_p),
             top_k=max(self.top_k, 0),

@@ -229,6 +229,13 @@ def test_health_is_200_when_every_worker_answers_and_503_naming_those_that_do_no
     assert response.status_code == 503
     assert "decode-1" in response.json()["message"] and "prefill-0" not in response.json()["message"]
 
+    class Unreachable(FakeEngine):
+        async def health(self):
+            raise ConnectionError("engine replica gone")
+
+    response = run(get(Unreachable(card)))
+    assert response.status_code == 503 and "engine replica gone" in response.json()["message"]
+
 
 # --- refusals ------------------------------------------------------------------------------------
 

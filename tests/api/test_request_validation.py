@@ -240,3 +240,11 @@ def test_a_tokenizer_without_a_chat_template_is_refused_with_a_reason(card, plai
     with pytest.raises(ApiError) as caught:
         chat_prompt(chat(), card, load_tokenizer(str(plain_tokenizer_folder)))
     assert caught.value.code == "no_chat_template" and "no chat template" in caught.value.message
+
+
+def test_min_tokens_raise_the_default_max_tokens_within_the_context(card, byte_tokenizer):
+    (prompt,) = completion_prompts(completion(prompt=[1, 2], min_tokens=30), card, byte_tokenizer)
+    assert prompt.max_tokens == 30  # the default 16 would end before min_tokens
+    with pytest.raises(ApiError) as caught:
+        completion_prompts(completion(prompt=[1] * 60, min_tokens=5), card, byte_tokenizer)
+    assert caught.value.param == "min_tokens" and "leaves 4" in caught.value.message
