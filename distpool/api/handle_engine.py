@@ -26,8 +26,8 @@ class HandleEngine:
         finished = False
         try:
             async for event in stream:
+                finished = event.is_last  # closed after this one: nothing left to cancel
                 yield event
-                finished = event.is_last
         finally:
             if not finished:
                 stream.cancel()

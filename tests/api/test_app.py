@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from distpool.api.app import build_app
-from distpool.api.engine import GenerationArgs, ModelCard, WorkerHealth
+from distpool.api.engine import Engine, GenerationArgs, ModelCard, WorkerHealth
 from distpool.api.settings import ApiSettings
 from distpool.api.sse import parse_sse
 from tests.api.asgi_calls import client, raw_call, wait_until
@@ -55,6 +55,10 @@ def stream_events(response) -> list:
     events = parse_sse(response.content)
     assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
     return events[:-1]
+
+
+def test_the_fake_engine_is_an_engine(card):
+    assert isinstance(FakeEngine(card), Engine)  # the protocol's methods, as the real engine must have them
 
 
 # --- completions ---------------------------------------------------------------------------------
