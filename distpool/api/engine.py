@@ -122,8 +122,9 @@ class RequestFailed(Exception):
 
 @runtime_checkable
 class Engine(Protocol):
-    """The engine behind the front end. Every method is a coroutine so that a Ray Serve handle or an
-    actor adapts to it directly. Request ids are unique among requests in flight."""
+    """The engine behind the front end. Every method is async (`generate` an async generator), so a
+    Ray Serve deployment or an actor adapts to it directly (`handle_engine.HandleEngine`); what
+    crosses is these frozen values. Request ids are unique among requests in flight."""
 
     async def model_card(self) -> ModelCard: ...
 
