@@ -90,23 +90,34 @@ def test_a_pipe_and_a_character_device_are_written_as_they_are(tmp_path):
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
 
 
-def test_dev_stdout_redirected_to_a_file_is_appended_to_and_never_replaced(tmp_path):
-    """Regression: --outputs /dev/stdout, run with stdout redirected to a file, replaced the
-    /dev/stdout link with a regular file. Checked in a child whose stdout is that file."""
-    log = tmp_path / "log.txt"
+def test_dev_stdout_redirected_to_a_file_is_appended_to_and_never_replaced(tmp_path, monkeypatch):
+    """Regression: --outputs /dev/stdout, run as root with stdout redirected to a file, replaced the
+    machine's /dev/stdout link with a regular file. Checked in a child whose stdout is that file,
+    on a stand-in for /dev (a test must not risk the machine's own): a folder counted as a system
+    folder, holding `stdout` -> /proc/self/fd/1."""
+    dev, log = tmp_path / "dev", tmp_path / "log.txt"
+    dev.mkdir()
+    (dev / "stdout").symlink_to("/proc/self/fd/1")
     code = (
         "import os, sys\n"
-        "from distpool.serving.output import check_output_path, write_text\n"
+        "from pathlib import Path\n"
+        "from distpool.serving import output\n"
+        "dev = Path(sys.argv[1])\n"
+        "output.SYSTEM_FOLDERS = (*output.SYSTEM_FOLDERS, dev)\n"
         "print('summary', flush=True)\n"
-        "check_output_path('/dev/stdout', '--outputs', {})\n"
-        "write_text('/dev/stdout', 'outputs\\n')\n"
-        "sys.stderr.write(str(os.path.islink('/dev/stdout')))\n"
+        "output.check_output_path('/proc/self/fd/1', '--outputs', {})\n"
+        "output.write_text(dev / 'stdout', 'outputs\\n')\n"
+        "output.write_text('/proc/self/fd/1', 'more\\n')\n"
+        "sys.stderr.write(str(os.path.islink(dev / 'stdout')))\n"
     )
     with open(log, "w") as out:
-        child = subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.PIPE, timeout=60)
+        child = subprocess.run(
+            [sys.executable, "-c", code, str(dev)], stdout=out, stderr=subprocess.PIPE, timeout=60
+        )
     assert child.returncode == 0, child.stderr.decode()
-    assert child.stderr.decode().endswith("True")  # /dev/stdout is still a link
-    assert log.read_text() == "summary\noutputs\n"
+    assert child.stderr.decode().endswith("True")  # the link is still a link
+    assert log.read_text() == "summary\noutputs\nmore\n"
+    assert sorted(p.name for p in dev.iterdir()) == ["stdout"]
 
 
 @pytest.mark.parametrize("path", ["/dev/x.json", "/proc/self/x.json", "/sys/x.json", "/proc/self/status"])
