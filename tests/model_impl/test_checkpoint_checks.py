@@ -117,3 +117,43 @@ def test_an_index_may_not_name_a_shard_outside_the_folder(tmp_path, hf_checkpoin
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="outside the checkpoint's folder"):
         read_checkpoint(folder)
+
+
+def safetensors_bytes(header: dict, data: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+@pytest.mark.parametrize(
+    "header, data, expected",
+    [
+        ({"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, "malformed header entry"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}}, b"\0" * 8, "malformed header entry"),
+        ({"w": {"dtype": 7, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "malformed header entry"),
+        ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "takes 8 bytes, not 12"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "ends at data byte 8"),
+        (["w"], b"", "not a JSON object"),
+    ],
+)
+def test_a_header_entry_that_does_not_fit_the_file_is_refused(tmp_path, header, data, expected):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(header, data))
+    with pytest.raises(CheckpointError, match=expected):
+        read_header(path)
+
+
+@pytest.mark.parametrize(
+    "index, expected",
+    [
+        ("{not json", 'not a JSON object with a "weight_map"'),
+        ('{"metadata": {}}', 'not a JSON object with a "weight_map"'),
+        ('{"weight_map": {"w": 3}}', '"weight_map" must map tensor names to file names'),
+    ],
+)
+def test_an_index_that_is_not_one_is_refused(tmp_path, index, expected):
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=expected):
+        read_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(CheckpointError, match="holds neither model.safetensors nor"):
+        read_checkpoint(tmp_path)

@@ -51,7 +51,10 @@ def test_an_interrupted_run_writes_the_summary_json_and_outputs_of_what_complete
         for line in iter(run.stdout.readline, b""):
             lines.append(line.decode())
             if "progress:" in lines[-1] and "progress: 0/" not in lines[-1]:
-                os.killpg(run.pid, signum) if to_group else os.kill(run.pid, signum)
+                if to_group:
+                    os.killpg(run.pid, signum)
+                else:
+                    os.kill(run.pid, signum)
                 break
         rest, _ = run.communicate(timeout=120)
     finally:

@@ -85,9 +85,10 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
 def _stored(path: Path, name: str, entry: object, data_bytes: int) -> StoredTensor:
     try:
         dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        assert isinstance(dtype, str) and all(type(n) is int and n >= 0 for n in (*shape, begin, end))
-    except (TypeError, KeyError, ValueError, AssertionError):
-        raise CheckpointError(path, f"tensor {name!r} has a malformed header entry (corrupt)") from None
+    except (TypeError, KeyError, ValueError):
+        dtype, shape, begin, end = None, (), -1, -1
+    if not isinstance(dtype, str) or not all(type(n) is int and n >= 0 for n in (*shape, begin, end)):
+        raise CheckpointError(path, f"tensor {name!r} has a malformed header entry (corrupt)")
     if not begin <= end <= data_bytes:
         raise CheckpointError(
             path, f"tensor {name!r} ends at data byte {end} but the file holds {data_bytes} (truncated)"
@@ -132,6 +133,8 @@ def _weight_map(index: Path) -> dict[str, str]:
         if index.stat().st_size > MAX_INDEX_BYTES:
             raise CheckpointError(index, f"is larger than {MAX_INDEX_BYTES >> 20} MiB: not an index")
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except CheckpointError:
+        raise
     except OSError as exc:
         raise CheckpointError(index, f"cannot be read ({exc.strerror or exc})") from None
     except (ValueError, RecursionError, TypeError, KeyError):
