@@ -87,8 +87,8 @@ def check_tensor_parallel(worker: WorkerConfig, model_impl: str, *, spread: bool
     if model_impl == "transformers":
         raise ValueError(
             f"{sizes}: the transformers runner has no TP (transformers has no tensor-parallel plan for "
-            "Mamba or gated delta net mixers); use --model-impl synthetic or reference, or "
-            "--prefill-tp 1 --decode-tp 1"
+            "Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1, or use --model-impl "
+            "synthetic or reference"
         )
     if spread:
         raise ValueError(
