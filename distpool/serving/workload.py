@@ -156,11 +156,17 @@ def _prompt_len(rng: random.Random, workload: str, limit: int, mixed: tuple[int,
 
 
 def load_jsonl(
-    path: str | Path, *, vocab_size: int, max_new_tokens: int, tokenizer: PromptTokenizer | None = None
+    path: str | Path,
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+    tokenizer: PromptTokenizer | None = None,
+    context_len: int | None = None,
 ) -> list[Request]:
-    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"}, with optional
-    "max_new_tokens" and "id". Text is tokenized with the model's `tokenizer`, or without one taken
-    as its UTF-8 bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"} (not both), with
+    optional "max_new_tokens" and "id". Text is tokenized with the model's `tokenizer`, or without one
+    taken as its UTF-8 bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE. A request
+    longer than `context_len` (prompt and new tokens) is refused, naming its line."""
     vocab_size = vocab_size or DEFAULT_VOCAB_SIZE
     requests = []
     try:
@@ -183,6 +189,10 @@ def load_jsonl(
             raise ValueError(f"{where}: invalid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
+        if "prompt_ids" in row and "prompt" in row:
+            raise ValueError(
+                f'{where}: give "prompt_ids" or "prompt", not both (which one to serve is unclear)'
+            )
         if "prompt_ids" in row:
             ids = row["prompt_ids"]
             if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
@@ -196,6 +206,11 @@ def load_jsonl(
         new = row.get("max_new_tokens", max_new_tokens)
         if not ids or type(new) is not int or new < 1:
             raise ValueError(f"{where}: the prompt must be non-empty and max_new_tokens an int >= 1")
+        if context_len is not None and len(ids) + new > context_len:
+            raise ValueError(
+                f"{where}: {len(ids)} prompt tokens and {new} new tokens are longer than --context-len "
+                f"{context_len}. Fix: raise --context-len, or shorten the request"
+            )
         rid = row.get("id", f"req-{number:05d}")
         if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not 0 < len(str(rid)) <= MAX_ID_CHARS:
             raise ValueError(f"{where}: id must be a string (or number) of 1 to {MAX_ID_CHARS} characters")
