@@ -148,6 +148,8 @@ def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np
 
 def _in_place(pieces: np.ndarray) -> np.ndarray:
     """(2,) bool: whether `pieces` (k, 3), sent as one message, lie back to back at SRC and at DST."""
+    if pieces.shape[0] == 1:
+        return np.ones(2, dtype=bool)
     ends = pieces[:-1, [SRC, DST]] + pieces[:-1, NBYTES : NBYTES + 1]
     return (pieces[1:, [SRC, DST]] == ends).all(axis=0)
 
@@ -166,8 +168,8 @@ def _goes_direct(pieces: np.ndarray, candidates: np.ndarray, message_cost_bytes:
     `message_cost_bytes`, and a batch counts its bytes once per side it is staged on. Batching
     wins where it keeps a side in place that splitting would break (say, a contiguous source whose
     long runs would leave gaps in the batch). Ties go zero-copy."""
-    if not candidates.any():
-        return candidates
+    if candidates.shape[0] == 1 or not candidates.any():
+        return candidates  # one piece is in place on both sides either way
     rest = pieces[~candidates]
     split = message_cost_bytes * (int(candidates.sum()) + int(rest.shape[0] > 0)) + _copied_bytes(rest)
     batched = message_cost_bytes + _copied_bytes(pieces)
