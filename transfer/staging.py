@@ -9,7 +9,8 @@ in the arena merge (the packed side is contiguous anyway): a batch whose pieces 
 side, but not on the other, moves as one slice here. Then:
 - few or large pieces: one slice copy per piece (a handful per chunk);
 - many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
-  gcd of every offset and count, so each piece is a whole number of rows; on CPU this goes through
+  gcd of every offset and count, so each piece is a whole number of rows (a copy per piece only
+  where rows under 64 bytes would need an index of over a million rows); on CPU this goes through
   numpy (single-threaded: torch's intra-op threads spin and starve the Gloo I/O threads on a small
   machine), on CUDA through torch index_select / index_copy_.
 """
@@ -27,14 +28,16 @@ import torch
 # than building a row index (each slice copy is ~1-3 us of overhead).
 _LOOP_MAX_PIECES = 8
 _LOOP_MIN_MEAN_BYTES = 1 << 20
-# Rows narrower than this make the index larger than 1/8 of the data it moves.
+# Rows narrower than this make the index larger than 1/8 of the data it moves: taken only while the
+# index stays under _MAX_NARROW_ROWS entries (8 MiB), else a copy per piece.
 _MIN_UNIT_BYTES = 64
+_MAX_NARROW_ROWS = 1 << 20
 
 
 def _piece_rows(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[int, np.ndarray] | None:
     """The row width and row index that cover the pieces, or None when rows would be too narrow."""
     unit = int(np.gcd.reduce(np.concatenate([offsets, nbytes])))
-    if unit < _MIN_UNIT_BYTES:
+    if unit < _MIN_UNIT_BYTES and int(nbytes.sum()) // unit > _MAX_NARROW_ROWS:
         return None
     rows_per_piece = nbytes // unit
     first_row = offsets // unit

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transfer import staging
 from transfer.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
 
 
@@ -38,7 +39,7 @@ CASES = {
     ],
     # many pieces of several sizes, all multiples of 128: rows of 128 bytes
     "multi-row": [(i * 1024, 128 * (1 + i % 5)) for i in range(40)],
-    # many pieces with odd offsets: rows would be 1 byte, so the loop is used
+    # many pieces with odd offsets: rows of 1 byte, a small index still
     "odd": [(i * 97 + 3, 13) for i in range(60)],
 }
 
@@ -123,3 +124,13 @@ def test_gather_and_scatter_match_a_copy_per_piece_for_any_pieces(rows, seed):
         expected[o : o + n] = src[position : position + n]
         position += n
     assert torch.equal(arena, expected)
+
+
+def test_rows_too_narrow_for_their_index_are_copied_piece_by_piece(monkeypatch):
+    monkeypatch.setattr(staging, "_MAX_NARROW_ROWS", 100)  # the odd case's 780 one-byte rows: too many
+    arena = random_arena(64 * 1024, seed=6)
+    offsets, nbytes = pieces(CASES["odd"])
+    assert staging._piece_rows(offsets.numpy(), nbytes.numpy()) is None
+    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
+    gather(arena, offsets, nbytes, out)
+    assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in CASES["odd"]]))
