@@ -7,6 +7,7 @@ and fragmentation it measures, on the same channel:
             and the engine's own chunked, striped sends (the link's ceiling)
   naive     one blocking send per layer of each page, as a per-layer loop would do
 Each timing runs from the sender's start until the receiver has everything (it acknowledges).
+Then the per-transfer overhead: a one-page envelope against the page as one raw message.
 
 Fragmentation 0.0 / 0.5 / 1.0: that share of the envelope's pages moved to random places (on the
 sides `--fragmented` names). Fragmentation "churn": real placements. A short seeded churn trace
