@@ -69,6 +69,10 @@ def check_request(
         raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab_size})")
     if not isinstance(params, SamplingParams):
         raise ValueError(f"request {request_id!r} needs its SamplingParams, got {type(params).__name__}")
+    if not params.greedy and params.seed is None:
+        raise ValueError(
+            f"request {request_id!r} samples without a seed; the server sets one where it enters"
+        )
     max_new_tokens = params.max_tokens
     if len(prompt) < 1 or max_new_tokens < 1:
         raise ValueError(f"prompt_len and max_new_tokens must be >= 1; got {len(prompt)}, {max_new_tokens}")

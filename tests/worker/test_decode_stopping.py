@@ -81,3 +81,10 @@ def test_stop_ids_min_tokens_ignore_eos_and_sampling_in_one_batch(pair):
         assert done[rid].tokens == generate_nocache(ORACLE, PROMPT, params, (EOS,)), rid
     assert done["sampled"].tokens != GREEDY
     assert_nothing_held(p, d)
+
+
+def test_a_sampled_request_without_a_seed_is_refused_holding_nothing(pair):
+    p, d = pair
+    with pytest.raises(ValueError, match="samples without a seed"):
+        d.reserve("no-seed", PROMPT, SamplingParams(max_tokens=4, temperature=1.0), "prefill-0")
+    assert_nothing_held(p, d)
