@@ -2,8 +2,9 @@
 
 Per request and token, in float64 on the CPU: banned ids (`TokenPick.banned`) get -inf; greedy
 (temperature 0) is the argmax; else the logits are divided by the temperature, cut to the top k, then
-to the top p of probability, and one uniform draw picks a token by inverse CDF over the probabilities
-sorted high to low (ties by id).
+to the top p of probability, and one uniform draw picks a token by inverse CDF over the kept tokens'
+probabilities (in id order when nothing is cut, likeliest first otherwise). Nothing sorts the whole
+vocabulary: top-k and top-p take partial top-k's.
 
 The draw of token i comes from a fresh `torch.Generator` seeded with a hash of (the request's seed,
 i): no generator state lives anywhere between tokens, so whichever process computes token i (prefill
@@ -44,27 +45,42 @@ def pick_tokens(logits: torch.Tensor, picks: Sequence[TokenPick | None] | None) 
 
 
 def pick_one(logits: torch.Tensor, pick: TokenPick) -> int:
-    """Token `pick.index` of a request from its logits (vocab,) in float64."""
-    logits = logits.to(torch.float64).clone()
+    """Token `pick.index` of a request from its logits (vocab,), in float64."""
+    logits = logits.to(torch.float64)
     if pick.banned:
-        banned = torch.tensor([t for t in pick.banned if t < logits.shape[0]], dtype=torch.long)
-        logits[banned] = -torch.inf
+        logits = logits.clone()
+        logits[torch.tensor([t for t in pick.banned if t < logits.shape[0]], dtype=torch.long)] = -torch.inf
     params = pick.params
     if params.greedy:
         return int(logits.argmax())
     assert params.seed is not None, "a sampled request's seed is set where it enters"
     logits = logits / params.temperature
-    order = torch.sort(logits, descending=True, stable=True)
-    values, ids = order.values, order.indices
-    keep = int(torch.isfinite(values).sum())
-    if params.top_k:
-        keep = min(keep, params.top_k)
-    probs = torch.softmax(values[:keep], dim=0)
+    ids: torch.Tensor | None = None  # the kept tokens' ids; None: every token, in id order
+    if 0 < params.top_k < logits.shape[0]:
+        logits, ids = torch.topk(logits, params.top_k)  # likeliest first
+    probs = torch.softmax(logits, dim=0)
     if params.top_p < 1:
-        before = torch.cumsum(probs, dim=0) - probs  # probability of the tokens ranked above each
-        keep = max(1, int((before < params.top_p).sum()))
-        probs = probs[:keep]
+        probs, kept = _nucleus(probs, params.top_p)
+        ids = kept if ids is None else ids[kept]
     cdf = torch.cumsum(probs, dim=0)
-    u = uniform_draw(params.seed, pick.index) * float(cdf[-1])
-    chosen = min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)), keep - 1)
-    return int(ids[chosen])
+    u = torch.tensor([uniform_draw(params.seed, pick.index) * float(cdf[-1])], dtype=torch.float64)
+    chosen = min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+    return chosen if ids is None else int(ids[chosen])
+
+
+NUCLEUS_FIRST_K = 64  # the likeliest tokens looked at first for top-p; four times more until enough
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest set of the likeliest tokens whose probability reaches `top_p` (always one), as
+    (probabilities, positions in `probs`), likeliest first. A partial top-k, widened until it holds
+    `top_p`, instead of sorting the whole vocabulary: the nucleus is usually small."""
+    k = min(NUCLEUS_FIRST_K, probs.shape[0])
+    while True:
+        values, positions = torch.topk(probs, k)
+        if float(values.sum()) >= top_p or k == probs.shape[0]:
+            break
+        k = min(4 * k, probs.shape[0])
+    before = torch.cumsum(values, dim=0) - values  # probability of the tokens ranked above each
+    keep = max(1, int((before < top_p).sum()))
+    return values[:keep], positions[:keep]

@@ -108,3 +108,15 @@ def test_eos_ends_a_request_in_the_batch_and_min_tokens_and_ignore_eos_hold_it_b
     assert got[2] == generate_nocache(model, prompt, params[2], eos)
     assert got[3] == greedy[:2]
     assert pool.request_ids == []
+
+
+def test_a_nucleus_wider_than_the_first_partial_top_k_is_the_full_sorts():
+    logits = torch.linspace(0, 1, 1000, dtype=torch.float64)  # nearly flat: the nucleus is hundreds
+    params = sampled(top_p=0.5)
+    probs = torch.softmax(logits, 0)
+    ranked = torch.sort(probs, descending=True)
+    size = int(((torch.cumsum(ranked.values, 0) - ranked.values) < 0.5).sum())
+    assert size > 64
+    nucleus = set(ranked.indices[:size].tolist())
+    got = {pick_one(logits, TokenPick(params, i)) for i in range(2000)}
+    assert got <= nucleus and len(got) > size // 2
