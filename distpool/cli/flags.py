@@ -13,7 +13,7 @@ from distpool.serving import request_flags
 from distpool.serving.conversation import DEFAULT_TURNS
 from distpool.serving.request_flags import RequestFlags
 from distpool.serving.workload import WORKLOADS
-from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK, WorkerConfig
+from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK
 from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
@@ -174,9 +174,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument(
         "--conditional-disagg",
         action=argparse.BooleanOptionalAction,
-        default=WorkerConfig.local_prefill,
+        default=None,  # None: on with the prefix cache (WorkerConfig.local_prefill), which keeps the states
         help="prefill a request on the decode worker holding the state its prompt extends, when the cost "
-        "model says that beats moving the slot (README: conditional disaggregation)",
+        "model says that beats moving the slot (README: conditional disaggregation; default: on, with "
+        "the prefix cache)",
     )
     run.add_argument(
         "--local-prefill-max-tokens",
@@ -186,7 +187,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--local-prefill-chunk",
-        default=str(DEFAULT_LOCAL_PREFILL_CHUNK),
+        default=None,  # None: DEFAULT_LOCAL_PREFILL_CHUNK (given, it needs conditional disaggregation)
         metavar="N",
         help=f"tokens a local prefill computes between two decode steps ({DEFAULT_LOCAL_PREFILL_CHUNK})",
     )

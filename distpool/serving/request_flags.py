@@ -104,15 +104,11 @@ class RequestFlags:
                 max_prompt=high if self.max_prompt_len is None else self.max_prompt_len,
                 **common,
             )
-        requests = workload.load_jsonl(
+        return workload.load_jsonl(
             self.prompts,
             vocab_size=vocab_size,
             max_new_tokens=self.max_new_tokens,
             tokenizer=tokenizer,
             sampling=self.sampling,
+            context_len=context_len,
         )
-        if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
-            raise ValueError(
-                f"a request in {self.prompts} is longer than --context-len {context_len}; raise it"
-            )
-        return requests

@@ -184,11 +184,13 @@ def load_jsonl(
     max_new_tokens: int,
     tokenizer: PromptTokenizer | None = None,
     sampling: SamplingParams | None = None,
+    context_len: int | None = None,
 ) -> list[Request]:
-    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"}, with optional
-    "max_new_tokens" and "id", and any of SAMPLING_FIELDS (else `sampling`'s, the run's defaults).
-    Text is tokenized with the model's `tokenizer`, or without one taken as its UTF-8 bytes modulo
-    the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"} (not both), with
+    optional "max_new_tokens" and "id", and any of SAMPLING_FIELDS (else `sampling`'s, the run's
+    defaults). Text is tokenized with the model's `tokenizer`, or without one taken as its UTF-8
+    bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE. A request longer than
+    `context_len` (prompt and new tokens) is refused, naming its line."""
     vocab_size = vocab_size or DEFAULT_VOCAB_SIZE
     requests = []
     try:
@@ -211,6 +213,10 @@ def load_jsonl(
             raise ValueError(f"{where}: invalid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
+        if "prompt_ids" in row and "prompt" in row:
+            raise ValueError(
+                f'{where}: give "prompt_ids" or "prompt", not both (which one to serve is unclear)'
+            )
         if "prompt_ids" in row:
             ids = row["prompt_ids"]
             if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
@@ -229,6 +235,11 @@ def load_jsonl(
             raise ValueError(f"{where}: id must be a string (or number) of 1 to {MAX_ID_CHARS} characters")
         _utf8(str(rid), where, "id")  # an envelope carries it as UTF-8
         params = _line_params(row, replace(sampling or SamplingParams(), max_tokens=new), where, vocab_size)
+        if context_len is not None and len(ids) + params.max_tokens > context_len:
+            raise ValueError(
+                f"{where}: {len(ids)} prompt tokens and {params.max_tokens} new tokens are longer than "
+                f"--context-len {context_len}. Fix: raise --context-len, or shorten the request"
+            )
         requests.append(Request(request_id=str(rid), prompt=ids, params=params))
     if not requests:
         raise ValueError(f"{path}: no requests")
