@@ -117,6 +117,7 @@ def test_bad_run_wide_values_exit_2_naming_the_flag(flags, message, capsys):
         ({"stop_token_ids": [500]}, "stop_token_ids must be token ids in [0, 96)"),
         ({"ignore_eos": "yes"}, "ignore_eos must be true or false"),
         ({"max_tokens": 3, "max_new_tokens": 3}, "max_tokens and max_new_tokens both given"),
+        ({"max_tokens": 100000}, "2 prompt tokens and 100000 new tokens are longer than --context-len"),
     ],
 )
 def test_bad_values_in_a_prompts_line_exit_2_naming_the_line(fields, message, tmp_path, capsys):
