@@ -52,7 +52,7 @@ from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_
 from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
 from transfer.link import message_pieces  # noqa: E402
-from transfer.rendezvous import free_port  # noqa: E402
+from transfer.rendezvous import reserve_port  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 # A Qwen3-Next-like page: 16 tokens x 12 full-attention layers x 2 KV heads x 256 dims x (K, V) x bf16.
@@ -232,7 +232,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
 class Bench:
     def __init__(self, args: argparse.Namespace, arena_bytes: int) -> None:
         self.args, self.arena_bytes = args, arena_bytes
-        self.port = free_port()
+        self.port = reserve_port()  # held until this process's rank-0 end listens on it
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.peer = ctx.Process(
