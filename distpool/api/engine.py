@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from distpool.model.sampling import SamplingParams
+
 
 class FinishReason(str, Enum):
     """Why a request ended, with OpenAI's words: an EOS or stop id or stop string (`stop`), its
@@ -49,20 +51,10 @@ class ModelCard:
         return self.tokenizer_folder is not None
 
 
-@dataclass(frozen=True)
-class GenerationArgs:
-    """One request's generation parameters, with the names and defaults of issue 35's
-    `SamplingParams` (temperature 0: greedy; top_k 0 and top_p 1: off; seed None: the engine draws
-    one). The front end has checked every range before an engine sees it."""
-
-    max_tokens: int = 16
-    min_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
+# One request's generation parameters: the engine's own value (`distpool.model.sampling`), the one
+# that prefill and decode carry, under the name the front end speaks. It checks its ranges when built;
+# the front end has checked them first, to answer with OpenAI's error shape.
+GenerationArgs = SamplingParams
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from distpool.cli.flags import pool_args_from
 from distpool.memory.describe import format_sizes
 from distpool.memory.sizing import GIB
 from distpool.memory.tp_sizes import size_tp_pools
+from distpool.model.eos import eos_token_ids
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import implementation_from
@@ -115,6 +116,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         model_impl=impl.name,
         hf=impl.hf,
+        eos_token_ids=eos_token_ids(config_path, model.vocab_size),
         prefill_tp=ns.prefill_tp,
         decode_tp=ns.decode_tp,
     )

@@ -264,15 +264,23 @@ def outputs_text(
     served: list[Request], outcomes: list[Outcome], detokenize: Callable[[list[int]], str] | None = None
 ) -> str:
     """`--outputs`: one JSON line per completed request, in the order served: its id, the prompt
-    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only, and with a
-    tokenizer (`detokenize`) the generated tokens' text."""
-    tokens = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
+    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only, why it ended
+    (`finish_reason`: stop, with `stop_token_id`, or length), the sampling seed it was served with,
+    and with a tokenizer (`detokenize`) the generated tokens' text."""
+    done = {o.request_id: o for o in outcomes if o.tokens is not None}
     lines = []
     for r in served:
-        if r.request_id in tokens:
-            line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]}
+        if (o := done.get(r.request_id)) is not None:
+            assert o.tokens is not None
+            line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": o.tokens}
+            if o.finish is not None:
+                line["finish_reason"] = o.finish.reason
+                if o.finish.stop_token is not None:
+                    line["stop_token_id"] = o.finish.stop_token
+            if o.seed is not None:
+                line["seed"] = o.seed
             if detokenize is not None:
-                line["text"] = detokenize(tokens[r.request_id])
+                line["text"] = detokenize(o.tokens)
             lines.append(json.dumps(line))
     return "".join(f"{line}\n" for line in lines)
 
