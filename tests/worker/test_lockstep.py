@@ -16,6 +16,7 @@ from decode.request import DecodeRequest
 from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.config import WorkerConfig
 from distpool.worker.lockstep import GroupBroken, Lockstep
@@ -172,7 +173,8 @@ def land(worker: DecodeWorker, rid: str, prompt: list[int], *, flip: bool) -> No
         if flip:
             offset = int(worker.pool.envelope(rid).ranges[0, 0])
             worker.pool.buffer[offset] ^= 0xFF
-        worker.arrived[rid] = DecodeRequest(prompt=prompt, max_new_tokens=3, tokens=[first])
+        params = SamplingParams(max_tokens=3)
+        worker.arrived[rid] = DecodeRequest(prompt=prompt, params=params, tokens=[first])
         worker.wake.notify_all()
 
 
