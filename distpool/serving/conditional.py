@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from distpool.memory.prefix_keys import PrefixKeys
 from distpool.serving.router import AFFINITY_SLACK, Router
 
-# Running requests' per-token latency may grow by this fraction over a reply's length while a local
-# prefill interleaves with their steps (the benchmark's target: p99 at most 1.5x).
+# Running requests' per-token latency may grow by this fraction over a reply's length for what a local
+# prefill stalls them beyond what its envelope's landing would (the benchmark's target: p99 at most 1.5x).
 LATENCY_BUDGET = 0.5
 SMOOTHING = 0.2  # weight of the newest measurement in each moving average
 MAX_STATES_PER_WORKER = 4096  # the mirror's bound; a worker keeps at most one state per slot anyway
