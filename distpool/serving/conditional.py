@@ -27,7 +27,8 @@ prefill part (batching and waiting included) over the tokens prefill computed, a
 decode's seconds for a local prefill's new tokens (`compute_s`: its state copy and chunks, the
 decode steps between them aside). Until a local prefill completed, prefill's model rate (its
 waves' tokens over the model call's seconds, `PrefillSent.compute_tokens_per_s`) stands in for
-`decode_s`, and the landing for local admission (the same envelope verified). Until all of them
+`decode_s`, and until decode's samples tell its two parts apart it is `decode_s`'s part per token;
+the landing stands in for local admission (the same envelope verified). Until all of them
 have been measured, every request takes the disaggregated path. `max_tokens` replaces the model
 with a fixed bound on N + Q.
 A worker whose load exceeds the least loaded one's by more than `router.AFFINITY_SLACK` is not asked.
@@ -79,8 +80,9 @@ class _Average:
 
 class _Line:
     """y = fixed + per_x * x, both parts at least 0, fitted by least squares over (x, y) samples,
-    newest weighted most; a line through the origin (a rate) until the samples' x spread enough to
-    tell a fixed part apart."""
+    newest weighted most. Until the samples' x spread enough to tell the parts apart, `per_x_hint`
+    (when given) is the part per x and the samples give the fixed part; else a line through the
+    origin (a rate)."""
 
     def __init__(self) -> None:
         self.x, self.y, self.xx, self.xy = _Average(), _Average(), _Average(), _Average()
@@ -89,7 +91,7 @@ class _Line:
         for average, sample in ((self.x, x), (self.y, y), (self.xx, x * x), (self.xy, x * y)):
             average.add(sample)
 
-    def at(self, x: float) -> float | None:
+    def at(self, x: float, per_x_hint: float | None = None) -> float | None:
         if self.x.value is None:
             return None
         mean_x, mean_y, xx, xy = self.x.value, self.y.value, self.xx.value, self.xy.value
@@ -99,9 +101,11 @@ class _Line:
             per_x = (xy - mean_x * mean_y) / spread
             if per_x <= 0:  # no cost per x to be seen: the mean, flat
                 return mean_y
-            fixed = mean_y - per_x * mean_x
-            if fixed >= 0:
-                return fixed + per_x * x
+        else:
+            per_x = per_x_hint if per_x_hint is not None else 0.0
+        fixed = mean_y - per_x * mean_x
+        if per_x > 0 and fixed >= 0:
+            return fixed + per_x * x
         return xy / xx * x  # through the origin
 
 
@@ -190,11 +194,15 @@ class LocalPrefillPolicy:
         )
 
     def _decode_s(self, tokens: int) -> float | None:
-        fitted = self.decode_s.at(tokens)
+        """Decode's seconds for a local prefill of `tokens`. Until its samples tell the parts apart,
+        prefill's model computes the part per token (one local prefill of a few tokens is mostly
+        the fixed part: read as a rate, it made a queue of long ones look 5x slower than it was)."""
+        model = self.model_tokens_per_s.value
+        per_token = None if model is None else 1 / model
+        fitted = self.decode_s.at(tokens, per_x_hint=per_token)
         if fitted is not None:
             return fitted
-        model = self.model_tokens_per_s.value
-        return None if model is None else tokens / model
+        return None if per_token is None else tokens * per_token
 
     def allows(
         self, new_tokens: int, queued_tokens: int, max_new_tokens: int, *, batch_running: bool = True

@@ -184,6 +184,32 @@ def test_a_short_reply_and_a_large_slot_go_local_where_that_is_faster():
     assert not p.allows(910, 0, 16) and not p.allows(910, 0, 16, batch_running=False)
 
 
+def test_one_short_local_prefill_does_not_make_a_queue_of_long_ones_look_slow():
+    # The benchmark's multi-turn run (4 conversations, 32-token replies): four first turns moved, then
+    # the first local prefill, 106 tokens in 167 ms (mostly the state copy and one chunk's fixed
+    # cost), while three second turns (2,051 tokens) are queued there and a third turn asks.
+    p = LocalPrefillPolicy(Router(["prefill-0"], ["decode-0"], page_size=16), BAMBA, ConditionalOptions())
+    for tokens, landing_s in ((928, 0.44), (167, 0.20), (962, 0.26), (949, 0.09)):
+        p.measured(
+            transfer_bytes=130 << 20,
+            transfer_s=0.065,
+            computed_tokens=tokens,
+            prefill_s=1.16,
+            tpot_s=0.075,
+            compute_tokens_per_s=5_571,
+            landing_s=landing_s,
+        )
+    p.measured_locally(106, 0.167, admit_s=0.126)
+    # Read as a rate (635 tokens/s), the queue looked like 4.4 s against the remote path's 1.5 s; with
+    # prefill's model computing the part per token (5,571 tokens/s) and the sample the fixed part:
+    fixed_s = 0.167 - 106 / 5_571
+    estimate = p.estimate(641, 2_051, 32)
+    assert estimate is not None
+    assert estimate.local_s == pytest.approx(2 * fixed_s + (2_051 + 641) / 5_571 + 0.126)
+    assert estimate.local_s < 1.0 < 1.5 < estimate.remote_s
+    assert p.allows(641, 2_051, 32)
+
+
 def test_decodes_seconds_are_a_part_per_prefill_and_a_part_per_token_not_a_rate():
     p = policy()
     assert p.decode_s.at(100) is None
