@@ -9,16 +9,18 @@ for local prefill on that worker:
 
     local_s  = decode_s(Q) + decode_s(N) + local admission              its TTFT prefilled on decode
     remote_s = prefill_s(N) + (slot + N's pages) / link rate + landing   its TTFT moved
-    stall_s  = decode_s(N) + local admission - landing    what decode's running requests wait for
-                                                           it beyond what its landing costs them
+    stall_s  = decode_s(N) - max(0, landing - local admission)    what decode's running requests
+                                                  wait for it beyond what its landing costs them
     budget_s = LATENCY_BUDGET * per-token latency * max_new_tokens    what they tolerate over a reply
     local when local_s <= remote_s and (stall_s <= budget_s or nothing else is in flight there)
 
 Both paths stall decode's batch: a local prefill by its state copy and its chunks (each runs under
 the worker's lock between two decode steps), a moved envelope by its landing (the loop puts
-verification off while transfers land, then checks every byte with the batch waiting), and both by
-admission. So the budget bounds only what the local path costs the batch beyond the landing it
-saves; a short reply's small budget does not send a turn through prefill that is faster here.
+verification off while transfers land, then checks every byte with the batch waiting). A locally
+prefilled envelope is verified alike at admission, which also spans the batch's step after its
+last chunk: admission is credited where a landing took longer, never charged. So the budget bounds
+only what the local path costs the batch beyond the landing it saves; a short reply's small budget
+does not send a turn through prefill that is faster here.
 
 Everything is measured from the run's own completed requests (newest weighted most): the link rate,
 the per-token latency, admission per path (landed to verified and in the batch: decode's
@@ -27,10 +29,10 @@ prefill part (batching and waiting included) over the tokens prefill computed, a
 decode's seconds for a local prefill's new tokens (`compute_s`: its state copy and chunks, the
 decode steps between them aside). Until a local prefill completed, prefill's model rate (its
 waves' tokens over the model call's seconds, `PrefillSent.compute_tokens_per_s`) stands in for
-`decode_s`, and until decode's samples tell its two parts apart it is `decode_s`'s part per token;
-the landing stands in for local admission (the same envelope verified). Until all of them
-have been measured, every request takes the disaggregated path. `max_tokens` replaces the model
-with a fixed bound on N + Q.
+`decode_s`, and until the samples of `decode_s` or `prefill_s` tell their two parts apart it is
+their part per token; the landing stands in for local admission (the same envelope verified).
+Until all of them have been measured, every request takes the disaggregated path. `max_tokens`
+replaces the model with a fixed bound on N + Q.
 A worker whose load exceeds the least loaded one's by more than `router.AFFINITY_SLACK` is not asked.
 """
 
@@ -174,7 +176,8 @@ class LocalPrefillPolicy:
         """The cost model's figures for `new_tokens` past a state held on a decode worker with
         `queued_tokens` queued for local prefill; None until the run has measured what they need."""
         link, tpot = self.link_bytes_per_s.value, self.tpot_s.value
-        prefill_s, landing = self.prefill_s.at(new_tokens), self.admit_s["remote"].value
+        prefill_s = self.prefill_s.at(new_tokens, per_x_hint=self._model_s_per_token())
+        landing = self.admit_s["remote"].value
         if link is None or tpot is None or prefill_s is None or landing is None:
             return None
         own_s = self._decode_s(new_tokens)
@@ -189,16 +192,21 @@ class LocalPrefillPolicy:
         return Estimate(
             local_s=queued_s + own_s + admit,
             remote_s=prefill_s + move_s + landing,
-            stall_s=own_s + admit - landing,
+            # Admission verifies the same bytes on both paths; a local one's also spans the batch's
+            # step after its last chunk, so it never counts as costing the batch more than a landing.
+            stall_s=own_s - max(0.0, landing - admit),
             budget_s=LATENCY_BUDGET * tpot * max_new_tokens,
         )
+
+    def _model_s_per_token(self) -> float | None:
+        model = self.model_tokens_per_s.value
+        return None if model is None else 1 / model
 
     def _decode_s(self, tokens: int) -> float | None:
         """Decode's seconds for a local prefill of `tokens`. Until its samples tell the parts apart,
         prefill's model computes the part per token (one local prefill of a few tokens is mostly
         the fixed part: read as a rate, it made a queue of long ones look 5x slower than it was)."""
-        model = self.model_tokens_per_s.value
-        per_token = None if model is None else 1 / model
+        per_token = self._model_s_per_token()
         fitted = self.decode_s.at(tokens, per_x_hint=per_token)
         if fitted is not None:
             return fitted

@@ -118,7 +118,7 @@ def test_prefills_model_rate_stands_in_for_decodes_until_a_local_prefill_complet
     p.remember("decode-0", TURN_ONE)
     for queued in (0, 400, 800, 1_200):
         assert p.allows(400, queued, 16)
-    p.measured_locally(500, 1.0)  # decode turned out slow: its own rate replaces the stand-in
+    p.measured_locally(500, 2.0)  # decode turned out slow: its own seconds replace the stand-in
     assert not p.allows(400, 0, 16)
 
 
