@@ -210,6 +210,29 @@ def test_one_short_local_prefill_does_not_make_a_queue_of_long_ones_look_slow():
     assert p.allows(641, 2_051, 32)
 
 
+def test_the_model_rate_standing_in_for_decode_bounds_the_ttft_not_the_stall():
+    # The run's first turn moved (928 tokens, prefill's model at 2,000 tokens/s, 20 ms per token: a
+    # 16-token reply's budget is 160 ms); no local prefill has completed yet.
+    p = LocalPrefillPolicy(Router(["prefill-0"], ["decode-0"], page_size=16), BAMBA, ConditionalOptions())
+    p.measured(
+        transfer_bytes=130 << 20,
+        transfer_s=0.1,
+        computed_tokens=928,
+        prefill_s=0.66,
+        tpot_s=0.02,
+        compute_tokens_per_s=2_000,
+        landing_s=0.58,
+    )
+    estimate = p.estimate(338, 106, 16)
+    assert estimate is not None and not estimate.stall_measured
+    assert estimate.local_s < estimate.remote_s and estimate.stall_s > estimate.budget_s
+    assert p.allows(338, 106, 16)  # the stand-in's 169 ms of stall does not send it remote
+    p.measured_locally(106, 0.5, admit_s=0.13)  # decode's own: half a second for 106 tokens
+    estimate = p.estimate(338, 0, 16)
+    assert estimate is not None and estimate.stall_measured and estimate.stall_s > estimate.budget_s
+    assert not p.allows(338, 0, 16) and p.allows(338, 0, 16, batch_running=False)
+
+
 def test_decodes_seconds_are_a_part_per_prefill_and_a_part_per_token_not_a_rate():
     p = policy()
     assert p.decode_s.at(100) is None
