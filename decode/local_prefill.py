@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from decode.request import DecodeRequest
 from distpool.memory.pool import DoesNotFit, Pool
+from distpool.model.sampling import SamplingParams, pick_for
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, LocalPrefillStarted
@@ -28,10 +29,13 @@ from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, Lo
 class LocalPrefills:
     """The requests a decode worker prefills itself (guarded by the worker's lock)."""
 
-    def __init__(self, pool: Pool, model: PoolModel, *, chunk_tokens: int) -> None:
+    def __init__(
+        self, pool: Pool, model: PoolModel, *, chunk_tokens: int, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"--local-prefill-chunk must be at least 1 token; got {chunk_tokens}")
         self.pool, self.model, self.chunk_tokens = pool, model, chunk_tokens
+        self.eos_token_ids = eos_token_ids
         self.requests: dict[str, DecodeRequest] = {}  # accepted, prompt not wholly computed yet, FIFO
         self.started = 0  # accepted so far
 
@@ -39,7 +43,7 @@ class LocalPrefills:
         self,
         request_id: str,
         prompt: Sequence[int],
-        max_new_tokens: int,
+        params: SamplingParams,
         can_admit: Callable[[int, int, int], bool],
     ) -> LocalPrefillAnswer:
         """Under the lock: reserve `request_id` on the kept state `prompt` extends, copy that state
@@ -49,7 +53,7 @@ class LocalPrefills:
         entry = states.find(prompt) if states is not None else None
         if entry is None:
             return LocalPrefillRefused("no kept state that the prompt extends (evicted, or never here)")
-        match = entry.prefix_match(self.pool.page_size)
+        match, max_new_tokens = entry.prefix_match(self.pool.page_size), params.max_tokens
         with cache.holding(match):  # making room may evict states, never these pages
             fits = can_admit(len(prompt), max_new_tokens, match.num_tokens)
         if not fits:
@@ -71,7 +75,7 @@ class LocalPrefills:
         copy_s = time.monotonic() - copying  # under the lock: the batch waits for it, as for a chunk
         self.requests[request_id] = DecodeRequest(
             prompt=list(prompt),
-            max_new_tokens=max_new_tokens,
+            params=params,
             held_tokens=entry.num_tokens,
             local=True,
             prefilled=entry.num_tokens,
@@ -91,7 +95,11 @@ class LocalPrefills:
         if (more := stop - self.pool.num_tokens(rid)) > 0:
             self.pool.extend(rid, more, compact=True)  # admission kept the room
         started, slot = time.monotonic(), self.pool.slot_id(rid)
-        job = PrefillJob(rid, req.prompt[:stop], cached=req.prefilled, checkpoint_slot=slot)  # in place
+        # The last chunk picks the first token, as a prefill worker would (the same draw).
+        pick = pick_for(req.params, self.eos_token_ids, 0) if stop == req.prompt_len else None
+        job = PrefillJob(
+            rid, req.prompt[:stop], cached=req.prefilled, checkpoint_slot=slot, pick=pick
+        )  # in place
         (done,) = self.model.prefill(self.pool, [job])
         req.prefilled = stop
         req.compute_s += time.monotonic() - started

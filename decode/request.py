@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from distpool.model.sampling import LENGTH, Finish, SamplingParams
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
 from transfer import FailureKind, Parts, Transfer
 
@@ -11,7 +12,7 @@ from transfer import FailureKind, Parts, Transfer
 @dataclass
 class DecodeRequest:
     prompt: list[int]
-    max_new_tokens: int
+    params: SamplingParams  # how it generates and when it ends (distpool.model.sampling)
     tokens: list[int] = field(default_factory=list)  # generated so far (the first comes from prefill)
     held_tokens: int = 0  # of the prompt, in cached pages held here already (never transferred)
     runs: int = 0  # byte runs the transfer writes into
@@ -29,10 +30,15 @@ class DecodeRequest:
     prefilled: int = 0  # local: prompt tokens whose KV and state the envelope holds so far
     accepted_at: float = 0.0  # local: when its prefill here was accepted (its state copy began)
     compute_s: float = 0.0  # local: seconds its state copy and its chunks took (decode steps aside)
+    finish: Finish | None = None  # why it ended, once it did
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_tokens
 
     def result(self) -> DecodeResult:
         """What `next_finished` hands out for this request once it finished or failed."""
@@ -41,6 +47,7 @@ class DecodeRequest:
             return DecodeFailed(kind=self.failure, reason=self.error, retry=self.retry)
         return DecodeFinished(
             tokens=self.tokens,
+            finish=self.finish or LENGTH,
             decode_s=self.finished_at - self.admitted_at,
             admit_s=self.admitted_at - self.landed_at,
             destination_runs=self.runs,
@@ -54,12 +61,19 @@ class DecodeRequest:
 
 
 def check_request(
-    request_id: str, prompt: object, max_new_tokens: int, vocab_size: int, context_len: int
+    request_id: str, prompt: object, params: SamplingParams, vocab_size: int, context_len: int
 ) -> None:
     """Raise ValueError (with the fix) unless `prompt` is a non-empty list of token ids in the
     vocabulary and the request fits the context length once it has all its new tokens."""
     if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < vocab_size for t in prompt):
         raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab_size})")
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"request {request_id!r} needs its SamplingParams, got {type(params).__name__}")
+    if not params.greedy and params.seed is None:
+        raise ValueError(
+            f"request {request_id!r} samples without a seed; the server sets one where it enters"
+        )
+    max_new_tokens = params.max_tokens
     if len(prompt) < 1 or max_new_tokens < 1:
         raise ValueError(f"prompt_len and max_new_tokens must be >= 1; got {len(prompt)}, {max_new_tokens}")
     if len(prompt) + max_new_tokens > context_len:

@@ -31,6 +31,7 @@ from decode.local_prefill import LocalPrefills
 from decode.loop import DecodeLoop
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
+from distpool.model.sampling import SamplingParams, finish_after, pick_for
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeResult, LocalPrefillAnswer
 from distpool.worker.stats import DecodeStats
@@ -48,7 +49,13 @@ class DecodeWorker(WorkerBase):
         self.arrived: dict[str, DecodeRequest] = {}
         self.running: dict[str, DecodeRequest] = {}
         self.finished: dict[str, DecodeRequest] = {}
-        self.local = LocalPrefills(self.pool, self.model, chunk_tokens=self.config.local_prefill_chunk)
+        self.eos_token_ids = self.config.eos_token_ids  # end a request once its min_tokens are made
+        self.local = LocalPrefills(
+            self.pool,
+            self.model,
+            chunk_tokens=self.config.local_prefill_chunk,
+            eos_token_ids=self.eos_token_ids,
+        )
         self.prefilling = self.local.requests
         self.wake = threading.Condition(self.lock)  # an arrival, a finished request, or shutdown
         self.num_steps = 0
@@ -86,14 +93,16 @@ class DecodeWorker(WorkerBase):
             *self.running.items(),
         )
 
-    def reserve(self, request_id: str, prompt: list[int], max_new_tokens: int, prefill: str) -> None:
+    def reserve(self, request_id: str, prompt: list[int], params: SamplingParams, prefill: str) -> None:
         """Reserve the destination envelope for `prompt` and expect it from worker `prefill`. The
         envelope stays here: the request joins the decode batch when its transfer lands (the
-        transfer header carries its first token), and is freed if the transfer fails.
+        transfer header carries its first token), and is freed if the transfer fails. `params` (its
+        seed set) say how decode picks its tokens and when it ends.
+
 
         Raises DoesNotFit (holding nothing) when the request cannot be admitted with its headroom."""
-        check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
-        prompt_len = len(prompt)
+        check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
+        prompt_len, max_new_tokens = len(prompt), params.max_tokens
         with self.lock:
             self._check_new(request_id)
             cache = self.pool.prefix_cache
@@ -112,7 +121,7 @@ class DecodeWorker(WorkerBase):
                 self.pool.reserve(request_id, prompt_len, compact=True, final_tokens=final, prefix=match)
             self.pool.pin(request_id)  # a transfer writes into it from now on
             req = self.waiting[request_id] = DecodeRequest(
-                prompt=prompt, max_new_tokens=max_new_tokens, held_tokens=held_pages * self.pool.page_size
+                prompt=prompt, params=params, held_tokens=held_pages * self.pool.page_size
             )
             self._note_peak()
         try:  # whatever fails from here on gives back what the reservation took
@@ -134,13 +143,13 @@ class DecodeWorker(WorkerBase):
         if any(request_id == rid for rid, _ in self._admitted()):
             raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
 
-    def local_prefill(self, request_id: str, prompt: list[int], max_new_tokens: int) -> LocalPrefillAnswer:
+    def local_prefill(self, request_id: str, prompt: list[int], params: SamplingParams) -> LocalPrefillAnswer:
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
         transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room)."""
-        check_request(request_id, prompt, max_new_tokens, self.model.vocab_size, self.sizes.args.context_len)
+        check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
         with self.lock:
             self._check_new(request_id)
-            answer = self.local.start(request_id, prompt, max_new_tokens, self.can_admit)
+            answer = self.local.start(request_id, prompt, params, self.can_admit)
             self._note_peak()
             self.wake.notify_all()
             return answer
@@ -183,7 +192,8 @@ class DecodeWorker(WorkerBase):
             self.verified_envelopes += int(self.model.verifies)
             req.verified = self.model.verifies
             req.admitted_at = time.monotonic()
-            if len(req.tokens) >= req.max_new_tokens:
+            req.finish = finish_after(req.params, self.eos_token_ids, req.tokens)
+            if req.finish is not None:  # its first token ended it: no decode step
                 self._finish(rid, req)
             else:
                 self.running[rid] = req
@@ -289,12 +299,15 @@ class DecodeWorker(WorkerBase):
         holds the lock."""
         rids = list(self.running) if rids is None else rids
         self._extend_all(rids)
-        next_tokens = self.model.decode_step(self.pool, rids, [self.running[r].tokens[-1] for r in rids])
+        reqs = [self.running[r] for r in rids]
+        picks = [pick_for(req.params, self.eos_token_ids, len(req.tokens)) for req in reqs]
+        next_tokens = self.model.decode_step(self.pool, rids, [req.tokens[-1] for req in reqs], picks)
         self.num_steps += 1
-        for rid, token in zip(rids, next_tokens, strict=True):
-            req = self.running[rid]
+        for rid, req, token in zip(rids, reqs, next_tokens, strict=True):
             req.tokens.append(int(token))
-            if len(req.tokens) >= req.max_new_tokens:
+            # An EOS or stop id, or max_tokens: it ends here, and its memory goes back at once.
+            req.finish = finish_after(req.params, self.eos_token_ids, req.tokens)
+            if req.finish is not None:
                 self._finish(rid, self.running.pop(rid))
 
     def _extend_all(self, rids: list[str]) -> None:

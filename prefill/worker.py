@@ -8,9 +8,10 @@ its transfer concludes (pinned meanwhile); either way the pool gets every page a
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from distpool.memory.envelope import Envelope
+from distpool.model.sampling import pick_for
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.lockstep import GroupBroken, wave_signature
 from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
@@ -109,6 +110,7 @@ class PrefillWorker(WorkerBase):
         """Build, prefill and cache one wave (under the lock); its envelopes, pinned for sending.
         `shared[rid]`: the page boundary a leader shares with prompts of the next wave."""
         peers = {item.request_id: item.decode_worker for item in items}
+        params = {item.request_id: item.params for item in items}
         fresh: dict[str, list[int]] = {}
         for item in items:
             if item.request_id in self._held:
@@ -133,7 +135,9 @@ class PrefillWorker(WorkerBase):
             return []
         started = time.monotonic()
         try:
-            done = self.model.prefill(self.pool, wave.jobs)
+            eos = self.config.eos_token_ids  # the first token is picked here, its draw index 0
+            jobs = [replace(job, pick=pick_for(params[job.request_id], eos, 0)) for job in wave.jobs]
+            done = self.model.prefill(self.pool, jobs)
         except BaseException:
             self._give_back(wave)
             raise

@@ -105,6 +105,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
     import ray
 
     from distpool.model.presets import resolve_model
+    from distpool.model.sampling import SamplingParams
     from distpool.serving.deployment import Deployment, DeploymentSpec
     from distpool.serving.driver import ServeOptions, Server
     from distpool.serving.output import check_output_path
@@ -137,7 +138,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 Request(
                     request_id=f"len{length}-{i}",
                     prompt=[(7919 * (i + 1) * (t + 1)) % vocab for t in range(length)],
-                    max_new_tokens=MAX_NEW_TOKENS,
+                    params=SamplingParams(max_tokens=MAX_NEW_TOKENS),
                 )
                 for i in range(args.requests)
             ]

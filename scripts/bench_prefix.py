@@ -32,6 +32,7 @@ import ray  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.presets import resolve_model  # noqa: E402
+from distpool.model.sampling import SamplingParams  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 from distpool.model_impl.reference.model import ReferenceModel  # noqa: E402
 from distpool.serving import workload  # noqa: E402
@@ -79,7 +80,7 @@ def identical_case() -> tuple[WorkerConfig, list[Request]]:
     )
     prompt = [(7 * t + 3) % spec.vocab_size for t in range(IDENTICAL["prompt_tokens"])]
     requests = [
-        Request(request_id=f"req-{i:05d}", prompt=prompt, max_new_tokens=MAX_NEW_TOKENS)
+        Request(request_id=f"req-{i:05d}", prompt=prompt, params=SamplingParams(max_tokens=MAX_NEW_TOKENS))
         for i in range(IDENTICAL["requests"])
     ]
     return config, requests

@@ -30,7 +30,7 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import shard
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions
 from transfer.parts import expect_parts, submit_parts
-from transfer.rendezvous import free_port
+from transfer.rendezvous import hold_socket, reserve_socket
 from transfer.reshard import source_ranks
 
 SECRET = b"bench-transfer-tp-loopback-secret"
@@ -60,8 +60,13 @@ def channel_pairs(spec, src_tp: int, dst_tp: int) -> list[tuple[int, int]]:
     return [(s, d) for d in range(dst_tp) for s in source_ranks(src, dst, d)]
 
 
-def group_main(conn, role: int, config: str, tp: int, peer_tp: int, ports: list, case: dict) -> None:
-    """One group (role 0: prefill, 1: decode): its ranks' pools and channel ends, driven by `conn`."""
+def group_main(
+    conn, role: int, config: str, tp: int, peer_tp: int, ports: list, case: dict, listeners: list
+) -> None:
+    """One group (role 0: prefill, 1: decode): its ranks' pools and channel ends, driven by `conn`.
+    Role 0 holds the channels' ports, handed to it bound (`listeners`)."""
+    for listener in listeners:
+        hold_socket(listener)
     torch.set_num_threads(1)
     spec = spec_from_hf(config)
     args = PoolArgs(enable_unified_memory=True, page_size=PAGE_SIZE, context_len=case["tokens"])
@@ -142,17 +147,21 @@ def run_case(config: Path, src_tp: int, dst_tp: int, case: dict, repeats: int) -
     """(median seconds, bytes received, channels) for N requests from TP src_tp to TP dst_tp."""
     spec = spec_from_hf(config)
     pairs = channel_pairs(spec, src_tp, dst_tp)
-    ports = [free_port() for _ in pairs]
+    listeners = [reserve_socket() for _ in pairs]  # bound until role 0's channels listen on them
+    ports = [listener.getsockname()[1] for listener in listeners]
     ctx = mp.get_context("spawn")
     conns, procs = [], []
     for role, (tp, peer_tp) in enumerate(((src_tp, dst_tp), (dst_tp, src_tp))):
         conn, child = ctx.Pipe()
+        given = listeners if role == 0 else []
         proc = ctx.Process(
-            target=group_main, args=(child, role, str(config), tp, peer_tp, ports, case), daemon=True
+            target=group_main, args=(child, role, str(config), tp, peer_tp, ports, case, given), daemon=True
         )
         proc.start()
         conns.append(conn)
         procs.append(proc)
+    for listener in listeners:  # role 0 holds its own copies
+        listener.close()
 
     def receive(conn):
         if not conn.poll(600):

@@ -7,6 +7,7 @@ and fragmentation it measures, on the same channel:
             and the engine's own chunked, striped sends (the link's ceiling)
   naive     one blocking send per layer of each page, as a per-layer loop would do
 Each timing runs from the sender's start until the receiver has everything (it acknowledges).
+Then the per-transfer overhead: a one-page envelope against the page as one raw message.
 
 Fragmentation 0.0 / 0.5 / 1.0: that share of the envelope's pages moved to random places (on the
 sides `--fragmented` names). Fragmentation "churn": real placements. A short seeded churn trace
@@ -51,7 +52,7 @@ from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_
 from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
 from transfer.link import message_pieces  # noqa: E402
-from transfer.rendezvous import free_port  # noqa: E402
+from transfer.rendezvous import reserve_port  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 # A Qwen3-Next-like page: 16 tokens x 12 full-attention layers x 2 KV heads x 256 dims x (K, V) x bf16.
@@ -67,6 +68,7 @@ CHURN_REQUESTS = 600  # per trace; the envelope's request arrives with request C
 CHURN_TARGET_AT = 360
 CHURN_ARENA_FACTOR = 4  # the arena holds this many of the largest churn envelope: room to churn
 REPEATS, QUICK_REPEATS = 3, 2
+OVERHEAD_REPEATS = 40  # one-page envelopes against one-page raw messages, interleaved
 NAIVE_MAX_MIB, QUICK_NAIVE_MAX_MIB = 1024, 384  # the naive loop is slow; skip it above this
 CHUNK_MIB = 32
 SEED = 0
@@ -230,7 +232,7 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
 class Bench:
     def __init__(self, args: argparse.Namespace, arena_bytes: int) -> None:
         self.args, self.arena_bytes = args, arena_bytes
-        self.port = free_port()
+        self.port = reserve_port()  # held until this process's rank-0 end listens on it
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.peer = ctx.Process(
@@ -387,6 +389,26 @@ def measure(
             flush=True,
         )
     return rows
+
+
+def measure_overhead(bench: Bench, repeats: int = OVERHEAD_REPEATS) -> dict:
+    """What a transfer costs beyond its bytes: the median time of a one-page envelope less that of
+    the same page as one raw message (both timed to the receiver's acknowledgement)."""
+    src, dst = bench.ranges(1, 0.0)
+    for _ in range(3):  # warm-up
+        bench.run("envelope", src, dst)
+    times: dict[str, list[float]] = {"envelope": [], "raw": []}
+    for _ in range(repeats):
+        times["raw"].append(bench.run("raw", src, dst, chunked=False))
+        times["envelope"].append(bench.run("envelope", src, dst))
+    envelope_us, raw_us = (round(statistics.median(times[m]) * 1e6) for m in ("envelope", "raw"))
+    return {
+        "method": "overhead",
+        "bytes": PAGE_BYTES,
+        "envelope_us": envelope_us,
+        "raw_us": raw_us,
+        "overhead_us": envelope_us - raw_us,
+    }
 
 
 def print_table(rows: list[dict]) -> None:
@@ -579,9 +601,14 @@ def run_cases(args, arena_bytes, sizes, repeats, fragmentations, churn, started)
     try:
         naive_max = QUICK_NAIVE_MAX_MIB if args.quick else NAIVE_MAX_MIB
         rows = measure(bench, sizes, repeats, naive_max, fragmentations, churn)
+        overhead = measure_overhead(bench)
     finally:
         bench.close()
     print_table(rows)
+    print(
+        f"per-transfer overhead: a one-page envelope {overhead['envelope_us']} us, the page as one raw "
+        f"message {overhead['raw_us']} us: {overhead['overhead_us']} us (median of {OVERHEAD_REPEATS})"
+    )
     direct_min = bench_direct_min(args)
     print(
         f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
@@ -595,7 +622,7 @@ def run_cases(args, arena_bytes, sizes, repeats, fragmentations, churn, started)
         )
         print(f"cores busy, sender + receiver, envelopes >= 64 MiB, of {os.cpu_count()}: {busy}")
     plot(rows, args.plot)
-    return rows
+    return [*rows, overhead]
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ ALWAYS_LOCAL = {
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_flags(args) -> list[str]:
-    """The `distpool run` flags every way shares."""
+def run_flags(args, conditional: bool = True) -> list[str]:
+    """The `distpool run` flags every way shares (the local prefill's only where it is on: `run`
+    refuses them beside --no-conditional-disagg)."""
     flags = ["--model", args.model, "--model-impl", "synthetic", "--workload", args.workload]
     flags += ["--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens)]
     flags += ["--context-len", str(args.context_len), "--page-size", str(args.page_size)]
@@ -45,9 +46,9 @@ def run_flags(args) -> list[str]:
         flags += ["--memory-gib", str(args.memory_gib)]
     if args.turns is not None:
         flags += ["--turns", str(args.turns)]
-    if args.local_prefill_chunk is not None:
+    if conditional and args.local_prefill_chunk is not None:
         flags += ["--local-prefill-chunk", str(args.local_prefill_chunk)]
-    if args.local_prefill_max_tokens is not None:
+    if conditional and args.local_prefill_max_tokens is not None:
         flags += ["--local-prefill-max-tokens", str(args.local_prefill_max_tokens)]
     return flags
 
@@ -82,7 +83,8 @@ def run_once(args, way: str, tmp: Path, repeat: int) -> dict:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     path = tmp / f"{way}-{repeat}.json"
     flags = {**POLICIES, **ALWAYS_LOCAL}[way]
-    command = [sys.executable, "-m", "distpool", "run", *run_flags(args), *flags, "--json", str(path)]
+    shared = run_flags(args, conditional="--no-conditional-disagg" not in flags)
+    command = [sys.executable, "-m", "distpool", "run", *shared, *flags, "--json", str(path)]
     print(f"bench_pd: {way} ({repeat + 1}/{args.repeats}): {' '.join(command[3:])}", flush=True)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if not path.exists():

@@ -38,14 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch.distributed as dist  # noqa: E402
 
 from transfer import Channel  # noqa: E402
-from transfer.rendezvous import free_port  # noqa: E402
+from transfer.rendezvous import hold_socket, reserve_socket  # noqa: E402
 
 SECRET = b"probe-rendezvous-secret-0123456789"
 LAYOUT = {"page_size": 16}
 
 
-def end_main(rank: int, port: int, conn) -> None:
-    """One end of the channel: connects on each "connect" command, answers with its outcome."""
+def end_main(rank: int, port: int, conn, listener=None) -> None:
+    """One end of the channel: connects on each "connect" command, answers with its outcome. Rank 0
+    is handed the port's bound socket (`listener`), which its channel listens on."""
+    if listener is not None:
+        hold_socket(listener)
     channel = Channel(
         rank=rank,
         host="127.0.0.1",
@@ -187,13 +190,15 @@ def main() -> int:
     parser.add_argument("--junk-mib", type=int, default=4)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    port, ctx = free_port(), mp.get_context("spawn")
-    ends = []
-    for rank in (0, 1):
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=end_main, args=(rank, port, child), daemon=True)
-        process.start()
-        ends.append((process, parent))
+    listener, ctx = reserve_socket(), mp.get_context("spawn")
+    port, ends = listener.getsockname()[1], []
+    with listener:  # rank 0 holds its own copy once started
+        for rank in (0, 1):
+            parent, child = ctx.Pipe()
+            given = (listener,) if rank == 0 else ()
+            process = ctx.Process(target=end_main, args=(rank, port, child, *given), daemon=True)
+            process.start()
+            ends.append((process, parent))
     pid, value_bytes = ends[0][0].pid, args.value_kib << 10
     try:
         first = connect_both(ends, 0.0)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import tempfile
 from unittest import mock
 
 import pytest
@@ -163,8 +166,8 @@ def test_json_may_not_overwrite_the_prompts_or_the_model_config(capsys, tmp_path
     [
         ("a folder", "is a folder"),
         ("under a file", "is a file, not a folder"),
-        ("/dev/full", "not a regular file"),
-        ("/proc/self/x.json", "cannot be written"),
+        ("a socket", "neither a regular file nor a character device or pipe"),
+        ("/proc/self/x.json", "under /dev, /proc and /sys only an existing device or pipe"),
     ],
 )
 def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
@@ -173,7 +176,11 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
     regular = tmp_path / "notes.txt"
     regular.write_text("x")
     path = {"a folder": str(tmp_path), "under a file": str(regular / "out" / "run.json")}.get(where, where)
-    assert expected in run_refused(capsys, "--json", path)
+    with tempfile.TemporaryDirectory() as short, socket.socket(socket.AF_UNIX) as sock:
+        if where == "a socket":  # a short folder: a socket's path has a length limit
+            path = os.path.join(short, "s")
+            sock.bind(path)
+        assert expected in run_refused(capsys, "--json", path)
 
 
 def test_a_json_path_in_folders_yet_to_be_made_is_accepted_and_written_whole(tmp_path):
@@ -328,3 +335,66 @@ def test_every_rank_counts_in_the_memory_check_and_the_embedded_clusters_cpus(ca
     tp = ["--model", BAMBA, "--model-impl", "synthetic", "--prefill-tp", "2", "--decode-tp", "2"]
     assert "for each of 4 workers" in run_refused(capsys, *tp, "--memory-gib", "2")
     assert "each of the 4 workers takes one CPU" in run_refused(capsys, *tp, "--num-cpus", "3")
+
+
+# ---- issue 34: inputs that were ignored without a word -----------------------------------------
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--conditional-disagg", "--no-prefix-cache"],
+            "--conditional-disagg prefills a later turn from the state its decode worker kept, and with "
+            "--no-prefix-cache no state is kept",
+        ),
+        (
+            ["--no-conditional-disagg", "--local-prefill-max-tokens", "100"],
+            "--local-prefill-max-tokens tunes conditional disaggregation, which --no-conditional-disagg "
+            "turns off",
+        ),
+        (
+            ["--no-conditional-disagg", "--local-prefill-chunk", "64"],
+            "--local-prefill-chunk tunes conditional disaggregation, which --no-conditional-disagg",
+        ),
+        (
+            ["--no-prefix-cache", "--local-prefill-max-tokens", "100"],
+            "--local-prefill-max-tokens tunes conditional disaggregation, which --no-prefix-cache turns off",
+        ),
+    ],
+)
+def test_conditional_disaggregation_flags_that_would_do_nothing_are_refused(capsys, no_ray, args, expected):
+    assert expected in run_refused(capsys, *args)
+
+
+def test_without_the_prefix_cache_conditional_disaggregation_is_off_unless_asked(monkeypatch):
+    """--no-prefix-cache alone runs (the default turns conditional disaggregation off with it)."""
+    seen = {}
+
+    def run(spec, *args, **kwargs):
+        seen["spec"] = spec
+        return 0
+
+    monkeypatch.setattr("distpool.serving.run.run", run)
+    assert main(["run", "--no-prefix-cache", "--requests", "2"]) == 0
+    assert seen["spec"].worker.local_prefill is False
+    assert main(["run", "--requests", "2", "--local-prefill-chunk", "64"]) == 0
+    assert seen["spec"].worker.local_prefill is True
+
+
+def test_a_prompts_line_with_both_prompt_ids_and_prompt_is_refused(capsys, tmp_path, no_ray):
+    path = prompts_file(tmp_path, '{"prompt_ids": [1, 2]}', '{"prompt_ids": [1, 2], "prompt": "the cat"}')
+    err = run_refused(capsys, "--prompts", str(path))
+    assert f'{path}:2: give "prompt_ids" or "prompt", not both' in err
+
+
+def test_a_prompt_longer_than_the_context_names_its_line(capsys, tmp_path, no_ray):
+    path = prompts_file(tmp_path, '{"prompt_ids": [1, 2]}', '{"prompt_ids": [1, 2, 3], "max_new_tokens": 14}')
+    err = run_refused(capsys, "--prompts", str(path), "--context-len", "16", "--max-new-tokens", "4")
+    assert f"{path}:2: 3 prompt tokens and 14 new tokens are longer than --context-len 16" in err
+
+
+def test_tp_with_the_transformers_runner_is_refused_as_such(capsys, no_ray, hf_checkpoints):
+    """Regression: refused with a message about shard rules for the model's state tensors."""
+    for tp in (["--prefill-tp", "2"], ["--decode-tp", "2"]):
+        err = run_refused(capsys, "--model", str(hf_checkpoints["bamba"]), *tp)
+        assert "the transformers runner has no TP" in err and "use --model-impl synthetic or reference" in err
+        assert "shard" not in err

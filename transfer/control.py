@@ -3,9 +3,13 @@
 Headers, replies, withdrawals, ends and statuses (names in `transfer.protocol`) travel over a Gloo
 group of the pair itself, with `TAG_CONTROL`: the payload group on CPU, a small Gloo group beside
 NCCL's on CUDA. Nothing else can write there once the group formed, and the rendezvous store is
-gone by then (`transfer.rendezvous`). A message is two Gloo messages:
+gone by then (`transfer.rendezvous`). A message is one Gloo message, a *frame* of at most
+`FRAME_BYTES` (the reader keeps a receive of that size posted, so a frame lands at once):
 
-    int64 length | body = u16 name length, name, value, MAC
+    u32 body length | body = u16 name length, name, value, MAC
+
+A body longer than the frame (a header of thousands of pages) sends its first `FRAME_BYTES - 4`
+bytes in the frame and the rest as a second Gloo message of exactly that size.
 
 The MAC (`transfer.auth`) covers the value and its full name: channel, generation, the sender's
 rank, kind and sequence. A body that does not open is counted in `rejected` and dropped.
@@ -43,6 +47,22 @@ MAX_PENDING = 64  # messages filed and not read, or sent and not taken; in step,
 MAX_MESSAGE_BYTES = 16 * (MAX_PAGES + 1) + 8192
 FOREVER_S = 365 * 86400.0  # the threads' waits: ended by the link closing, never by a timeout
 _NAME_LEN = struct.Struct("<H")
+_BODY_LEN = struct.Struct("<I")
+# One frame covers every message but headers and replies of more than ~4,000 pages: one Gloo message
+# each way, where a length then a body took two receives and a thread wake-up each.
+FRAME_BYTES = 64 << 10
+
+
+def frames(name: str, sealed: bytes) -> tuple[torch.Tensor, ...]:
+    """The Gloo messages (uint8 tensors) that carry one control message: the frame, and the rest of
+    a body too long for it."""
+    encoded = name.encode()
+    body = _BODY_LEN.pack(_NAME_LEN.size + len(encoded) + len(sealed)) + _NAME_LEN.pack(len(encoded))
+    body += encoded + sealed
+    data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+    if data.shape[0] <= FRAME_BYTES:
+        return (data,)
+    return data[:FRAME_BYTES], data[FRAME_BYTES:]
 
 
 def first_line(exc: BaseException) -> str:
@@ -89,12 +109,9 @@ class ControlPlane:
         """Post one message to the peer, and wait up to `wait_s` for the peer to take it; returns
         whether it did by then. ChannelError if the link is closed or the peer took none of the last
         `MAX_PENDING` messages (the channel is then broken)."""
-        encoded, sealed = name.encode(), self.auth.seal(self._full_name(self.rank, name), value)
-        body = _NAME_LEN.pack(len(encoded)) + encoded + sealed
-        length = torch.tensor([len(body)], dtype=torch.int64)
-        tensors = (length, torch.frombuffer(bytearray(body), dtype=torch.uint8))
+        tensors = frames(name, self.auth.seal(self._full_name(self.rank, name), value))
         taken, failure = threading.Event(), None
-        with self._cond:  # a message's two Gloo messages are posted back to back
+        with self._cond:  # a message's Gloo messages are posted back to back
             if self._closed is not None:
                 raise ChannelError(f"channel {self.name}: {self._closed}")
             if len(self._outbox) >= MAX_PENDING:
@@ -155,19 +172,24 @@ class ControlPlane:
                 self._mailbox.pop(name, None)
 
     def _read(self) -> None:
+        frame = torch.empty(FRAME_BYTES, dtype=torch.uint8)  # filled by one message at a time
+        view = frame.numpy()
         while True:
             try:
-                length = torch.zeros(1, dtype=torch.int64)
-                self.group.recv([length], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
-                size = int(length.item())
+                self.group.recv([frame], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
+                (size,) = _BODY_LEN.unpack_from(view)
                 if not _NAME_LEN.size + MAC_BYTES <= size <= MAX_MESSAGE_BYTES:
                     raise ChannelError(f"a control message of {size} bytes")
-                body = torch.empty(size, dtype=torch.uint8)
-                self.group.recv([body], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
+                in_frame = min(size, FRAME_BYTES - _BODY_LEN.size)
+                body = view[_BODY_LEN.size : _BODY_LEN.size + in_frame].tobytes()
+                if size > in_frame:  # the rest of a long body follows, exactly its size
+                    rest = torch.empty(size - in_frame, dtype=torch.uint8)
+                    self.group.recv([rest], self.peer_rank, TAG_CONTROL).wait(delta(FOREVER_S))
+                    body += rest.numpy().tobytes()
             except Exception as exc:  # the link closed (ours or the peer's doing), or out of step
                 self._lost(exc)
                 return
-            self._file(body.numpy().tobytes())
+            self._file(body)
 
     def _file(self, body: bytes) -> None:
         (name_len,) = _NAME_LEN.unpack_from(body)

@@ -59,10 +59,11 @@ class TransferOptions:
     `timeout_s`: the deadline of one transfer, and of connecting a channel. `chunk_bytes`: the
     pipelining unit and the staging buffer size (three buffers per sender and per receiver).
     `direct_min_bytes`: runs at least this long are sent straight from / into the arena (zero
-    copy, one message each) instead of through a staging buffer; None picks the device's default
-    (a message costs ~20 us of CPU on Gloo, ~10 us of launch on NCCL, while a GPU gathers at HBM
-    speed). `checksum`: CRC-32 of the envelope's bytes on both ends, compared
-    by the receiver.
+    copy, one message each) instead of through a staging buffer, unless one staged batch of their
+    chunk copies fewer bytes, counting each message as this many bytes copied
+    (`transfer.plan.plan_messages`); None picks the device's default (on Gloo a message costs
+    about what copying 256 KiB does; on NCCL a GPU gathers at HBM speed). `checksum`: CRC-32 of
+    the envelope's bytes on both ends, compared by the receiver.
     """
 
     timeout_s: float = DEFAULT_TIMEOUT_S

@@ -104,8 +104,7 @@ class Message:
 
 
 def _message(pieces: np.ndarray) -> Message:
-    ends = pieces[:-1, [SRC, DST]] + pieces[:-1, NBYTES : NBYTES + 1]
-    contiguous = (pieces[1:, [SRC, DST]] == ends).all(axis=0).tolist()
+    contiguous = _in_place(pieces).tolist()
     first = pieces[0].tolist()
     spans = (first[SRC] if contiguous[0] else None, first[DST] if contiguous[1] else None)
     return Message(pieces=pieces, nbytes=int(pieces[:, NBYTES].sum()), spans=spans)
@@ -147,12 +146,45 @@ def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np
     return pieces, chunk_of_piece, run_of_piece
 
 
+def _in_place(pieces: np.ndarray) -> np.ndarray:
+    """(2,) bool: whether `pieces` (k, 3), sent as one message, lie back to back at SRC and at DST."""
+    if pieces.shape[0] == 1:
+        return np.ones(2, dtype=bool)
+    ends = pieces[:-1, [SRC, DST]] + pieces[:-1, NBYTES : NBYTES + 1]
+    return (pieces[1:, [SRC, DST]] == ends).all(axis=0)
+
+
+def _copied_bytes(pieces: np.ndarray) -> int:
+    """Bytes a batched message of `pieces` copies through staging: its bytes, once per side where it
+    is not in place (a gather at the source, a scatter at the destination)."""
+    if pieces.shape[0] == 0:
+        return 0
+    return int(pieces[:, NBYTES].sum()) * int((~_in_place(pieces)).sum())
+
+
+def _goes_direct(pieces: np.ndarray, candidates: np.ndarray, message_cost_bytes: int) -> np.ndarray:
+    """Which pieces of one chunk are sent zero-copy: the `candidates` (pieces of long runs), unless
+    batching them with the rest costs less. Cost, in bytes copied: each message counts
+    `message_cost_bytes`, and a batch counts its bytes once per side it is staged on. Batching
+    wins where it keeps a side in place that splitting would break (say, a contiguous source whose
+    long runs would leave gaps in the batch). Ties go zero-copy."""
+    if candidates.shape[0] == 1 or not candidates.any():
+        return candidates  # one piece is in place on both sides either way
+    rest = pieces[~candidates]
+    split = message_cost_bytes * (int(candidates.sum()) + int(rest.shape[0] > 0)) + _copied_bytes(rest)
+    batched = message_cost_bytes + _copied_bytes(pieces)
+    return candidates if split <= batched else np.zeros_like(candidates)
+
+
 def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) -> list[Chunk]:
     """Cut the stream of `runs` into chunks of `chunk_bytes` and each chunk into messages.
 
-    Runs are split where the stream crosses a multiple of `chunk_bytes`. In each chunk, every piece
-    of a run of at least `direct_min_bytes` is its own message; all the other pieces are batched, in
-    stream order, into one message (sent first, so that a gather of it starts early).
+    Runs are split where the stream crosses a multiple of `chunk_bytes`. In each chunk, the pieces
+    of runs of at least `direct_min_bytes` are each a zero-copy message of their own, unless one
+    batch of the whole chunk copies fewer bytes (`_goes_direct`, with `direct_min_bytes` as what
+    one message costs); all the other pieces are batched, in stream order, into one message (sent
+    first, so that a gather of it starts early). Both ends decide alike: a pure function of the
+    runs and the header's two sizes.
     """
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
@@ -166,7 +198,8 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     chunks = []
     for index in range(num_chunks):
         lo, hi = bounds[index], bounds[index + 1]
-        in_chunk, is_direct = pieces[lo:hi], direct[lo:hi]
+        in_chunk = pieces[lo:hi]
+        is_direct = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
         messages = [] if is_direct.all() else [_message(in_chunk[~is_direct])]
         direct_pieces = in_chunk[is_direct]
         messages += [_message(direct_pieces[i : i + 1]) for i in range(direct_pieces.shape[0])]

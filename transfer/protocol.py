@@ -31,7 +31,7 @@ import torch
 from transfer.errors import ProtocolError
 from transfer.failure import WIRE_VALUES, FailureKind
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7  # 7: a control message is one Gloo frame (transfer.control)
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (

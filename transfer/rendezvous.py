@@ -23,6 +23,7 @@ import ipaddress
 import os
 import selectors
 import socket
+import threading
 import time
 
 import torch.distributed as dist
@@ -45,10 +46,72 @@ def is_loopback(host: str) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now (for a rank-0 end to bind next)."""
+    """A port free on `host` now, closed again: another process may take it before it is bound.
+    Only for a peer process that cannot be handed a socket; `reserve_port` holds the port."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# Ports this process reserved (`reserve_port`), bound and held until a `RendezvousPort` takes the
+# socket over. One that is never taken (its connect was abandoned) is closed after HELD_S.
+HELD_S = 600.0
+_held: dict[tuple[str, int], tuple[socket.socket, float]] = {}
+_held_lock = threading.Lock()
+
+
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A port bound on `host` now and held by this process until a `RendezvousPort(host, port)`
+    created here takes the bound socket over (or `hold_socket` of a socket handed to another
+    process): nothing else can take the port in between, as it could between a `free_port` and
+    the bind that follows it."""
+    return hold_socket(reserve_socket(host))
+
+
+def reserve_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free port of `host`, to hand to the process that will listen there (it
+    passes it to `hold_socket`, or a TCPStore takes its descriptor); the caller closes its copy.
+
+    Bound by its number, not as port 0: a socket the kernel gave a port to gives it back when it
+    stops listening, and would listen on another port at the next rebuild. The port is found with
+    a first socket, which holds it until the second is bound (both allow it, neither listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as finder:
+        finder.bind((host, 0))
+        finder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return _bound_socket(host, finder.getsockname()[1])
+
+
+def hold_socket(sock: socket.socket) -> int:
+    """Hold `sock`, bound and not listening, until a `RendezvousPort` of its address takes it over;
+    its port."""
+    host, port = sock.getsockname()[:2]
+    now = time.monotonic()
+    with _held_lock:
+        for key, (old, since) in list(_held.items()):
+            if now - since > HELD_S:
+                old.close()
+                del _held[key]
+        _held[(host, port)] = (sock, now)
+    return port
+
+
+def _take_held(host: str, port: int) -> socket.socket | None:
+    with _held_lock:
+        held = _held.pop((host, port), None)
+    return held[0] if held is not None else None
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        RendezvousPort._reuse(sock, True)  # past a previous life's connections in TIME_WAIT
+        sock.bind((host, port))
+        RendezvousPort._reuse(sock, False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def delta(seconds: float) -> datetime.timedelta:
@@ -57,17 +120,11 @@ def delta(seconds: float) -> datetime.timedelta:
 
 class RendezvousPort:
     """Rank 0's port: bound to `host:port` only (the address its peer uses, not every interface)
-    from the first connect to `close()`, and listening only inside `accept_peer`."""
+    from the first connect to `close()`, and listening only inside `accept_peer`. A port this
+    process reserved (`reserve_port`) is taken over already bound."""
 
     def __init__(self, host: str, port: int) -> None:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        try:
-            self._reuse(sock, True)  # past a previous life's connections in TIME_WAIT
-            sock.bind((host, port))
-            self._reuse(sock, False)
-        except BaseException:
-            sock.close()
-            raise
+        sock = _take_held(host, port) or _bound_socket(host, port)
         self.host, self.port, self._socket = host, port, sock
 
     @staticmethod

@@ -4,10 +4,13 @@ A *piece list* is two (k,) int64 arrays (numpy, or CPU tensors), byte offsets in
 byte counts, in stream order. `gather` packs the pieces end to end into a contiguous buffer;
 `scatter` does the reverse.
 
-How the copy runs depends on the pieces, not on the caller:
-- few or large pieces: one slice copy per piece;
+How the copy runs depends on the pieces, not on the caller. First, pieces that follow each other
+in the arena merge (the packed side is contiguous anyway): a batch whose pieces are adjacent on this
+side, but not on the other, moves as one slice here. Then:
+- few or large pieces: one slice copy per piece (a handful per chunk);
 - many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
-  gcd of every offset and count, so each piece is a whole number of rows; on CPU this goes through
+  gcd of every offset and count, so each piece is a whole number of rows (a copy per piece only
+  where rows under 64 bytes would need an index of over a million rows); on CPU this goes through
   numpy (single-threaded: torch's intra-op threads spin and starve the Gloo I/O threads on a small
   machine), on CUDA through torch index_select / index_copy_.
 """
@@ -25,14 +28,16 @@ import torch
 # than building a row index (each slice copy is ~1-3 us of overhead).
 _LOOP_MAX_PIECES = 8
 _LOOP_MIN_MEAN_BYTES = 1 << 20
-# Rows narrower than this make the index larger than 1/8 of the data it moves.
+# Rows narrower than this make the index larger than 1/8 of the data it moves: taken only while the
+# index stays under _MAX_NARROW_ROWS entries (8 MiB), else a copy per piece.
 _MIN_UNIT_BYTES = 64
+_MAX_NARROW_ROWS = 1 << 20
 
 
 def _piece_rows(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[int, np.ndarray] | None:
     """The row width and row index that cover the pieces, or None when rows would be too narrow."""
     unit = int(np.gcd.reduce(np.concatenate([offsets, nbytes])))
-    if unit < _MIN_UNIT_BYTES:
+    if unit < _MIN_UNIT_BYTES and int(nbytes.sum()) // unit > _MAX_NARROW_ROWS:
         return None
     rows_per_piece = nbytes // unit
     first_row = offsets // unit
@@ -41,6 +46,15 @@ def _piece_rows(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[int, np.ndarra
     starts = np.repeat(np.cumsum(rows_per_piece) - rows_per_piece, rows_per_piece)
     rows = np.repeat(first_row, rows_per_piece) + (np.arange(int(rows_per_piece.sum())) - starts)
     return unit, rows
+
+
+def _coalesce(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge each piece into the one before it where it starts at that one's end (same packed order)."""
+    follows = offsets[1:] == offsets[:-1] + nbytes[:-1]
+    if not follows.any():
+        return offsets, nbytes
+    first = np.flatnonzero(np.concatenate([[True], ~follows]))
+    return offsets[first], np.add.reduceat(nbytes, first)
 
 
 def _use_loop(offsets: np.ndarray, nbytes: np.ndarray) -> bool:
@@ -74,6 +88,7 @@ def _copy(
     a loop per piece when pieces are few or large, else one indexed copy of equal-width rows."""
     off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
     assert packed.shape[0] == int(len_np.sum()), (packed.shape, int(len_np.sum()))
+    off_np, len_np = _coalesce(off_np, len_np)
     rows = None if _use_loop(off_np, len_np) else _piece_rows(off_np, len_np)
     if rows is None:
         a, p = (arena.numpy(), packed.numpy()) if arena.device.type == "cpu" else (arena, packed)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from distpool.cli.commands import cmd_check, cmd_presets, cmd_run
 from distpool.cli.flags import add_check_parser, add_presets_parser, add_run_parser
+from distpool.serving.interrupt import INTERRUPTED_STATUS, exit_status_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # refusals and bad input: the message is the whole story
         print(f"distpool: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before a run started (a run writes its own summary, then exits 130)
-        print("distpool: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # before a run started (a run writes its own summary, then exits)
+        status = exit_status_of(exc)  # 130 after Ctrl-C, 143 after SIGTERM (`Terminated`)
+        print(f"distpool: {'interrupted' if status == INTERRUPTED_STATUS else 'terminated'}", file=sys.stderr)
+        return status

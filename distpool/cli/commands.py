@@ -14,6 +14,7 @@ from distpool.cli.flags import pool_args_from
 from distpool.memory.describe import format_sizes
 from distpool.memory.sizing import GIB
 from distpool.memory.tp_sizes import size_tp_pools
+from distpool.model.eos import eos_token_ids
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import implementation_from
@@ -22,7 +23,7 @@ from distpool.model_impl.select import compute_dtype
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.request_flags import RequestFlags
 from distpool.settings import Settings
-from distpool.worker.config import WorkerConfig
+from distpool.worker.config import DEFAULT_LOCAL_PREFILL_CHUNK, WorkerConfig
 from transfer import TransferOptions
 from transfer.defaults import MAX_CHUNK_BYTES
 from transfer.faults import SENDER_ABORT
@@ -70,7 +71,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Imported here so that `distpool check` does not pay for importing Ray.
     from distpool.serving.deployment import DeploymentSpec
     from distpool.serving.metrics import validate_metrics_port
-    from distpool.serving.output import check_output_path
+    from distpool.serving.output import check_distinct_outputs, check_output_path
     from distpool.serving.preflight import check_cluster, check_fits_this_machine, default_budget_bytes
     from distpool.serving.run import run
 
@@ -82,9 +83,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
     config_path = resolve_model(ns.model)
-    for path, flag in ((ns.json, "--json"), (ns.outputs, "--outputs")):
+    # A checkpoint's folder (DIR/config.json) holds its weights and tokenizer: no output goes there.
+    model_folder = config_path.parent if config_path.name == "config.json" else None
+    outputs = {"--json": ns.json, "--outputs": ns.outputs}
+    for flag, path in outputs.items():
         if path is not None:
-            check_output_path(path, flag, {"--prompts": ns.prompts, "--model": config_path})
+            inputs = {"--prompts": ns.prompts, "--model": config_path}
+            check_output_path(path, flag, inputs, {"--model": model_folder})
+    check_distinct_outputs(outputs)
     impl = implementation_from(ns, ns.model, auto_transformers=True)
     model = impl.spec  # the transformers runner's: from the model's modules
     pool_args = pool_args_from(ns, None)
@@ -94,13 +100,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.memory_gib is not None
         else default_budget_bytes(model, pool_args, impl.name, num_ranks)
     )
+    local_prefill = conditional_disagg_from(ns)
     conditional = ConditionalOptions(
         max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
     )
+    chunk = _whole_tokens(ns.local_prefill_chunk, "--local-prefill-chunk")
     worker = WorkerConfig(
         spec=model,
-        local_prefill=ns.conditional_disagg,
-        local_prefill_chunk=_whole_tokens(ns.local_prefill_chunk, "--local-prefill-chunk"),
+        local_prefill=local_prefill,
+        local_prefill_chunk=DEFAULT_LOCAL_PREFILL_CHUNK if chunk is None else chunk,
         pool_args=pool_args,
         budget_bytes=budget,
         transfer=transfer,
@@ -108,6 +116,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         model_impl=impl.name,
         hf=impl.hf,
+        eos_token_ids=eos_token_ids(config_path, model.vocab_size),
         prefill_tp=ns.prefill_tp,
         decode_tp=ns.decode_tp,
     )
@@ -148,6 +157,30 @@ def cmd_run(ns: argparse.Namespace) -> int:
         detokenize=tokenizer.decode if tokenizer is not None else None,
         metrics_port=ns.metrics_port,
     )
+
+
+def conditional_disagg_from(ns: argparse.Namespace) -> bool:
+    """`--conditional-disagg` as given, else on when the prefix cache is (only it keeps the states a
+    local prefill extends); the flags that tune it are refused where it is off rather than ignored."""
+    if ns.conditional_disagg and not ns.prefix_cache:
+        raise ValueError(
+            "--conditional-disagg prefills a later turn from the state its decode worker kept, and with "
+            "--no-prefix-cache no state is kept: nothing would ever be prefilled there. Fix: drop one of them"
+        )
+    enabled = ns.conditional_disagg
+    if enabled is None:
+        enabled = ns.prefix_cache and WorkerConfig.local_prefill
+    for flag, value in (
+        ("--local-prefill-max-tokens", ns.local_prefill_max_tokens),
+        ("--local-prefill-chunk", ns.local_prefill_chunk),
+    ):
+        if value is not None and not enabled:
+            off = "--no-conditional-disagg" if ns.conditional_disagg is False else "--no-prefix-cache"
+            raise ValueError(
+                f"{flag} tunes conditional disaggregation, which {off} turns off. "
+                f"Fix: drop {flag}, or drop {off}"
+            )
+    return enabled
 
 
 def transfer_options(ns: argparse.Namespace, settings: Settings) -> TransferOptions:

@@ -13,7 +13,7 @@ from distpool.serving import request_flags
 from distpool.serving.conversation import DEFAULT_TURNS
 from distpool.serving.request_flags import RequestFlags
 from distpool.serving.workload import WORKLOADS
-from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK, WorkerConfig
+from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK
 from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 CHECK_MEMORY_GIB = 8.0  # `check` sizes a real model: a GPU-sized budget
@@ -135,6 +135,22 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument("--min-prompt-len", type=int, default=None, help=f"shortest prompt of mixed ({low})")
     run.add_argument("--max-prompt-len", type=int, default=None, help=f"longest prompt of mixed ({high})")
     run.add_argument("--max-new-tokens", type=int, default=RequestFlags.max_new_tokens)
+    run.add_argument(
+        "--temperature",
+        type=float,
+        default=RequestFlags.temperature,
+        help="sampling temperature of every request (0: greedy, the default); a --prompts line may "
+        "set its own",
+    )
+    run.add_argument(
+        "--top-p", type=float, default=RequestFlags.top_p, help="nucleus sampling: (0, 1], 1 off"
+    )
+    run.add_argument(
+        "--top-k", type=int, default=RequestFlags.top_k, help="sample among the k likeliest (0: off)"
+    )
+    run.add_argument(
+        "--ignore-eos", action="store_true", help="generate past the checkpoint's end-of-sequence ids"
+    )
     run.add_argument("--fault-rate", type=float, default=0.0, help="probability a transfer is aborted")
     run.add_argument(
         "--reserve-first",
@@ -158,9 +174,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument(
         "--conditional-disagg",
         action=argparse.BooleanOptionalAction,
-        default=WorkerConfig.local_prefill,
+        default=None,  # None: on with the prefix cache (WorkerConfig.local_prefill), which keeps the states
         help="prefill a request on the decode worker holding the state its prompt extends, when the cost "
-        "model says that beats moving the slot (README: conditional disaggregation)",
+        "model says that beats moving the slot (README: conditional disaggregation; default: on, with "
+        "the prefix cache)",
     )
     run.add_argument(
         "--local-prefill-max-tokens",
@@ -170,7 +187,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--local-prefill-chunk",
-        default=str(DEFAULT_LOCAL_PREFILL_CHUNK),
+        default=None,  # None: DEFAULT_LOCAL_PREFILL_CHUNK (given, it needs conditional disaggregation)
         metavar="N",
         help=f"tokens a local prefill computes between two decode steps ({DEFAULT_LOCAL_PREFILL_CHUNK})",
     )
@@ -192,7 +209,12 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="serve Prometheus metrics of the embedded cluster at http://127.0.0.1:PORT/metrics",
     )
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the workload's, and each request's sampling seed unless it has one",
+    )
     run.add_argument("--json", default=None, metavar="PATH", help="write the summary as JSON")
     run.add_argument(
         "--outputs",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from distpool.model.sampling import SamplingParams, TokenPick, finish_after, pick_for
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob
 
 if TYPE_CHECKING:
@@ -49,8 +50,16 @@ class PoolModel(ABC):
         """
 
     @abstractmethod
-    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
-        """Feed `last_tokens` to requests extended by one token; the next token per request."""
+    def decode_step(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        last_tokens: Sequence[int],
+        picks: Sequence[TokenPick | None] | None = None,
+    ) -> list[int]:
+        """Feed `last_tokens` to requests extended by one token; the next token per request, picked as
+        `picks[i]` says (`model_impl.sampling`; None: greedy). The synthetic cache's tokens are a
+        function of the prefix alone: it ignores `picks`."""
 
     @abstractmethod
     def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
@@ -68,40 +77,60 @@ class PoolModel(ABC):
         self,
         pool: Pool,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         *,
+        params: Sequence[SamplingParams] | None = None,
+        eos_token_ids: Sequence[int] = (),
         request_ids: Sequence[str] | None = None,
         between_steps: Callable[[], object] | None = None,
     ) -> list[list[int]]:
-        """Reserve, prefill, decode and release `prompts` as one batch; `max_new_tokens` per prompt.
+        """Reserve, prefill, decode and release `prompts` as one batch: `max_new_tokens` greedy tokens
+        per prompt, or as each prompt's `params` say (sampled, stopped at `eos_token_ids` and stop ids:
+        `distpool.model.sampling`), a request leaving the batch (and the pool) once it ends.
 
         `between_steps` runs before every decode step (e.g. `pool.compact`). Everything reserved
         is released and forgotten, also when a step fails.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if params is None:
+            if max_new_tokens is None or max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+            params = [SamplingParams(max_tokens=max_new_tokens)] * len(prompts)
         ids = (
             list(request_ids)
             if request_ids is not None
             else [f"{self.name}-{i}" for i in range(len(prompts))]
         )
-        if len(ids) != len(prompts):
-            raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
+        if not len(ids) == len(prompts) == len(params):
+            raise ValueError(
+                f"{len(ids)} request ids and {len(params)} parameters for {len(prompts)} prompts"
+            )
         reserved: list[str] = []
         try:
             for request_id, prompt in zip(ids, prompts, strict=True):
                 pool.reserve(request_id, len(prompt))
                 reserved.append(request_id)
-            jobs = [PrefillJob(request_id, prompt) for request_id, prompt in zip(ids, prompts, strict=True)]
-            tokens = [done.first_token for done in self.prefill(pool, jobs)]
-            generated = [[t] for t in tokens]
-            for _ in range(max_new_tokens - 1):
+            jobs = [
+                PrefillJob(request_id, prompt, pick=pick_for(p, eos_token_ids, 0))
+                for request_id, prompt, p in zip(ids, prompts, params, strict=True)
+            ]
+            generated = [[done.first_token] for done in self.prefill(pool, jobs)]
+            running = list(range(len(ids)))
+            while running := [
+                i for i in running if finish_after(params[i], eos_token_ids, generated[i]) is None
+            ]:
+                for i in set(range(len(ids))) - set(running):  # ended: its memory goes back at once
+                    if ids[i] in reserved:
+                        reserved.remove(ids[i])
+                        pool.release(ids[i])
+                        self.forget(ids[i])
                 if between_steps is not None:
                     between_steps()
-                pool.extend_batch([(request_id, 1) for request_id in ids])  # one placement per step
-                tokens = self.decode_step(pool, ids, tokens)
-                for out, token in zip(generated, tokens, strict=True):
-                    out.append(token)
+                batch = [ids[i] for i in running]
+                pool.extend_batch([(request_id, 1) for request_id in batch])  # one placement per step
+                picks = [pick_for(params[i], eos_token_ids, len(generated[i])) for i in running]
+                tokens = self.decode_step(pool, batch, [generated[i][-1] for i in running], picks)
+                for i, token in zip(running, tokens, strict=True):
+                    generated[i].append(token)
             return generated
         finally:
             for request_id in reserved:

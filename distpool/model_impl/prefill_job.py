@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from distpool.model.sampling import TokenPick
+
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
@@ -41,6 +43,7 @@ class PrefillJob:
     cached: int = 0  # tokens whose K/V rows are in the request's pages already (see the module doc)
     checkpoint_slot: int | None = None  # the state after `cached` tokens; None when cached == 0
     snapshot: tuple[int, int] | None = None  # (tokens, physical slot): also write the state there
+    pick: TokenPick | None = None  # how its first token is picked (model_impl/sampling.py); None: greedy
 
     @property
     def num_computed(self) -> int:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distpool.memory.sizing import PoolArgs
+from distpool.model.sampling import SamplingParams
 from distpool.serving.outcome import Outcome
 from distpool.serving.workload import DEFAULT_VOCAB_SIZE, Request, check_workload_size, prompt_room
 
@@ -39,7 +40,11 @@ class Conversation:
     conversation_id: str
     messages: tuple[tuple[int, ...], ...]  # each planned turn's user message, in turn order
     turns_asked: int  # before the context cut: len(messages) <= turns_asked
-    max_new_tokens: int
+    params: SamplingParams  # every turn's (its seed drawn per turn, by the server)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_tokens
 
     def turn_id(self, turn: int) -> str:
         return f"{self.conversation_id}-t{turn:03d}"
@@ -77,12 +82,14 @@ def generate_conversations(
     seed: int,
     context_len: int = PoolArgs.context_len,
     message_len: tuple[int, int] = USER_MESSAGE,
+    sampling: SamplingParams | None = None,
 ) -> MultiTurn:
     """ceil(num_requests / turns) conversations, `num_requests` turns in all before the context cut.
 
     User messages are `message_len` tokens (uniform) of ids in [0, vocab_size); the first one is
     clipped to `context_len - max_new_tokens`. The same arguments give the same conversations.
-    `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+    `vocab_size` 0: DEFAULT_VOCAB_SIZE. `sampling`: every turn's parameters but max_tokens (None:
+    greedy)."""
     if turns < 1:
         raise ValueError(f"--turns must be >= 1 (turns per conversation); got {turns}")
     if num_requests < 1 or max_new_tokens < 1 or vocab_size < 0 or not 1 <= message_len[0] <= message_len[1]:
@@ -116,7 +123,7 @@ def generate_conversations(
                 conversation_id=f"conv-{c:05d}",
                 messages=tuple(messages),
                 turns_asked=asked,
-                max_new_tokens=max_new_tokens,
+                params=replace(sampling or SamplingParams(), max_tokens=max_new_tokens),
             )
         )
     return MultiTurn(conversations=tuple(conversations), turns=turns, context_len=context_len)
@@ -149,9 +156,7 @@ class TurnFeed:
 
     def _submit(self, conversation: Conversation, turn: int, history: list[int]) -> Request:
         prompt = history + list(conversation.messages[turn])
-        request = Request(
-            request_id=conversation.turn_id(turn), prompt=prompt, max_new_tokens=conversation.max_new_tokens
-        )
+        request = Request(request_id=conversation.turn_id(turn), prompt=prompt, params=conversation.params)
         # The plan counted every reply at max_new_tokens, and no reply is longer.
         fits = len(prompt) + request.max_new_tokens <= self.plan.context_len
         assert fits, (request.request_id, len(prompt))

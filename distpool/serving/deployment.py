@@ -54,15 +54,16 @@ class DeploymentSpec:
                 f"need at least 1 prefill and 1 decode worker; got {self.num_prefill}P{self.num_decode}D"
             )
         worker = self.worker
+        # the reference model and the transformers runner refuse what they cannot run (first: a
+        # transformers run at TP > 1 is refused for that, not for how its tensors would shard)
+        name = choose_model_impl(worker.spec, worker.model_impl, has_weights=worker.hf is not None)
+        check_tensor_parallel(worker, name, spread=self.spread)
         for role in ("prefill", "decode"):
             tp = worker.tp_of(role)
             try:  # per rank: the shapes a rank stores, within the per-rank budget
                 size_tp_pools(worker.spec, worker.for_role(role), worker.budget_bytes, tp)
             except ValueError as exc:
                 raise ValueError(f"--{role}-tp {tp}: {exc}" if tp > 1 else str(exc)) from None
-        # the reference model and the transformers runner refuse what they cannot run
-        name = choose_model_impl(worker.spec, worker.model_impl, has_weights=worker.hf is not None)
-        check_tensor_parallel(worker, name, spread=self.spread)
 
     @classmethod
     def build(cls, worker: WorkerConfig, *, unified: bool | None = None, **counts) -> DeploymentSpec:
@@ -85,8 +86,9 @@ def check_tensor_parallel(worker: WorkerConfig, model_impl: str, *, spread: bool
         return
     if model_impl == "transformers":
         raise ValueError(
-            f"{sizes}: the transformers runner runs one process per worker (transformers has no "
-            "tensor-parallel plan for Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1"
+            f"{sizes}: the transformers runner has no TP (transformers has no tensor-parallel plan for "
+            "Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1, or use --model-impl "
+            "synthetic or reference"
         )
     if spread:
         raise ValueError(

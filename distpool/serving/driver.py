@@ -17,6 +17,7 @@ without its result, `serving.attempt_errors`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -154,7 +155,10 @@ class Server:
         self.metrics.count("completed" if out.tokens is not None else "corrupt" if out.corrupt else "failed")
 
     async def _serve_one(self, req: Request) -> Outcome:
-        out = Outcome(request_id=req.request_id)
+        # A request without a seed of its own samples with one drawn from the run's seed and its id:
+        # set here, once, it travels to prefill and decode with the request's parameters.
+        req = dataclasses.replace(req, params=req.params.with_seed(self.options.seed, req.request_id))
+        out = Outcome(request_id=req.request_id, seed=req.params.seed)
         submitted = time.monotonic()
         avoid: set[str] = set()
         while out.attempts < self.options.max_attempts:

@@ -91,9 +91,7 @@ class LocalPath:
         self.waiting[rid] = (decode_name, future)
         handle = self.deployment.decode[decode_name]
         try:
-            answer = await self.call(
-                decode_name, handle.local_prefill.remote(rid, req.prompt, req.max_new_tokens)
-            )
+            answer = await self.call(decode_name, handle.local_prefill.remote(rid, req.prompt, req.params))
             if isinstance(answer, LocalPrefillRefused):
                 self.policy.forget(decode_name, req.prompt)
                 out.local_refused += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from distpool.model.sampling import Finish
 from distpool.worker.messages import DecodeFinished, PrefillSent
 from transfer.failure import FailureKind
 
@@ -13,6 +14,8 @@ from transfer.failure import FailureKind
 class Outcome:
     request_id: str
     tokens: list[int] | None = None
+    finish: Finish | None = None  # why a completed request ended: stop (which id) or length
+    seed: int | None = None  # the sampling seed it was served with (its own, or drawn from the run's)
     error: str | None = None  # why it failed, for a person; with its kind:
     failure: FailureKind | None = None  # what the summary counts (`failures_by_reason`)
     attempts: int = 0
@@ -60,6 +63,7 @@ class Outcome:
         self.verified, self.received_bytes = result.verified, result.received_bytes
         self.pair = pair
         self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
+        self.finish = result.finish
 
     def succeeded_locally(
         self, prompt_len: int, result: DecodeFinished, decode_name: str, times: tuple[float, float]
@@ -76,6 +80,7 @@ class Outcome:
         self.verified, self.pair, self.path = result.verified, None, "local"  # no pair: nothing moved
         self.received_bytes = ()
         self.tokens, self.decode_s, self.error, self.failure = result.tokens, result.decode_s, None, None
+        self.finish = result.finish
 
     @property
     def ttft_s(self) -> float:

@@ -79,7 +79,7 @@ class RemotePath:
             raise
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (decode_name, future)
-        item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name)
+        item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name, params=req.params)
         sending: asyncio.Future | None = None
         try:
             if reserving is not None:

@@ -172,6 +172,11 @@ def summarize(
         "ttft_ms_by_path": by_path(done, lambda o: o.ttft_s * 1e3),
         "tpot_ms_by_path": by_path(done, _tpot_ms),
         "tokens_generated": sum(len(o.tokens) for o in done),
+        # why each completed request ended: an EOS or stop id, or max_tokens (TPOT counts the tokens made)
+        "finish_reasons": {
+            reason: sum(o.finish is not None and o.finish.reason == reason for o in done)
+            for reason in ("stop", "length")
+        },
         "wall_s": wall_s,
         # `worker_stats` is read after the run drained and each prefix cache dropped (run.py): anything
         # still held then belongs to no request and to no cache.

@@ -129,6 +129,7 @@ def format_summary(report: dict) -> str:
         ("per-token p50 remote / local", _by_path(report, "tpot_ms_by_path", ".2f")),
         ("transfer / raw link", utilization),
         ("tokens generated", f"{report['tokens_generated']} in {report['wall_s']:.1f} s"),
+        ("finished at stop / length", "{stop} / {length}".format(**report["finish_reasons"])),
         ("leaked pages / slots", _leaks(report)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distpool.model.sampling import SamplingError, SamplingParams
 from distpool.model_impl.hf.tokenizer import PromptTokenizer
 from distpool.serving import conversation, workload
 from distpool.serving.conversation import DEFAULT_TURNS, MultiTurn
@@ -32,8 +33,14 @@ class RequestFlags:
     max_prompt_len: int | None = None
     max_new_tokens: int = 16
     seed: int = 0
+    # Every request's generation parameters unless its --prompts line sets its own (greedy by default).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        self.sampling  # noqa: B018  (a bad value is refused here, naming its flag)
         generation = {
             "--requests": self.requests,
             "--workload": self.workload,
@@ -58,6 +65,22 @@ class RequestFlags:
                 f"own lengths. Fix: drop {bounds[0]}"
             )
 
+    @property
+    def sampling(self) -> SamplingParams:
+        """The run-wide generation parameters (`--max-new-tokens`, `--temperature`, `--top-p`,
+        `--top-k`, `--ignore-eos`); ValueError naming the flag for a value out of range."""
+        try:
+            return SamplingParams(
+                max_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                ignore_eos=self.ignore_eos,
+            )
+        except SamplingError as exc:
+            flag = "--max-new-tokens" if exc.field == "max_tokens" else f"--{exc.field.replace('_', '-')}"
+            raise ValueError(f"{flag} must be {exc.allowed}; got {exc.value!r}") from None
+
     def requests_for(
         self, *, vocab_size: int, context_len: int, tokenizer: PromptTokenizer | None = None
     ) -> list[Request] | MultiTurn:
@@ -66,6 +89,7 @@ class RequestFlags:
         common = dict(
             vocab_size=vocab_size, max_new_tokens=self.max_new_tokens, seed=self.seed, context_len=context_len
         )
+        common["sampling"] = self.sampling
         count = DEFAULT_REQUESTS if self.requests is None else self.requests
         name = self.workload or DEFAULT_WORKLOAD
         if self.prompts is None and name == "multi-turn":
@@ -80,11 +104,11 @@ class RequestFlags:
                 max_prompt=high if self.max_prompt_len is None else self.max_prompt_len,
                 **common,
             )
-        requests = workload.load_jsonl(
-            self.prompts, vocab_size=vocab_size, max_new_tokens=self.max_new_tokens, tokenizer=tokenizer
+        return workload.load_jsonl(
+            self.prompts,
+            vocab_size=vocab_size,
+            max_new_tokens=self.max_new_tokens,
+            tokenizer=tokenizer,
+            sampling=self.sampling,
+            context_len=context_len,
         )
-        if max(len(r.prompt) + r.max_new_tokens for r in requests) > context_len:
-            raise ValueError(
-                f"a request in {self.prompts} is longer than --context-len {context_len}; raise it"
-            )
-        return requests

@@ -86,7 +86,7 @@ class Reservations:
     async def reserve_on(self, name: str, req: Request, prefill_name: str) -> None:
         """Reserve the destination on decode worker `name`, expected from `prefill_name`."""
         ref = self.deployment.decode[name].reserve.remote(
-            req.request_id, req.prompt, req.max_new_tokens, prefill_name
+            req.request_id, req.prompt, req.params, prefill_name
         )
         await self.call(name, ref)  # the destination's envelope stays on the decode worker
 

@@ -19,6 +19,7 @@ from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.conversation import MultiTurn, TurnFeed
 from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server
+from distpool.serving.interrupt import INTERRUPTED_STATUS, catch_sigterm, exit_status_of, restore_sigterm
 from distpool.serving.metrics import ray_init_options
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.output import write_text
@@ -142,8 +143,8 @@ def run(
     metrics_port: int | None = None,
 ) -> int:
     """Serve `requests` (or a multi-turn workload); returns the exit status (`exit_status`). The
-    summary is always printed and written, also when workers died, and after Ctrl-C (of the
-    requests that ended by then: no link measurement, no parity check, leaks unknown);
+    summary is always printed and written, also when workers died, and after Ctrl-C or SIGTERM (of
+    the requests that ended by then: no link measurement, no parity check, leaks unknown);
     `outputs_path` gets one JSON line per completed request (`outputs_text`, with its text where
     `detokenize` is given)."""
     where = address or "an embedded local Ray cluster"
@@ -162,12 +163,15 @@ def run(
     owns_ray = not ray.is_initialized()
     feed = TurnFeed(requests) if isinstance(requests, MultiTurn) else None
     deployment = server = None
-    started, wall_s, interrupted, drained = time.monotonic(), 0.0, False, False
+    started, wall_s, drained = time.monotonic(), 0.0, False
+    interrupted: KeyboardInterrupt | None = None  # Ctrl-C, or SIGTERM (`Terminated`)
     link, stats, parity = link_summary([], {}, 0), [], Parity()
+    sigterm_before = catch_sigterm()  # SIGTERM ends the run as Ctrl-C does (interrupt.py)
     try:
         try:
             if owns_ray:
                 start_ray(spec, address, num_cpus, metrics_port)
+                catch_sigterm()  # ray.init put its own in place: an exit without the summary
             deployment = Deployment.start(spec)
             started = time.monotonic()
             options = ServeOptions(
@@ -184,9 +188,10 @@ def run(
             stats = drop_prefix_caches(deployment, worker_stats(deployment, lost=server.router.dead))
             drained = True
             parity = parity_of(spec, feed.latest_turns_first() if feed else requests, outcomes, parity_sample)
-        except KeyboardInterrupt:
-            interrupted, wall_s = True, time.monotonic() - started
-            print("distpool: interrupted: the summary covers the requests that ended", flush=True)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`Terminated`)
+            interrupted, wall_s = exc, time.monotonic() - started
+            how = "interrupted" if exit_status_of(exc) == INTERRUPTED_STATUS else "terminated (SIGTERM)"
+            print(f"distpool: {how}: the summary covers the requests that ended", flush=True)
             try:
                 if deployment is not None and not stats:
                     stats = worker_stats(deployment, timeout_s=INTERRUPTED_STATS_S)
@@ -211,16 +216,17 @@ def run(
             multi_turn=feed.summary() if feed is not None else None,
             # Memory held by requests still in flight is no leak: before the drain, leaks go unread.
             unchecked=dict.fromkeys([s.name for s in stats] or ["every worker"], "interrupted")
-            if interrupted and not drained
+            if interrupted is not None and not drained
             else None,
-            interrupted=interrupted,
-            unfinished=max(total - len(outcomes), 0) if interrupted else 0,
+            interrupted=interrupted is not None,
+            unfinished=max(total - len(outcomes), 0) if interrupted is not None else 0,
         )
     finally:
         if deployment is not None:
             deployment.shutdown()
         if owns_ray:
             ray.shutdown()
+        restore_sigterm(sigterm_before)
     print(format_summary(report), flush=True)
     for flag, path, text in (
         ("--json", json_path, json.dumps(report, indent=2)),
@@ -233,7 +239,10 @@ def run(
         except OSError as exc:  # checked before the run (output.py); the disk may have filled since
             print(f"distpool: error: {flag} {path} not written: {exc.strerror or exc}", file=sys.stderr)
             return 1
-    return exit_status(report)
+    status = exit_status(report)
+    if status == INTERRUPTED_STATUS and interrupted is not None:
+        return exit_status_of(interrupted)  # 143 after SIGTERM
+    return status
 
 
 def initial_count(requests: list[Request] | MultiTurn) -> int:
@@ -255,15 +264,23 @@ def outputs_text(
     served: list[Request], outcomes: list[Outcome], detokenize: Callable[[list[int]], str] | None = None
 ) -> str:
     """`--outputs`: one JSON line per completed request, in the order served: its id, the prompt
-    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only, and with a
-    tokenizer (`detokenize`) the generated tokens' text."""
-    tokens = {o.request_id: o.tokens for o in outcomes if o.tokens is not None}
+    exactly as served (a multi-turn turn's whole prompt) and the generated tokens only, why it ended
+    (`finish_reason`: stop, with `stop_token_id`, or length), the sampling seed it was served with,
+    and with a tokenizer (`detokenize`) the generated tokens' text."""
+    done = {o.request_id: o for o in outcomes if o.tokens is not None}
     lines = []
     for r in served:
-        if r.request_id in tokens:
-            line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": tokens[r.request_id]}
+        if (o := done.get(r.request_id)) is not None:
+            assert o.tokens is not None
+            line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": o.tokens}
+            if o.finish is not None:
+                line["finish_reason"] = o.finish.reason
+                if o.finish.stop_token is not None:
+                    line["stop_token_id"] = o.finish.stop_token
+            if o.seed is not None:
+                line["seed"] = o.seed
             if detokenize is not None:
-                line["text"] = detokenize(tokens[r.request_id])
+                line["text"] = detokenize(o.tokens)
             lines.append(json.dumps(line))
     return "".join(f"{line}\n" for line in lines)
 
@@ -273,9 +290,9 @@ def exit_status(report: dict) -> int:
     leaked and no worker was lost; 1: a request failed (or a multi-turn turn was skipped after one),
     a token differed, an envelope was corrupt or memory leaked; 3: everything completed, but a
     worker died on the way (or could not be read at the end: its leaks are unknown); 130: the run
-    was interrupted (Ctrl-C) before every request ended."""
+    was interrupted (Ctrl-C; `run` makes it 143 for SIGTERM) before every request ended."""
     if report["interrupted"]:
-        return 130
+        return INTERRUPTED_STATUS
     skipped = (report.get("multi_turn") or {}).get("turns_skipped", 0)
     healthy = report["failed"] == 0 and skipped == 0 and report["parity_mismatches"] == 0
     healthy = healthy and report["corrupt_envelopes"] == 0

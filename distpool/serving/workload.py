@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distpool.memory.envelope import MAX_REQUEST_ID_CHARS as MAX_ID_CHARS  # an id must fit an envelope
 from distpool.memory.sizing import PoolArgs
+from distpool.model.sampling import SamplingError, SamplingParams
 from distpool.model_impl.hf.tokenizer import PromptTokenizer
 
 # What `run --workload` offers (the README lists these lines).
@@ -36,11 +37,29 @@ SYSTEM_PROMPT, USER_PART = (1024, 4096), (64, 1024)
 MAX_WORKLOAD_TOKENS = 1 << 26
 
 
+# What a --prompts line may set per request (distpool.model.sampling), besides its prompt and id;
+# "max_new_tokens" is also read as max_tokens.
+SAMPLING_FIELDS = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
 @dataclass(frozen=True)
 class Request:
     request_id: str
     prompt: list[int]
-    max_new_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)  # its seed set by the server
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_tokens
 
 
 def generate(
@@ -53,12 +72,14 @@ def generate(
     context_len: int = PoolArgs.context_len,
     min_prompt: int = 4,
     max_prompt: int = 96,
+    sampling: SamplingParams | None = None,
 ) -> list[Request]:
     """`num_requests` prompts of random token ids in [0, vocab_size), lengths drawn per `workload`.
 
     Every prompt is clipped to `context_len - max_new_tokens` tokens, so each request fits the context;
     `long` refuses a context too short for its shortest prompt instead. `min_prompt` and `max_prompt`
     bound `mixed` only. The same arguments give the same requests. `vocab_size` 0: DEFAULT_VOCAB_SIZE.
+    `sampling`: every request's parameters but max_tokens (None: greedy).
     `multi-turn` is not a list of requests (each turn needs the last one's reply): see
     `serving.conversation.generate_conversations`.
     """
@@ -79,6 +100,7 @@ def generate(
             f"the long workload needs prompts of {LONG_PROMPT[0]} tokens or more: raise --context-len to "
             f"at least {LONG_PROMPT[0] + max_new_tokens} (it is {context_len})"
         )
+    params = replace(sampling or SamplingParams(), max_tokens=max_new_tokens)
     rng = random.Random(seed)
     tokens = range(vocab_size or DEFAULT_VOCAB_SIZE)
     shared = _system_prompt(rng, tokens, limit) if workload == "shared-prefix" else []
@@ -89,7 +111,7 @@ def generate(
             Request(
                 request_id=f"req-{i:05d}",
                 prompt=shared + rng.choices(tokens, k=length),  # not randrange per token: 32k tokens in ms
-                max_new_tokens=max_new_tokens,
+                params=params,
             )
         )
     return requests
@@ -156,11 +178,19 @@ def _prompt_len(rng: random.Random, workload: str, limit: int, mixed: tuple[int,
 
 
 def load_jsonl(
-    path: str | Path, *, vocab_size: int, max_new_tokens: int, tokenizer: PromptTokenizer | None = None
+    path: str | Path,
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+    tokenizer: PromptTokenizer | None = None,
+    sampling: SamplingParams | None = None,
+    context_len: int | None = None,
 ) -> list[Request]:
-    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"}, with optional
-    "max_new_tokens" and "id". Text is tokenized with the model's `tokenizer`, or without one taken
-    as its UTF-8 bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE."""
+    """One request per line: {"prompt_ids": [int, ...]} or {"prompt": "text"} (not both), with
+    optional "max_new_tokens" and "id", and any of SAMPLING_FIELDS (else `sampling`'s, the run's
+    defaults). Text is tokenized with the model's `tokenizer`, or without one taken as its UTF-8
+    bytes modulo the vocabulary. `vocab_size` 0: DEFAULT_VOCAB_SIZE. A request longer than
+    `context_len` (prompt and new tokens) is refused, naming its line."""
     vocab_size = vocab_size or DEFAULT_VOCAB_SIZE
     requests = []
     try:
@@ -183,6 +213,10 @@ def load_jsonl(
             raise ValueError(f"{where}: invalid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
+        if "prompt_ids" in row and "prompt" in row:
+            raise ValueError(
+                f'{where}: give "prompt_ids" or "prompt", not both (which one to serve is unclear)'
+            )
         if "prompt_ids" in row:
             ids = row["prompt_ids"]
             if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
@@ -200,12 +234,34 @@ def load_jsonl(
         if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not 0 < len(str(rid)) <= MAX_ID_CHARS:
             raise ValueError(f"{where}: id must be a string (or number) of 1 to {MAX_ID_CHARS} characters")
         _utf8(str(rid), where, "id")  # an envelope carries it as UTF-8
-        requests.append(Request(request_id=str(rid), prompt=ids, max_new_tokens=new))
+        params = _line_params(row, replace(sampling or SamplingParams(), max_tokens=new), where, vocab_size)
+        if context_len is not None and len(ids) + params.max_tokens > context_len:
+            raise ValueError(
+                f"{where}: {len(ids)} prompt tokens and {params.max_tokens} new tokens are longer than "
+                f"--context-len {context_len}. Fix: raise --context-len, or shorten the request"
+            )
+        requests.append(Request(request_id=str(rid), prompt=ids, params=params))
     if not requests:
         raise ValueError(f"{path}: no requests")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids must be unique")
     return requests
+
+
+def _line_params(row: dict, defaults: SamplingParams, where: str, vocab_size: int) -> SamplingParams:
+    """The generation parameters a line sets over `defaults` (max_new_tokens already in them)."""
+    given = {name: row[name] for name in SAMPLING_FIELDS if name in row}
+    if "max_tokens" in given and "max_new_tokens" in row:
+        raise ValueError(f"{where}: max_tokens and max_new_tokens both given. Fix: keep one")
+    if isinstance(given.get("stop_token_ids"), list):
+        given["stop_token_ids"] = tuple(given["stop_token_ids"])
+    try:
+        params = replace(defaults, **given)
+    except SamplingError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if outside := [t for t in params.stop_token_ids if t >= vocab_size]:
+        raise ValueError(f"{where}: stop_token_ids must be token ids in [0, {vocab_size}); got {outside[0]}")
+    return params
 
 
 def _tokenized(tokenizer: PromptTokenizer, text: str, where: str, vocab_size: int) -> list[int]:

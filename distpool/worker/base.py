@@ -27,7 +27,7 @@ from distpool.worker.tp_pairing import rank_name
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
 from transfer.plan import plan_runs
 from transfer.rank_group import form_rank_group
-from transfer.rendezvous import free_port
+from transfer.rendezvous import reserve_port
 
 BANDS = ("pages", "slots")  # the bands whose peak a worker tracks
 NO_BAND = BandUsage(capacity=0, free=0, held=0, pinned=0)  # a pool without that band
@@ -113,8 +113,9 @@ class WorkerBase:
 
     def rendezvous_address(self, peer: str | None = None) -> tuple[str, int]:
         """Where the channel to `peer` meets (prefill ends hold the port): the channel's own address
-        when it exists (a rebuild keeps the port and forms a new generation), else a free port on
-        this node."""
+        when it exists (a rebuild keeps the port and forms a new generation), else a port of this
+        node, bound and held here until this process's end of the channel (or of the TP group)
+        listens on it (`reserve_port`): nothing else can take it in between."""
         import ray
 
         if peer is not None and (address := self.channels.address_of(peer)) is not None:
@@ -122,7 +123,7 @@ class WorkerBase:
         host = "127.0.0.1"  # one node: the rendezvous listens on loopback only
         if ray.is_initialized() and sum(node["Alive"] for node in ray.nodes()) > 1:
             host = ray.util.get_node_ip_address()  # the address peers on other nodes reach
-        return host, free_port(host)
+        return host, reserve_port(host)
 
     def open_channel(self, peer: str, host: str, port: int, peer_life: int = 0) -> None:
         """Open (or rebuild) the channel to `peer` in its `peer_life` (restarts so far); the peer must

@@ -35,6 +35,9 @@ class WorkerConfig:
     seed: int = 0
     model_impl: str = "reference"  # what computes in the pools (RESOLVED_MODEL_IMPLS)
     hf: HFSource | None = None  # the transformers runner's weights (each worker loads its own copy)
+    # The checkpoint's end-of-sequence ids (distpool.model.eos; none for the bundled reference model):
+    # the worker that makes a token ends its request there (distpool.model.sampling).
+    eos_token_ids: tuple[int, ...] = ()
     # Conditional disaggregation (`--conditional-disagg`): decode keeps finished requests' final states
     # and the driver may prefill a later turn there. Off, decode keeps none (no slot copy per request).
     local_prefill: bool = True  # on by default: the README's benchmark says why

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from distpool.model.sampling import LENGTH, Finish, SamplingParams
 from transfer.failure import FailureKind
 
 
@@ -22,6 +23,7 @@ class PrefillItem:
     request_id: str
     prompt: list[int]
     decode_worker: str  # reserved the destination; expects the envelope from this prefill worker
+    params: SamplingParams = SamplingParams()  # how its first token is picked (the seed set)
 
 
 # ---- prefill's result, per request --------------------------------------------------------------
@@ -78,6 +80,7 @@ class DecodeFinished:
     local_computed_tokens: int = 0
     local_prefill_s: float = 0.0
     local_compute_s: float = 0.0  # of which its state copy and chunks (the decode steps between aside)
+    finish: Finish = LENGTH  # why it ended: an EOS or stop id (which), or max_tokens
 
 
 @dataclass(frozen=True)

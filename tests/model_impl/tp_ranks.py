@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import socket
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from tests.factories import make_rank_pool
-from transfer.rendezvous import free_port
+from transfer.rendezvous import reserve_socket
 
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)  # 4 query, 2 KV, 4 Mamba heads; 2 groups
 STEPS = 5  # decode steps after each prefill
@@ -201,15 +202,22 @@ def run_ranks(
     own: the results, in rank order. `main` must be a module-level function."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # torch and the model imported once, not once per rank
-    port = free_port()
+    # The store's port, bound here and handed to rank 0, which listens on it: never free in between.
+    listener = reserve_socket()
+    port = listener.getsockname()[1]
     given, outs = workdir / "inputs.pt", [workdir / f"rank{rank}.pt" for rank in range(tp)]
     torch.save(inputs, given)  # by file: no shared-memory handles through the pipe
     processes = [
-        ctx.Process(target=_rank_main, args=(rank, tp, port, main, given, outs[rank]), daemon=True)
+        ctx.Process(
+            target=_rank_main,
+            args=(rank, tp, port, listener if rank == 0 else None, main, given, outs[rank]),
+            daemon=True,
+        )
         for rank in range(tp)
     ]
-    for process in processes:
-        process.start()
+    with listener:  # each rank 0 holds its own copy once started
+        for process in processes:
+            process.start()
     for process in processes:
         process.join(RUN_TIMEOUT_S)
     for process in processes:
@@ -227,11 +235,16 @@ def run_ranks(
     return results
 
 
-def _rank_main(rank: int, tp: int, port: int, main: Callable, given: Path, out: Path) -> None:
+def _rank_main(
+    rank: int, tp: int, port: int, listener: socket.socket | None, main: Callable, given: Path, out: Path
+) -> None:
     torch.set_num_threads(1)  # the ranks share the machine's few cores
     try:
         inputs = torch.load(given, weights_only=False)
-        store = dist.TCPStore("127.0.0.1", port, tp, is_master=rank == 0, timeout=GROUP_TIMEOUT)
+        fd = listener.detach() if listener is not None else None  # the store owns it from here
+        store = dist.TCPStore(
+            "127.0.0.1", port, tp, is_master=rank == 0, timeout=GROUP_TIMEOUT, master_listen_fd=fd
+        )
         options = dist.ProcessGroupGloo._Options()
         options._timeout = GROUP_TIMEOUT
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]

@@ -1,6 +1,6 @@
 """`distpool run --conditional-disagg` end to end on the reference model: every turn after a
 conversation's first is prefilled on the decode worker that holds the conversation's state, with
-nothing transferred, and every turn's tokens equal the colocated oracle's. Bad flag values are
+nothing transferred, and every turn's tokens equal the colocated oracle's (sampled too). Bad flag values are
 refused before Ray starts."""
 
 import json
@@ -16,8 +16,12 @@ SMALL = ["--context-len", "4096", "--memory-gib", "0.0625", "--parity-sample", "
 @pytest.mark.ray
 @pytest.mark.parametrize(
     "workers",
-    [["--prefill", "1", "--decode", "1"], ["--prefill", "2", "--decode", "2"]],
-    ids=["1P1D", "2P2D"],
+    [
+        # Sampled: a local turn's first token, computed on decode, is drawn as prefill would draw it.
+        ["--prefill", "1", "--decode", "1", "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50"],
+        ["--prefill", "2", "--decode", "2"],
+    ],
+    ids=["1P1D-sampled", "2P2D"],
 )
 def test_later_turns_are_served_locally_with_token_parity(ray_session, tmp_path, workers):
     path = tmp_path / "run.json"

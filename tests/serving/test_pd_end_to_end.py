@@ -4,6 +4,7 @@ and every pool back to empty afterwards."""
 import pytest
 import torch
 
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.serving.faults import RECEIVER_CANCEL
 from distpool.serving.parity import colocated_tokens
@@ -92,7 +93,7 @@ def test_reservations_refused_while_prefill_computes_are_retried_without_leaks(r
 
 def test_single_token_prompt_and_single_new_token(ray_session):
     spec = make_spec()
-    requests = [Request(request_id="one", prompt=[7], max_new_tokens=1)]
+    requests = [Request(request_id="one", prompt=[7], params=SamplingParams(max_tokens=1))]
     outcomes, stats, _ = serve(spec, requests)
     assert outcomes[0].tokens == colocated_tokens(spec, requests)["one"]
     assert len(outcomes[0].tokens) == 1

@@ -11,6 +11,7 @@ import pytest
 
 from distpool.cli import main
 from distpool.model.presets import resolve_model
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.hf.tokenizer import find_tokenizer
 from distpool.serving.outcome import Outcome
 from distpool.serving.run import outputs_text
@@ -40,7 +41,7 @@ def test_text_prompts_are_tokenized_with_the_folders_tokenizer(folder, tmp_path)
     )
     text, ids = load_jsonl(prompts, vocab_size=VOCAB, max_new_tokens=4, tokenizer=tokenizer)
     # <s> first (the tokenizer's BOS), then one id per word: the 2, cat 4, sat 6, on 7, mat 8
-    assert text == Request(request_id="t", prompt=[1, 2, 4, 6, 7, 2, 8], max_new_tokens=4)
+    assert text == Request(request_id="t", prompt=[1, 2, 4, 6, 7, 2, 8], params=SamplingParams(max_tokens=4))
     assert ids.prompt == [5, 6]
     # Without a tokenizer: the text's UTF-8 bytes modulo the vocabulary, as before.
     (bytes_request, _) = load_jsonl(prompts, vocab_size=VOCAB, max_new_tokens=4)
@@ -49,7 +50,10 @@ def test_text_prompts_are_tokenized_with_the_folders_tokenizer(folder, tmp_path)
 
 def test_outputs_add_the_text_of_the_generated_ids_with_a_tokenizer(folder):
     tokenizer = find_tokenizer(folder / "config.json")
-    served = [Request("a", [1, 3], 3), Request("b", [1, 4], 3)]
+    served = [
+        Request("a", [1, 3], SamplingParams(max_tokens=3)),
+        Request("b", [1, 4], SamplingParams(max_tokens=3)),
+    ]
     outcomes = [Outcome(request_id="a", tokens=[4, 1, 6]), Outcome(request_id="b", tokens=None)]
     (line,) = [json.loads(x) for x in outputs_text(served, outcomes, tokenizer.decode).splitlines()]
     assert line == {"id": "a", "prompt_ids": [1, 3], "output_ids": [4, 1, 6], "text": "cat sat"}

@@ -3,6 +3,7 @@ envelope is verified on every decode rank, and a rank that dies takes its group 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import pytest
 
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
@@ -117,7 +119,8 @@ def test_across_tp_sizes_every_envelope_is_verified_on_every_decode_rank(ray_ses
 @pytest.mark.parametrize("sizes", [(2, 1), (1, 2)], ids=["2to1", "1to2"])
 def test_the_reference_model_served_across_tp_sizes_gives_the_tokens_of_tp_1(ray_session, tmp_path, sizes):
     """The reference model all-reduces over each group's ranks, which prefill and decode in lockstep:
-    state prefilled at one TP size decodes at the other to the colocated TP 1 run's tokens."""
+    state prefilled at one TP size decodes at the other to the colocated TP 1 run's tokens, greedy
+    or sampled."""
     spec = DeploymentSpec.build(
         WorkerConfig(
             spec=spec_from_hf(REFERENCE_HYBRID_CONFIG),
@@ -130,6 +133,9 @@ def test_the_reference_model_served_across_tp_sizes_gives_the_tokens_of_tp_1(ray
         )
     )
     requests = mixed_requests(12, max_new_tokens=6, seed=11, max_prompt=60)
+    # Half of them sampled: every rank draws the same token, at either TP size, as colocated TP 1.
+    sampled = SamplingParams(max_tokens=6, temperature=1.2, top_p=0.9, top_k=30)
+    requests = [r if i % 2 else dataclasses.replace(r, params=sampled) for i, r in enumerate(requests)]
     report = served(spec, requests, tmp_path, parity_sample=12)
     assert (report["prefill_tp"], report["decode_tp"]) == sizes
     assert report["completed"] == 12 and report["parity_checked"] == 12

@@ -36,6 +36,13 @@ def check_churn_row(row: dict) -> None:
 
 def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
     done, rows = run_bench(tmp_path)
+    *rows, overhead = rows
+    # What a transfer costs beyond its bytes: a one-page envelope against the page as one message.
+    assert set(overhead) == {"method", "bytes", "envelope_us", "raw_us", "overhead_us"}
+    assert (overhead["method"], overhead["bytes"]) == ("overhead", PAGE_BYTES)
+    assert overhead["envelope_us"] > 0 and overhead["raw_us"] > 0
+    assert overhead["overhead_us"] == overhead["envelope_us"] - overhead["raw_us"]
+    assert "per-transfer overhead:" in done.stdout
     cases = {(r["method"], r["fragmentation"]) for r in rows}
     assert cases == {(m, f) for m in ("envelope", "raw", "naive") for f in (0.0, 0.5, 1.0, "churn")}
     for row in rows:
@@ -52,6 +59,7 @@ def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
 
 def test_bench_transfer_fragmented_churn_runs_only_churn_cases(tmp_path):
     done, rows = run_bench(tmp_path, "--fragmented", "churn")
+    rows = [r for r in rows if r["method"] != "overhead"]
     assert {(r["method"], r["fragmentation"]) for r in rows} == {
         (m, "churn") for m in ("envelope", "raw", "naive")
     }

@@ -17,13 +17,13 @@ import threading
 import time
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from tests.transfer.test_channel import make_channel
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port, make_arena
 from transfer import Channel, ChannelError
+from transfer.control import frames
 from transfer.protocol import (
     HEADER,
     PROTOCOL_VERSION,
@@ -203,13 +203,8 @@ def test_the_store_listens_only_on_the_address_its_peer_uses_and_only_while_form
 
 def send_raw(channel, name: str, sealed: bytes) -> None:
     """What a holder of the pair's link (not of the secret) could put on it: one control frame."""
-    encoded = name.encode()
-    body = len(encoded).to_bytes(2, "little") + encoded + sealed
     group, peer = channel._pg, channel.peer_rank
-    for tensor in (
-        torch.tensor([len(body)], dtype=torch.int64),
-        torch.frombuffer(bytearray(body), dtype=torch.uint8),
-    ):
+    for tensor in frames(name, sealed):
         group.send([tensor], peer, TAG_CONTROL).wait(datetime.timedelta(seconds=5))
 
 

@@ -6,7 +6,10 @@ import zlib
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from transfer import staging
 from transfer.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
 
 
@@ -36,7 +39,7 @@ CASES = {
     ],
     # many pieces of several sizes, all multiples of 128: rows of 128 bytes
     "multi-row": [(i * 1024, 128 * (1 + i % 5)) for i in range(40)],
-    # many pieces with odd offsets: rows would be 1 byte, so the loop is used
+    # many pieces with odd offsets: rows of 1 byte, a small index still
     "odd": [(i * 97 + 3, 13) for i in range(60)],
 }
 
@@ -86,3 +89,48 @@ def test_staging_buffers_rotate_and_grow():
     assert len(set(pointers)) == PIPELINE_DEPTH
     assert staging.get(PIPELINE_DEPTH, 50).data_ptr() == pointers[0]
     assert staging.get(1, 1000).shape == (1000,)
+
+
+@st.composite
+def piece_lists(draw) -> list[tuple[int, int]]:
+    """Disjoint pieces in a random stream order: some adjacent in the arena (they coalesce), sizes
+    and offsets multiples of a random unit (one indexed copy of rows) or odd (a copy per piece)."""
+    unit = draw(st.sampled_from([1, 3, 64, 256, 1024]))
+    sizes = draw(st.lists(st.integers(1, 40), min_size=1, max_size=60))
+    gaps = draw(st.lists(st.integers(0, 3), min_size=len(sizes), max_size=len(sizes)))
+    rows, offset = [], 0
+    for size, gap in zip(sizes, gaps, strict=True):
+        offset += gap * unit
+        rows.append((offset, size * unit))
+        offset += size * unit
+    order = draw(st.permutations(range(len(rows))))
+    keep_runs = draw(st.booleans())  # in arena order: every adjacent pair coalesces
+    return rows if keep_runs else [rows[i] for i in order]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=piece_lists(), seed=st.integers(0, 1000))
+def test_gather_and_scatter_match_a_copy_per_piece_for_any_pieces(rows, seed):
+    arena_bytes = max(o + n for o, n in rows) + 17
+    arena = random_arena(arena_bytes, seed=seed)
+    offsets, nbytes = pieces(rows)
+    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
+    gather(arena, offsets.numpy(), nbytes.numpy(), out)
+    assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in rows]))
+    before, src = arena.clone(), random_arena(out.shape[0], seed=seed + 1)
+    scatter(src, offsets.numpy(), nbytes.numpy(), arena)
+    expected, position = before.clone(), 0
+    for o, n in rows:
+        expected[o : o + n] = src[position : position + n]
+        position += n
+    assert torch.equal(arena, expected)
+
+
+def test_rows_too_narrow_for_their_index_are_copied_piece_by_piece(monkeypatch):
+    monkeypatch.setattr(staging, "_MAX_NARROW_ROWS", 100)  # the odd case's 780 one-byte rows: too many
+    arena = random_arena(64 * 1024, seed=6)
+    offsets, nbytes = pieces(CASES["odd"])
+    assert staging._piece_rows(offsets.numpy(), nbytes.numpy()) is None
+    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
+    gather(arena, offsets, nbytes, out)
+    assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in CASES["odd"]]))

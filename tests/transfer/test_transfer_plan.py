@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from transfer import TransferOptions
 from transfer.plan import (
     DST,
     NBYTES,
@@ -144,6 +145,36 @@ def test_each_side_moves_a_batch_in_place_where_it_is_contiguous_there():
     staged, direct = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=100)[0].messages
     assert (staged.in_place_at(SRC), staged.in_place_at(DST)) == (None, None)
     assert (direct.in_place_at(SRC), direct.in_place_at(DST)) == (500, 100)
+
+
+def test_long_runs_beside_short_ones_go_zero_copy_and_only_the_short_ones_are_staged():
+    """A resharded envelope's shape: 2 MiB halves of a state among 1 KiB KV-head slices, the source
+    back to back, the destination interleaved. Sent as one batch, the destination would scatter
+    every byte; at the CPU default the halves go straight from and into the arenas instead."""
+    sizes = [2 << 20, *[1 << 10] * 64, 2 << 20, *[1 << 10] * 64]
+    src = np.cumsum([0, *sizes[:-1]])
+    dst = np.arange(len(sizes)) * (3 << 20)  # every piece somewhere else
+    runs = np.stack([src, dst, sizes], axis=1).astype(np.int64)
+    cpu_default = TransferOptions().direct_min_bytes_for(torch.device("cpu"))
+    (chunk,) = plan_messages(runs, chunk_bytes=32 << 20, direct_min_bytes=cpu_default)
+    staged, *direct = chunk.messages
+    assert [m.pieces.tolist() for m in direct] == [[runs[0].tolist()], [runs[65].tolist()]]
+    assert staged.nbytes == 128 << 10 and staged.pieces.shape[0] == 128
+    assert (staged.in_place_at(SRC), staged.in_place_at(DST)) == (None, None)
+
+
+def test_a_batch_in_place_on_one_side_stays_whole_when_splitting_would_copy_more():
+    # Contiguous source: one batch copies its 120 bytes once (the scatter). Sending the 100-byte
+    # run alone would cost two messages and leave a gap in the batch: its 20 bytes staged on both
+    # sides. At 100 bytes a message: 100 + 120 against 200 + 40.
+    runs = table([[0, 0, 10], [10, 1000, 100], [110, 2000, 10]]).numpy()
+    ((message,),) = [c.messages for c in plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=100)]
+    assert message.pieces.tolist() == runs.tolist()
+    assert (message.in_place_at(SRC), message.in_place_at(DST)) == (0, None)
+    # Where the batch is in place on neither side, the long run goes alone (200 + 40 < 100 + 240).
+    scattered = table([[500, 0, 10], [10, 1000, 100], [0, 2000, 10]]).numpy()
+    staged, direct = plan_messages(scattered, chunk_bytes=1 << 20, direct_min_bytes=100)[0].messages
+    assert direct.pieces.tolist() == [[10, 1000, 100]] and staged.pieces.shape[0] == 2
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1000, 1 << 20])

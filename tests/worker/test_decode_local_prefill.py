@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.messages import DecodeFinished, LocalPrefillRefused, LocalPrefillStarted, PrefillSent
 from distpool.worker.stats import PoolHeld
@@ -31,7 +32,7 @@ def turns_served_locally(config, num_turns: int = 3):
         for turn in range(1, num_turns):
             prompt = prompts[-1] + results[-1].tokens + NEW_MESSAGE[: 3 + 4 * turn]
             rid = f"t{turn}"
-            answers.append(d.local_prefill(rid, prompt, MAX_NEW))
+            answers.append(d.local_prefill(rid, prompt, SamplingParams(max_tokens=MAX_NEW)))
             results.append(wait_finished(d, [rid])[rid])
             prompts.append(prompt)
             d.pool.check_invariants()
@@ -81,7 +82,7 @@ def test_a_worker_that_lost_the_state_refuses_and_the_transfer_serves_the_turn()
         first = wait_finished(d, ["t0"])["t0"]
         second = FIRST + first.tokens + NEW_MESSAGE
         d.pool.prefix_cache.final_states.evict(1)  # as making room for others would
-        answer = d.local_prefill("t1", second, MAX_NEW)
+        answer = d.local_prefill("t1", second, SamplingParams(max_tokens=MAX_NEW))
         assert isinstance(answer, LocalPrefillRefused) and "no kept state" in answer.reason
         assert_nothing_held(p, d)
         d.pool.check_invariants()
@@ -99,7 +100,7 @@ def test_a_prompt_that_does_not_extend_a_kept_state_is_refused():
     try:
         serve(p, d, {"t0": FIRST}, MAX_NEW)
         wait_finished(d, ["t0"])
-        answer = d.local_prefill("other", [7] + FIRST, MAX_NEW)
+        answer = d.local_prefill("other", [7] + FIRST, SamplingParams(max_tokens=MAX_NEW))
         assert isinstance(answer, LocalPrefillRefused)
         assert_nothing_held(p, d)
     finally:
@@ -115,7 +116,7 @@ def test_without_local_prefill_decode_keeps_no_state_and_refuses():
         first = wait_finished(d, ["t0"])["t0"]
         assert d.pool.prefix_cache is not None and d.pool.prefix_cache.final_states is None
         assert d.stats().decode_state_checkpoints == 0
-        answer = d.local_prefill("t1", FIRST + first.tokens + NEW_MESSAGE, MAX_NEW)
+        answer = d.local_prefill("t1", FIRST + first.tokens + NEW_MESSAGE, SamplingParams(max_tokens=MAX_NEW))
         assert isinstance(answer, LocalPrefillRefused)
         assert_nothing_held(p, d)
         d.pool.check_invariants()

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFinished, PrefillSent
@@ -101,7 +102,7 @@ def test_a_corrupted_transfer_never_touches_the_held_prefix():
         tokens = wait_finished(d, ["t1"])["t1"].tokens
         second = FIRST + tokens + [40, 41, 42]
         d.plan_fault("t2", CORRUPT_PAYLOAD)
-        d.reserve("t2", second, MAX_NEW, "prefill-0")
+        d.reserve("t2", second, SamplingParams(max_tokens=MAX_NEW), "prefill-0")
         assert isinstance(prefill_one(p, "t2", second), PrefillSent)
         result = wait_finished(d, ["t2"])["t2"]
         assert result.kind is FailureKind.CORRUPT

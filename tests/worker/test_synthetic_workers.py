@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from distpool.memory.sizing import PoolArgs
+from distpool.model.sampling import SamplingParams
 from distpool.model.spec import DENSE, HYBRID_MAMBA, HYBRID_SWA
 from distpool.serving.deployment import DeploymentSpec
 from distpool.serving.parity import colocated_tokens
@@ -43,7 +44,8 @@ def pair():
 
 def colocated(config: WorkerConfig, prompts: dict[str, list[int]], max_new_tokens: int) -> dict:
     requests = [
-        Request(request_id=rid, prompt=p, max_new_tokens=max_new_tokens) for rid, p in prompts.items()
+        Request(request_id=rid, prompt=p, params=SamplingParams(max_tokens=max_new_tokens))
+        for rid, p in prompts.items()
     ]
     return colocated_tokens(DeploymentSpec(worker=config), requests)
 
@@ -100,7 +102,7 @@ def fails_as_corrupt(d, rid: str, where: str) -> None:
 def test_a_byte_flipped_on_landing_fails_the_request_as_corrupt(pair):
     p, d = pair
     d.plan_fault("x", CORRUPT_PAYLOAD)  # the checksum is off
-    d.reserve("x", PROMPTS["a"], 4, "prefill-0")
+    d.reserve("x", PROMPTS["a"], SamplingParams(max_tokens=4), "prefill-0")
     assert isinstance(prefill_one(p, "x", PROMPTS["a"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
@@ -137,7 +139,7 @@ def truncate(pool, rid, ranges):
 def test_damaged_landings_fail_as_corrupt_with_nothing_held(pair, damage):
     p, d = pair
     damage_on_landing(d, damage)
-    d.reserve("x", PROMPTS["c"], 4, "prefill-0")
+    d.reserve("x", PROMPTS["c"], SamplingParams(max_tokens=4), "prefill-0")
     assert isinstance(prefill_one(p, "x", PROMPTS["c"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     assert_nothing_held(p, d)
@@ -155,7 +157,7 @@ def test_a_stale_slot_fails_as_corrupt(pair):
         pool.buffer[offset : offset + nbytes] = stale["bytes"]
 
     damage_on_landing(d, keep_stale)  # before the reservation: its transfer calls back what it saw
-    d.reserve("x", PROMPTS["a"], 4, "prefill-0")
+    d.reserve("x", PROMPTS["a"], SamplingParams(max_tokens=4), "prefill-0")
     offset, nbytes = d.pool.envelope_ranges("x")[0].tolist()
     stale["bytes"] = d.pool.buffer[offset : offset + nbytes].clone()  # what "earlier" left behind
     assert isinstance(prefill_one(p, "x", PROMPTS["a"]), PrefillSent)
@@ -187,7 +189,7 @@ def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(p
     p, d = pair
     for prompt in ([-1, 2], [1, 10**9], [1.5], "abc"):
         with pytest.raises(ValueError, match="token ids"):
-            d.reserve("bad", prompt, 2, "prefill-0")
+            d.reserve("bad", prompt, SamplingParams(max_tokens=2), "prefill-0")
     assert_nothing_held(d)
     original = d._landed
 
@@ -196,7 +198,7 @@ def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(p
         original(parts)
 
     d._landed = wrong_first_token
-    d.reserve("x", PROMPTS["b"], 3, "prefill-0")
+    d.reserve("x", PROMPTS["b"], SamplingParams(max_tokens=3), "prefill-0")
     assert isinstance(prefill_one(p, "x", PROMPTS["b"]), PrefillSent)
     fails_as_corrupt(d, "x", "received")
     d._landed = original

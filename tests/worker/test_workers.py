@@ -10,6 +10,7 @@ from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit, Pool
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
+from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
@@ -50,7 +51,7 @@ def serve(p, d, prompts: dict[str, list[int]], max_new_tokens: int, fault=None) 
     """The driver's calls: reserve on decode, prefill-and-send (with `fault` planned into each
     transfer through the prefill worker's seam, if given)."""
     for rid, prompt in prompts.items():
-        d.reserve(rid, prompt, max_new_tokens, "prefill-0")
+        d.reserve(rid, prompt, SamplingParams(max_tokens=max_new_tokens), "prefill-0")
         if fault is not None:
             p.plan_fault(rid, fault)
     return p.prefill_and_send([to_decode_0(rid, prompt) for rid, prompt in prompts.items()])
@@ -123,14 +124,16 @@ def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
 def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
     _, d = pair
     with pytest.raises(ValueError, match="context"):
-        d.reserve("long", [1] * 100, 29, "prefill-0")  # 129 tokens > --context-len 128
+        d.reserve(
+            "long", [1] * 100, SamplingParams(max_tokens=29), "prefill-0"
+        )  # 129 tokens > --context-len 128
     with pytest.raises(ValueError):
-        d.reserve("bad", [], 1, "prefill-0")
+        d.reserve("bad", [], SamplingParams(max_tokens=1), "prefill-0")
     admitted = 0
     with pytest.raises(DoesNotFit):
         for i in range(1000):  # each prompt of 8 fits alone; admission counts every request's growth
             before = d.stats()
-            d.reserve(f"r{i}", [1] * 8, 120, "prefill-0")
+            d.reserve(f"r{i}", [1] * 8, SamplingParams(max_tokens=120), "prefill-0")
             admitted += 1
     assert d.stats() == before  # the refused request holds nothing
     # 4 MiB holds about 95 requests at their full 128 tokens (32 pages of 1 KiB + a 9.6 KB slot)
@@ -141,7 +144,7 @@ def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
 
 def test_cancel_returns_the_reservation(pair):
     p, d = pair
-    d.reserve("r", list(range(10)), 2, "prefill-0")
+    d.reserve("r", list(range(10)), SamplingParams(max_tokens=2), "prefill-0")
     assert d.stats().pages_used > 0
     assert d.cancel("r")
     assert_nothing_held(p, d)
@@ -154,7 +157,7 @@ def test_cancel_returns_the_reservation(pair):
 def test_a_reservation_from_an_unknown_prefill_worker_holds_nothing(pair):
     _, d = pair
     with pytest.raises(ChannelError) as failure:
-        d.reserve("r", list(range(10)), 2, "prefill-9")
+        d.reserve("r", list(range(10)), SamplingParams(max_tokens=2), "prefill-9")
     assert failure.value.kind is FailureKind.PEER_LOST  # no channel to it
     assert_nothing_held(d)
 
@@ -183,7 +186,7 @@ def test_workers_use_nothing_but_the_pool_interface():
         assert len(wait_finished(d, ["a", "b"])) == 2
         with pytest.raises(DoesNotFit):
             for i in range(1000):
-                d.reserve(f"r{i}", [1] * 8, 120, "prefill-0")
+                d.reserve(f"r{i}", [1] * 8, SamplingParams(max_tokens=120), "prefill-0")
         assert_nothing_held(p)
     finally:
         p.shutdown()
@@ -194,7 +197,7 @@ def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
     _, d = pair
     with pytest.raises(ValueError, match="a request id is a str of 1 to 256 characters"):
         # the pool holds it; the envelope cannot carry the id
-        d.reserve("x" * 300, list(range(10)), 2, "prefill-0")
+        d.reserve("x" * 300, list(range(10)), SamplingParams(max_tokens=2), "prefill-0")
     assert_nothing_held(d)
     assert d.stats().pages_peak > 0  # it did take memory before it failed
 
@@ -230,11 +233,11 @@ def test_a_reservation_refused_while_prefill_computes_refuses_its_transfer_and_f
     filled, prompt = [], [1] * 8  # as large as each filling one: it cannot fit
     with pytest.raises(DoesNotFit):
         for i in range(1000):
-            d.reserve(f"fill{i}", [1] * 8, 120, "prefill-0")
+            d.reserve(f"fill{i}", [1] * 8, SamplingParams(max_tokens=120), "prefill-0")
             filled.append(f"fill{i}")
     before = d.stats()
     with pytest.raises(DoesNotFit):
-        d.reserve("late", prompt, 120, "prefill-0")
+        d.reserve("late", prompt, SamplingParams(max_tokens=120), "prefill-0")
     sent = prefill_one(p, "late", prompt)
     assert isinstance(sent, PrefillFailed) and sent.retry
     assert sent.kind is FailureKind.NO_ROOM  # decode's refusal travelled to prefill as its kind

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from distpool.model.spec import (
     ModelSpec,
     StateTensorSpec,
 )
+from distpool.model_impl.hf.checkpoint import check_checkpoint
 from distpool.model_impl.hf.loader import empty_model, weight_bytes
 from distpool.model_impl.hf.source import HFSource
 
@@ -186,6 +188,9 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
 
 def sized_spec(source: HFSource, base: ModelSpec) -> tuple[ModelSpec, int]:
     """What the pools of a run of `source` are sized with (`runner_spec` of its modules, built on
-    the meta device) and the bytes of one copy of its weights."""
+    the meta device) and the bytes of one copy of its weights; a checkpoint the modules cannot
+    load is refused (`check_checkpoint`: CheckpointError)."""
     model = empty_model(source)
+    if source.load_format == "safetensors":  # refused here, not in every worker after Ray started
+        check_checkpoint(Path(source.path), model)
     return runner_spec(model, base, source.dtype), weight_bytes(model)

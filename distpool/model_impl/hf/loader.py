@@ -7,20 +7,29 @@ import inspect
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from distpool.model.dtypes import torch_dtype
+from distpool.model_impl.hf.checkpoint import CheckpointError
 from distpool.model_impl.hf.source import HFSource
 
 
 def load_config(path: str | Path) -> PretrainedConfig:
-    """The transformers config of a model folder or a config file, never from the network."""
+    """The transformers config of a model folder or a config file, never from the network;
+    CheckpointError when transformers' validation rejects it."""
     path = Path(path)
-    if path.is_dir():
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    config_dict, _ = PretrainedConfig.get_config_dict(str(path), local_files_only=True)
-    return AutoConfig.for_model(**config_dict)
+    try:
+        if path.is_dir():
+            return AutoConfig.from_pretrained(path, local_files_only=True)
+        config_dict, _ = PretrainedConfig.get_config_dict(str(path), local_files_only=True)
+        return AutoConfig.for_model(**config_dict)
+    except StrictDataclassError as exc:  # transformers' own validation of the config's fields
+        what = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise CheckpointError(
+            path / "config.json" if path.is_dir() else path, f"transformers rejects it: {what}"
+        ) from None
 
 
 def _build_kwargs(dtype: torch.dtype, attention: str) -> dict:

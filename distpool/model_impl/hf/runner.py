@@ -13,7 +13,8 @@ Prefill runs one request at a time, in chunks split where a state snapshot is du
 A chunk after position 0 continues the state before it; an architecture whose multi-token scan cannot
 start from a given state (Jamba) runs such a chunk token by token. Decode runs every request of the
 step as one batch: one token each, at its own position, its keys masked to its own length.
-Greedy tokens are the argmax of float32 logits, as `generate` takes them.
+Greedy tokens are the argmax of float32 logits, as `generate` takes them; sampled ones are picked
+by `model_impl.sampling` in float64.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.hf.layout import check_allocation, runner_spec
@@ -40,13 +42,14 @@ from distpool.model_impl.hf.state_cache import (
 from distpool.model_impl.hf.support import architecture_of, unsupported_reason
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
+from distpool.model_impl.sampling import pick_tokens
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
 
 class TransformersRunner(PoolModel):
-    """Greedy generation with transformers' modeling code of a supported hybrid architecture.
+    """Generation with transformers' modeling code of a supported hybrid architecture.
 
     `spec` is what the pools were sized with (`layout.runner_spec` of the same model): the loaded
     model must agree with it, and with what transformers allocates, or loading fails with both named.
@@ -122,9 +125,12 @@ class TransformersRunner(PoolModel):
         jobs = check_jobs(pool, jobs, num_slots=next(iter(slots.segments.values())).shape[0])
         for job in jobs:
             check_token_ids(job.prompt, self.vocab_size, "prompt")
-        return prefilled(jobs, [self._prefill_one(pool, slots, job) for job in jobs])
+        return prefilled(
+            jobs, [pick_tokens(self._prefill_one(pool, slots, job), [job.pick])[0] for job in jobs]
+        )
 
-    def _prefill_one(self, pool: Pool, slots: SlotStates, job: PrefillJob) -> int:
+    def _prefill_one(self, pool: Pool, slots: SlotStates, job: PrefillJob) -> torch.Tensor:
+        """The job's last-token logits (1, vocab), its K/V and state written."""
         slot = pool.slot_id(job.request_id)
         assert slot is not None
         if job.cached and job.checkpoint_slot != slot:  # else it continues in place
@@ -146,12 +152,19 @@ class TransformersRunner(PoolModel):
             if job.snapshot is not None and stop == job.snapshot[0]:
                 slots.copy(slot, job.snapshot[1])
         assert logits is not None
-        return int(logits[0].argmax())
+        return logits
 
     # ---- decode -------------------------------------------------------------------------------
-    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
-        """One greedy token for each request, as one batch. Each request was prefilled and then
-        extended by one token (`pool.extend(rid, 1)`) for the token it is fed (`last_tokens`)."""
+    def decode_step(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        last_tokens: Sequence[int],
+        picks: Sequence[TokenPick | None] | None = None,
+    ) -> list[int]:
+        """One token for each request (picked as `picks` says; None: greedy), as one batch. Each
+        request was prefilled and then extended by one token (`pool.extend(rid, 1)`) for the token
+        it is fed (`last_tokens`)."""
         job = plan_decode(pool, request_ids, last_tokens, self.vocab_size)
         if job is None:
             return []
@@ -167,7 +180,7 @@ class TransformersRunner(PoolModel):
             states: dict[int, States] = {layer: views for layer, (_, views) in gathered.items()}
             logits = self._forward(pool, page_table, positions, tokens, states)
             slots.scatter(index, gathered)
-        return logits.argmax(dim=-1).tolist()
+        return pick_tokens(logits, picks)
 
     def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
         return None

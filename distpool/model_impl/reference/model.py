@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.pool_model import Mismatch, PoolModel
@@ -26,6 +27,7 @@ from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.past import Pair, Past
 from distpool.model_impl.reference.support import unsupported_reason
 from distpool.model_impl.reference.tensor_parallel import TPRank
+from distpool.model_impl.sampling import pick_tokens
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -174,13 +176,14 @@ class ReferenceModel(PoolModel):
     def prefill(self, pool: Pool, jobs: Sequence[PrefillJob]) -> list[Prefilled]:
         """Run each prompt after its cached prefix (its pages' K/V and its checkpoint's state, read
         from the pool), write the suffix's K/V rows into its pages, its final state into its slot and
-        any snapshot's state into the snapshot slot (see `PoolModel.prefill`); greedy first tokens.
+        any snapshot's state into the snapshot slot (see `PoolModel.prefill`); first tokens as each job's
+        `pick` says (greedy without one).
         """
         num_slots = pool.state_view(self.spec.mamba_layers[0])[0].shape[0]
         jobs = check_jobs(pool, jobs, num_slots=num_slots)
         for job in jobs:
             self._check_tokens(job.prompt, "prompt")
-        firsts: list[int] = []
+        last_logits: list[torch.Tensor] = []
         rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (page ids, rows within page) per request
         slots: list[int] = []  # each request's own slot, then each snapshot's
         kv_parts: dict[int, list[Pair]] = {}
@@ -188,7 +191,7 @@ class ReferenceModel(PoolModel):
         taken: list[tuple[int, dict[int, Pair]]] = []  # (snapshot slot, state)
         for job in jobs:
             logits, kv, states, snapshot = self._compute(job, self._past(pool, job))
-            firsts.append(int(logits.argmax()))
+            last_logits.append(logits)
             positions = torch.arange(job.cached, len(job.prompt))  # never a cached (shared) page's rows
             rows.append(
                 (pool.page_ids(job.request_id).cpu()[positions // pool.page_size], positions % pool.page_size)
@@ -205,8 +208,9 @@ class ReferenceModel(PoolModel):
             slots.append(slot)
             for layer, state in snapshot.items():
                 state_parts[layer].append(state)
-        if not firsts:
+        if not last_logits:
             return []
+        firsts = pick_tokens(torch.stack(last_logits), [job.pick for job in jobs])
         # One indexed write per layer and tensor for the whole batch.
         pages = torch.cat([p for p, _ in rows])
         offsets = torch.cat([r for _, r in rows])
@@ -219,8 +223,14 @@ class ReferenceModel(PoolModel):
                 view[slot_ids.to(view.device)] = torch.stack(part).to(view)
         return prefilled(jobs, firsts)
 
-    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
-        """One greedy token for each request, batched.
+    def decode_step(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        last_tokens: Sequence[int],
+        picks: Sequence[TokenPick | None] | None = None,
+    ) -> list[int]:
+        """One token for each request, batched, picked as `picks` says (None: greedy).
 
         Each request must have been prefilled and then extended by one token (`pool.extend(rid, 1)`)
         for the token being fed (`last_tokens`); its K/V lands in that new position.
@@ -262,7 +272,7 @@ class ReferenceModel(PoolModel):
             else:
                 out = layer(h)
             x = x + out
-        return self._logits(x).argmax(dim=-1).tolist()
+        return pick_tokens(self._logits(x), picks)
 
     def admit(self, pool: Pool, request_id: str, prompt: Sequence[int], first_token: int) -> Mismatch | None:
         return None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from distpool.model.sampling import TokenPick
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids
@@ -139,9 +140,16 @@ class SyntheticCache(PoolModel):
             self._records[job.request_id] = record
         return prefilled(jobs, [record.next_token for record in records])
 
-    def decode_step(self, pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int]) -> list[int]:
+    def decode_step(
+        self,
+        pool: Pool,
+        request_ids: Sequence[str],
+        last_tokens: Sequence[int],
+        picks: Sequence[TokenPick | None] | None = None,
+    ) -> list[int]:
         """Feed `last_tokens` as each request's newest position (the caller extended it by one):
-        write its KV rows and one state stripe per tensor; return the next tokens.
+        write its KV rows and one state stripe per tensor; return the next tokens (a function of the
+        prefix: `picks` play no part).
 
         Each fed token must be the one the cache last returned for that request (or, after `admit`,
         its first token): a different one means the caller mixed requests up.

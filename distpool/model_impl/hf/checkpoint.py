@@ -1,0 +1,186 @@
+"""A checkpoint folder checked before anything loads it: every safetensors header the load reads,
+the sharded index, and the tensors' names and shapes against the model its config builds.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (per tensor its
+`dtype`, `shape` and `data_offsets` [begin, end) into the data that follows) and the data. The
+header is read here with its length bounded by the file's size first (a corrupt length of 2^40
+is refused, never allocated), and every tensor's bytes must lie inside the file and match its
+dtype and shape. Only headers are read, never the weights.
+
+Which files a load reads is transformers' rule: `model.safetensors` when present, else the
+shards `model.safetensors.index.json` names. The names a checkpoint stores are those
+`save_pretrained` writes, which for some architectures differ from the modules' own (transformers
+5 fuses MoE experts at load and splits them at save); a tensor may be stored under either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # an index names tensors and files: megabytes at most
+# Bytes per element of the safetensors dtypes; a dtype not listed (sub-byte F4) skips the size check.
+DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be loaded: the file and what is wrong with it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors header."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # data_offsets, from the end of the header
+    end: int
+
+
+def read_header(path: Path) -> dict[str, StoredTensor]:
+    """The tensors `path`'s safetensors header describes, each checked to lie inside the file;
+    CheckpointError naming the file and what is wrong."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if size < 8:
+                raise CheckpointError(path, f"{size} bytes, too short for a safetensors header (truncated)")
+            length = int.from_bytes(f.read(8), "little")
+            if length > size - 8:
+                raise CheckpointError(
+                    path, f"the header claims {length} bytes but the file holds {size} (truncated or corrupt)"
+                )
+            raw = f.read(length)
+    except OSError as exc:
+        raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise CheckpointError(path, "the safetensors header is not valid JSON (corrupt)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(path, "the safetensors header is not a JSON object (corrupt)")
+    data_bytes = size - 8 - length
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        tensors[name] = _stored(path, name, entry, data_bytes)
+    return tensors
+
+
+def _stored(path: Path, name: str, entry: object, data_bytes: int) -> StoredTensor:
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+    except (TypeError, KeyError, ValueError):
+        dtype, shape, begin, end = None, (), -1, -1
+    if not isinstance(dtype, str) or not all(type(n) is int and n >= 0 for n in (*shape, begin, end)):
+        raise CheckpointError(path, f"tensor {name!r} has a malformed header entry (corrupt)")
+    if not begin <= end <= data_bytes:
+        raise CheckpointError(
+            path, f"tensor {name!r} ends at data byte {end} but the file holds {data_bytes} (truncated)"
+        )
+    if dtype in DTYPE_BYTES and end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+        raise CheckpointError(
+            path,
+            f"tensor {name!r} of {dtype} {list(shape)} takes {end - begin} bytes, not "
+            f"{math.prod(shape) * DTYPE_BYTES[dtype]} (corrupt)",
+        )
+    return StoredTensor(dtype=dtype, shape=shape, begin=begin, end=end)
+
+
+def read_checkpoint(folder: Path) -> dict[str, tuple[Path, StoredTensor]]:
+    """Every tensor the load of `folder` reads, by name, with the file it is in."""
+    single, index = folder / SINGLE_FILE, folder / INDEX_FILE
+    if single.is_file():
+        return {name: (single, t) for name, t in read_header(single).items()}
+    if not index.is_file():
+        raise CheckpointError(
+            folder, f"holds neither {SINGLE_FILE} nor {INDEX_FILE}, which transformers loads"
+        )
+    weight_map = _weight_map(index)
+    headers = {}
+    for shard in sorted(set(weight_map.values())):
+        path = folder / shard
+        if os.path.dirname(os.path.normpath(shard)).startswith("..") or os.path.isabs(shard):
+            raise CheckpointError(index, f"names shard {shard!r}, outside the checkpoint's folder")
+        if not path.is_file():
+            raise CheckpointError(index, f"names shard {shard}, which is not in {folder}")
+        headers[shard] = read_header(path)
+    tensors = {}
+    for name, shard in weight_map.items():
+        if name not in headers[shard]:
+            raise CheckpointError(index, f"puts tensor {name!r} in {shard}, which does not hold it")
+        tensors[name] = (folder / shard, headers[shard][name])
+    return tensors
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        if index.stat().st_size > MAX_INDEX_BYTES:
+            raise CheckpointError(index, f"is larger than {MAX_INDEX_BYTES >> 20} MiB: not an index")
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(index, f"cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError, TypeError, KeyError):
+        raise CheckpointError(index, 'is not a JSON object with a "weight_map"') from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(index, 'its "weight_map" must map tensor names to file names')
+    return weight_map
+
+
+def check_checkpoint(folder: Path, model: nn.Module) -> None:
+    """Refuse (CheckpointError) a checkpoint in `folder` that `model` (its config's modules, on the
+    meta device) cannot load: an unreadable header or index, a missing shard, a tensor of the
+    model it does not store (under the names `save_pretrained` writes, or all under the model's
+    own), or one stored in another shape. Tensors it stores beyond the model's are left to
+    transformers (it ignores them)."""
+    stored = read_checkpoint(folder)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
+    saved = {name: shape for name, shape in _saved_shapes(model).items() if name not in tied}
+    # The form the checkpoint is in: the one of which it stores the most tensors.
+    form = max((saved, own), key=lambda names: len(names.keys() & stored.keys()))
+    for name, shape in form.items():
+        if name in stored and stored[name][1].shape != shape:
+            path, tensor = stored[name]
+            raise CheckpointError(
+                path,
+                f"tensor {name!r} is stored as {list(tensor.shape)}, but the model its config.json "
+                f"describes has {list(shape)}: the weights are of another configuration",
+            )
+    if missing := sorted(form.keys() - stored.keys()):
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            folder, f"holds no tensor {missing[0]!r}{more} of the model its config.json describes"
+        )
+
+
+def _saved_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The names and shapes `save_pretrained` writes for `model` (transformers' conversions
+    reversed, on the meta device); the model's own names where that cannot be worked out."""
+    state = model.state_dict()
+    try:  # transformers 5 (checked against 5.24); not in its public API
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = revert_weight_conversion(model, state)
+    except Exception:  # another version: the model's own names, which most architectures store
+        pass
+    return {name: tuple(t.shape) for name, t in state.items()}
