@@ -66,18 +66,21 @@ class LocalPrefills:
             self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final, prefix=match)
         except DoesNotFit as exc:  # holds nothing
             return LocalPrefillRefused(f"no room: {exc.reason}")
+        copying = time.monotonic()
         try:
             states.restore(entry, request_id)
         except BaseException:
             self.pool.release(request_id)
             raise
+        copy_s = time.monotonic() - copying  # under the lock: the batch waits for it, as for a chunk
         self.requests[request_id] = DecodeRequest(
             prompt=list(prompt),
             params=params,
             held_tokens=entry.num_tokens,
             local=True,
             prefilled=entry.num_tokens,
-            accepted_at=time.monotonic(),
+            accepted_at=copying,
+            compute_s=copy_s,
         )
         self.started += 1
         return LocalPrefillStarted(held_tokens=entry.num_tokens)

@@ -28,8 +28,8 @@ class DecodeRequest:
     verified: bool = False  # its bytes were checked on arrival (and are again at release)
     local: bool = False  # prefilled here from a kept final state (local_prefill.py), never transferred
     prefilled: int = 0  # local: prompt tokens whose KV and state the envelope holds so far
-    accepted_at: float = 0.0  # local: when its prefill here was accepted
-    compute_s: float = 0.0  # local: seconds its chunks took (decode steps between them aside)
+    accepted_at: float = 0.0  # local: when its prefill here was accepted (its state copy began)
+    compute_s: float = 0.0  # local: seconds its state copy and its chunks took (decode steps aside)
     finish: Finish | None = None  # why it ended, once it did
 
     @property

@@ -17,18 +17,25 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from distpool.api.admission import WaitingRoom, check_api_key
-from distpool.api.body import parse_body, read_body
-from distpool.api.chat_request import ChatRequest
-from distpool.api.completion_request import CompletionRequest
 from distpool.api.engine import Engine, ModelCard
 from distpool.api.errors import ApiError
-from distpool.api.generation import run_choices
-from distpool.api.prompts import chat_prompt, check_request_ids, choice_jobs, completion_prompts
-from distpool.api.reply import ClientGone, ReplyPlan, first_batch, sse_reply, unless_disconnected, whole_reply
-from distpool.api.request_fields import RequestFields
-from distpool.api.responses import ResponseHead
+from distpool.api.request.body import parse_body, read_body
+from distpool.api.request.chat_request import ChatRequest
+from distpool.api.request.completion_request import CompletionRequest
+from distpool.api.request.prompts import chat_prompt, check_request_ids, choice_jobs, completion_prompts
+from distpool.api.request.request_fields import RequestFields
+from distpool.api.request.tokenizer import ApiTokenizer, load_tokenizer
 from distpool.api.settings import ApiSettings
-from distpool.api.tokenizer import ApiTokenizer, load_tokenizer
+from distpool.api.stream.generation import run_choices
+from distpool.api.stream.reply import (
+    ClientGone,
+    ReplyPlan,
+    first_batch,
+    sse_reply,
+    unless_disconnected,
+    whole_reply,
+)
+from distpool.api.stream.responses import ResponseHead
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499  # nobody reads it: the client has gone

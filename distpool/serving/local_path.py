@@ -71,15 +71,17 @@ class LocalPath:
         self.policy.remember(decode_name, held)
 
     def record(self, out: Outcome) -> None:
-        """A completed request's figures, for the cost model (a local one's rate: `attempt`)."""
+        """A completed request's figures, for the cost model (a local one's costs: `attempt`)."""
         assert out.tokens is not None
+        remote = out.path == "remote"
         self.policy.measured(
             transfer_bytes=out.transfer_bytes,
             transfer_s=out.transfer_s,
             computed_tokens=out.prefill_tokens_computed,
-            prefill_s=out.prefill_s if out.path == "remote" else 0.0,
+            prefill_s=out.prefill_s if remote else 0.0,
             compute_tokens_per_s=out.prefill_compute_tokens_per_s,
             tpot_s=out.decode_s / (len(out.tokens) - 1) if len(out.tokens) > 1 else None,
+            landing_s=out.first_token_s if remote else None,
         )
 
     async def attempt(
@@ -111,7 +113,9 @@ class LocalPath:
                 avoid.add(decode_name)
             else:
                 out.succeeded_locally(len(req.prompt), result, decode_name, (submitted, began))
-                self.policy.measured_locally(result.local_computed_tokens, result.local_compute_s)
+                self.policy.measured_locally(
+                    result.local_computed_tokens, result.local_compute_s, result.admit_s
+                )
                 self.remember(decode_name, [*req.prompt, *result.tokens[:-1]])
             return result
         except BaseException:

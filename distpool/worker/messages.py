@@ -79,7 +79,7 @@ class DecodeFinished:
     # computed (0: its envelope was transferred), and accepted -> its last chunk computed.
     local_computed_tokens: int = 0
     local_prefill_s: float = 0.0
-    local_compute_s: float = 0.0  # of which its chunks' own computation (the decode steps between aside)
+    local_compute_s: float = 0.0  # of which its state copy and chunks (the decode steps between aside)
     finish: Finish = LENGTH  # why it ended: an EOS or stop id (which), or max_tokens
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distpool.api.engine import ModelCard
-from distpool.api.tokenizer import ApiTokenizer, load_tokenizer
+from distpool.api.request.tokenizer import ApiTokenizer, load_tokenizer
 from tests.api.byte_tokenizer import EOS_ID, VOCAB_SIZE, save_byte_tokenizer
 
 

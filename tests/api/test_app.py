@@ -11,7 +11,7 @@ import pytest
 from distpool.api.app import build_app
 from distpool.api.engine import Engine, GenerationArgs, ModelCard, WorkerHealth
 from distpool.api.settings import ApiSettings
-from distpool.api.sse import parse_sse
+from distpool.api.stream.sse import parse_sse
 from tests.api.asgi_calls import client, raw_call, wait_until
 from tests.api.byte_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, byte_ids
 from tests.api.fake_engine import FakeEngine

@@ -4,7 +4,7 @@ and a stop string is cut out wherever the chunks split it."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distpool.api.detokenize import IncrementalDetokenizer, StopMatcher
+from distpool.api.stream.detokenize import IncrementalDetokenizer, StopMatcher
 from tests.api.byte_tokenizer import EOS_ID, byte_ids
 
 TEXT = "a é 日本 🙂!"

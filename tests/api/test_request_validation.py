@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from distpool.api.body import parse_body
-from distpool.api.chat_request import ChatRequest
-from distpool.api.completion_request import CompletionRequest
 from distpool.api.engine import GenerationArgs
 from distpool.api.errors import ApiError
-from distpool.api.prompts import chat_prompt, check_request_ids, completion_prompts
+from distpool.api.request.body import parse_body
+from distpool.api.request.chat_request import ChatRequest
+from distpool.api.request.completion_request import CompletionRequest
+from distpool.api.request.prompts import chat_prompt, check_request_ids, completion_prompts
 from tests.api.byte_tokenizer import BOS_ID, byte_ids
 
 
@@ -235,7 +235,7 @@ def test_without_a_tokenizer_text_and_stop_strings_and_chat_are_refused(card):
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_with_a_reason(card, plain_tokenizer_folder):
-    from distpool.api.tokenizer import load_tokenizer
+    from distpool.api.request.tokenizer import load_tokenizer
 
     with pytest.raises(ApiError) as caught:
         chat_prompt(chat(), card, load_tokenizer(str(plain_tokenizer_folder)))

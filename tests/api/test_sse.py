@@ -2,7 +2,7 @@
 
 import pytest
 
-from distpool.api.sse import DONE, parse_sse, sse_data
+from distpool.api.stream.sse import DONE, parse_sse, sse_data
 
 
 def test_one_event_is_one_data_line_and_a_blank_line():

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 from distpool.api.admission import WaitingRoom
-from distpool.api.choice import ChoiceJob, TextDelta, stream_choice
 from distpool.api.engine import Engine
+from distpool.api.stream.choice import ChoiceJob, TextDelta, stream_choice
 
 
 async def run_choices(

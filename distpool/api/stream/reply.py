@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from distpool.api import responses
 from distpool.api.admission import busy
-from distpool.api.choice import ChoiceJob, TextDelta
 from distpool.api.engine import EngineBusy, RequestFailed
 from distpool.api.errors import SERVER, ApiError
-from distpool.api.responses import ResponseHead
-from distpool.api.sse import DONE, sse_data
+from distpool.api.stream import responses
+from distpool.api.stream.choice import ChoiceJob, TextDelta
+from distpool.api.stream.responses import ResponseHead
+from distpool.api.stream.sse import DONE, sse_data
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

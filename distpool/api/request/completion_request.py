@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import field_validator
 
 from distpool.api.errors import unsupported
-from distpool.api.request_fields import RequestFields
+from distpool.api.request.request_fields import RequestFields
 
 MAX_PROMPTS = 64  # choices in one request
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from distpool.api.detokenize import IncrementalDetokenizer, StopMatcher
 from distpool.api.engine import Engine, FinishReason, GenerationArgs, RequestFailed
+from distpool.api.stream.detokenize import IncrementalDetokenizer, StopMatcher
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from distpool.api.errors import unsupported
-from distpool.api.request_fields import RequestFields
+from distpool.api.request.request_fields import RequestFields
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distpool.api.chat_request import ChatRequest
-from distpool.api.choice import ChoiceJob
-from distpool.api.completion_request import CompletionRequest
 from distpool.api.engine import ModelCard
 from distpool.api.errors import bad_request
-from distpool.api.request_fields import RequestFields
-from distpool.api.tokenizer import ApiTokenizer
+from distpool.api.request.chat_request import ChatRequest
+from distpool.api.request.completion_request import CompletionRequest
+from distpool.api.request.request_fields import RequestFields
+from distpool.api.request.tokenizer import ApiTokenizer
+from distpool.api.stream.choice import ChoiceJob
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: the context's rest
 
