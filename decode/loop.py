@@ -10,7 +10,9 @@ At TP 1 the loop serves on its own:
 
 Past TP 1 the group's ranks step together (`distpool.worker.lockstep`): rank 0 paces rounds, waiting
 for work of its own (at most LOCKSTEP_IDLE_S, so that the others' waits in the round stay short); in
-each round every rank verifies what arrived and steps the requests running on every rank, in rank
+each round every rank verifies the requests that arrived on every rank, and those whose shard passed
+on every rank join the batch (one that failed on any rank fails as corrupt on every rank, so that
+every rank hands out its result), then every rank steps the requests running on every rank, in rank
 0's order. Any failure there is the group's: the rank's requests fail and it goes down.
 """
 
@@ -115,12 +117,27 @@ class DecodeLoop:
                 if not lockstep.go(stop):
                     return
                 with worker.lock:
-                    worker.verify_arrived()
+                    self._verify_in_lockstep()
                     rids = lockstep.common(list(worker.running))
                     if rids:
                         worker.step_locked(rids)
-                    stalled = bool(worker.running) and not rids
+                    # requests running or arrived here, not yet on every rank: the others' shards land
+                    stalled = bool(worker.running) and not rids or bool(worker.arrived)
         except Exception as exc:  # the ranks are out of step for good
             with worker.lock:
                 worker.fail_loop_requests(exc)
             worker.group_broken(exc)
+
+    def _verify_in_lockstep(self) -> None:
+        """Under the lock, on every rank at once: verify the requests arrived on every rank; admit
+        those that passed on every rank, and fail the others as corrupt on every rank."""
+        worker, lockstep = self.worker, self.worker.lockstep
+        assert lockstep is not None
+        landed = lockstep.common(list(worker.arrived))
+        if not landed:  # the same answer on every rank: none gathers further
+            return
+        passed = worker.check_arrived(landed)
+        everywhere = lockstep.common(passed)
+        for rid in set(passed) - set(everywhere):
+            worker.fail_elsewhere(rid)
+        worker.admit_verified(everywhere)

@@ -180,15 +180,37 @@ class DecodeWorker(WorkerBase):
 
     def verify_arrived(self) -> None:
         """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
-        for rid in list(self.arrived):
-            req = self.arrived.pop(rid)
+        self.admit_verified(self.check_arrived(list(self.arrived)))
+
+    def check_arrived(self, rids: list[str]) -> list[str]:
+        """Under the lock: check every byte of the arrived envelopes `rids`; those that passed (they
+        stay in `arrived` until `admit_verified`, or `fail_elsewhere`). A mismatch fails its request
+        as corrupt: its bytes were damaged on their way, so another attempt may land them intact."""
+        passed = []
+        for rid in rids:
+            req = self.arrived[rid]
             try:
                 mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
             except ValueError as exc:  # e.g. a first token outside the vocabulary
                 mismatch = exc
-            if mismatch is not None:
-                self._fail_corrupt(rid, req, f"received {mismatch}")
-                continue
+            if mismatch is None:
+                passed.append(rid)
+            else:
+                self._fail_corrupt(rid, self.arrived.pop(rid), f"received {mismatch}", retry=True)
+        return passed
+
+    def fail_elsewhere(self, rid: str) -> None:
+        """Under the lock: an arrived request whose shard here passed failed verification on another
+        rank of the group: it fails here too, as corrupt (retried), holding nothing."""
+        req = self.arrived.pop(rid)
+        req.error, req.failure = "corrupt envelope: its shard on another rank", FailureKind.CORRUPT
+        req.retry = True
+        self._give_back(rid, req)
+
+    def admit_verified(self, rids: list[str]) -> None:
+        """Under the lock: arrived requests `rids`, verified, join the batch (or finish)."""
+        for rid in rids:
+            req = self.arrived.pop(rid)
             self.verified_envelopes += int(self.model.verifies)
             req.verified = self.model.verifies
             req.admitted_at = time.monotonic()
@@ -198,12 +220,18 @@ class DecodeWorker(WorkerBase):
             else:
                 self.running[rid] = req
 
-    def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str) -> None:
-        """Under the lock: the request's bytes are wrong; it is never decoded (further)."""
+    def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str, *, retry: bool) -> None:
+        """Under the lock: the request's bytes are wrong; it is never decoded (further). `retry`:
+        whether another attempt may succeed (bytes damaged on the way, not in this pool)."""
         self.corrupt_envelopes += 1
-        req.error, req.failure = f"corrupt envelope: {what}", FailureKind.CORRUPT
+        req.error, req.failure, req.retry = f"corrupt envelope: {what}", FailureKind.CORRUPT, retry
         self.metrics.add_failure(req.failure)
         print(f"distpool: {self.name}: {rid}: {req.error}", file=sys.stderr, flush=True)
+        self._give_back(rid, req)
+
+    def _give_back(self, rid: str, req: DecodeRequest) -> None:
+        """Under the lock: a request given up after it arrived frees its memory; its failure is
+        handed out by `next_finished`."""
         self.model.forget(rid)
         self.pool.release(rid)
         req.finished_at = time.monotonic()
@@ -258,7 +286,7 @@ class DecodeWorker(WorkerBase):
     def _finish(self, request_id: str, req: DecodeRequest) -> None:
         mismatch = self.model.check(self.pool, request_id)
         if mismatch is not None:
-            self._fail_corrupt(request_id, req, f"at release {mismatch}")
+            self._fail_corrupt(request_id, req, f"at release {mismatch}", retry=False)  # damaged here
             return
         cache = self.pool.prefix_cache
         if cache is not None:  # its full pages stay for the next turn that shares them
@@ -320,6 +348,14 @@ class DecodeWorker(WorkerBase):
         with self.lock:
             live = {**self.running, **self.finished}
             return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
+
+    def progress(self, request_ids: list[str]) -> dict[str, int]:
+        """For each of `request_ids` held here, a count that grows as it is served: prompt tokens
+        prefilled here and tokens generated (what the driver's deadline on its result watches)."""
+        wanted = set(request_ids)
+        with self.lock:
+            held = (*self._admitted(), *self.finished.items())
+            return {rid: req.prefilled + len(req.tokens) for rid, req in held if rid in wanted}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
         """Wait up to `timeout_s` for finished requests; hands each out once (`DecodeRequest.result`).

@@ -52,6 +52,8 @@ class PrefillWorker(WorkerBase):
         (`PrefillSent`, `PrefillBusy`: no room here, or `PrefillFailed`). Nothing is held here once
         it returns.
         """
+        if self.lockstep is not None and not self.lockstep.bound:
+            return self._not_formed(batch)
         self.channels.activity.wait_idle(YIELD_MAX_S)  # the previous batch's transfers move first
         out: dict[str, PrefillResult] = {}
         outgoing: list[_Outgoing] = []
@@ -103,6 +105,14 @@ class PrefillWorker(WorkerBase):
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out
+
+    def _not_formed(self, batch: list[PrefillItem]) -> dict[str, PrefillResult]:
+        """A batch for a rank whose TP group has not formed (yet): a call queued for this rank while
+        Ray restarted it, or one made before the driver re-formed the group. Nothing is computed or
+        held (a collective would pair with nothing), and every request is retried elsewhere."""
+        reason = f"{self.name} is starting: its TP group has not formed yet"
+        failed = PrefillFailed(kind=FailureKind.WORKER_LOST, reason=reason, retry=True)
+        return {item.request_id: failed for item in batch}
 
     def _prefill_wave(
         self, items: list[PrefillItem], shared: dict[str, int], out: dict[str, PrefillResult]

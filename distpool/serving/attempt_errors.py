@@ -23,8 +23,9 @@ class Retry(Exception):
 
 
 class GiveUp(Exception):
-    """The request fails as `kind` without another attempt: a damaged envelope (CORRUPT) is a bug to
-    see, not bad luck to retry; so is anything a worker says retrying would only repeat."""
+    """The request fails as `kind` without another attempt: an envelope damaged inside decode's pool
+    (CORRUPT at release) is a bug to see, not bad luck to retry; so is anything a worker says
+    retrying would only repeat."""
 
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
@@ -32,6 +33,7 @@ class GiveUp(Exception):
 
 
 def decode_failure(result: DecodeFailed) -> Exception:
-    """What a decode failure raises: corrupt, or a bug on decode's side, is never retried."""
-    retry = result.retry and not result.corrupt
-    return (Retry if retry else GiveUp)(result.kind, result.reason)
+    """What a decode failure raises: Retry where decode says another attempt may succeed (an
+    envelope damaged on its way, as a checksum mismatch is), else GiveUp (damaged in decode's own
+    pool, or a bug on decode's side)."""
+    return (Retry if result.retry else GiveUp)(result.kind, result.reason)

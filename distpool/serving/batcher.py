@@ -30,10 +30,21 @@ class Batcher:
             self.drains.append(asyncio.get_running_loop().create_task(self._drain()))
         return await future
 
+    def fail_pending(self, exc: Exception) -> None:
+        """The worker was lost: requests not sent to it yet fail with `exc` and are never sent (its
+        new life starts empty; it is given requests again once it rejoined)."""
+        pending, self.pending = self.pending, []
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(exc)
+
     async def _drain(self) -> None:
         while self.pending:
             await asyncio.sleep(0)  # let requests that arrive together join the batch
             batch, self.pending = self.pending[:PREFILL_BATCH], self.pending[PREFILL_BATCH:]
+            batch = [(item, future) for item, future in batch if not future.done()]  # else given up
+            if not batch:
+                continue
             try:
                 out = await self.handle.prefill_and_send.remote([item for item, _ in batch])
                 for item, future in batch:

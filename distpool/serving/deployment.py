@@ -109,7 +109,8 @@ class Deployment:
         self.placement = None
         self.group_placements: list = []  # one per worker of TP > 1
         self.lives: dict[str, int] = {}  # worker -> how often it was restarted (and rejoined) so far
-        self.taken_down: dict[str, set[str]] = {}  # worker -> the lives of its ranks it took down
+        # worker of TP > 1 -> the lives (`WorkerBase.life`) its ranks last formed their group in
+        self.formed_lives: dict[str, set[str]] = {}
 
     @classmethod
     def start(cls, spec: DeploymentSpec) -> Deployment:
@@ -165,11 +166,15 @@ class Deployment:
                 ranks[0] if tp == 1 else TpGroup(name, ranks)
             )
         ray.get([h.ping.remote() for h in self.rank_handles().values()])
-        ray.get([ref for name in self.ranks for ref in self._form_tp_group(name)])
+        forming = {name: self._form_tp_group(name) for name in self.ranks}
+        for name, refs in forming.items():
+            if refs:
+                self.formed_lives[name] = set(ray.get(refs))
 
     def _form_tp_group(self, name: str) -> list[ray.ObjectRef]:
         """Past TP 1, the ranks of worker `name` form their process group (every rank has started:
-        rank 0 holds the rendezvous port); refs that resolve once it formed. At TP 1, none."""
+        rank 0 holds the rendezvous port); refs that resolve to each rank's life once it formed.
+        At TP 1, none."""
         ranks = self.ranks[name]
         if len(ranks) == 1:
             return []
@@ -177,11 +182,19 @@ class Deployment:
         return [rank.join_tp_group.remote(host, port) for rank in ranks]
 
     async def form_tp_group_async(self, name: str) -> None:
-        """`_form_tp_group` without blocking an event loop (a group Ray restarted forms anew)."""
+        """`_form_tp_group` without blocking an event loop (a group Ray restarted forms anew); the
+        driver's calls that compute reach the group again once it formed (`TpGroup.up`)."""
         ranks = self.ranks[name]
         if len(ranks) > 1:
             host, port = await ranks[0].rendezvous_address.remote()
-            await asyncio.gather(*(rank.join_tp_group.remote(host, port) for rank in ranks))
+            lives = await asyncio.gather(*(rank.join_tp_group.remote(host, port) for rank in ranks))
+            self.formed_lives[name] = set(lives)
+            self._group(name).up()
+
+    def _group(self, name: str) -> TpGroup:
+        group = self.handles()[name]
+        assert isinstance(group, TpGroup), f"{name} is a worker of one rank"
+        return group
 
     def handles(self) -> dict[str, Handle]:
         return {**self.prefill, **self.decode}
@@ -237,22 +250,29 @@ class Deployment:
 
     async def take_down(self, name: str) -> None:
         """Worker `name` lost a rank: restart the rest of its group with it (Ray restarts each rank
-        it kills), so the group comes back as one, every pool empty. At TP 1, nothing to do."""
+        it kills), so the group comes back as one, every pool empty. Every rank still in the life
+        the group formed in goes down, and so does one that does not say which life it is in: a
+        stopped process (`kill -STOP`) would resume in its old life, holding a group that is gone.
+        A rank already in a new life (Ray restarted it) is left to start. At TP 1, nothing to do."""
         ranks = self.ranks[name]
         if len(ranks) == 1:
             return
+        self._group(name).down()
+        formed = self.formed_lives.get(name, set())
         lives = await asyncio.gather(
             *(asyncio.wait_for(r.life.remote(), LIFE_TIMEOUT_S) for r in ranks), return_exceptions=True
         )
-        self.taken_down[name] = {life for life in lives if isinstance(life, str)}
         for rank, life in zip(ranks, lives, strict=True):
-            if isinstance(life, str):  # the others are down already, and restarting
-                ray.kill(rank, no_restart=False)
+            if not isinstance(life, str) or life in formed:
+                try:
+                    ray.kill(rank, no_restart=False)
+                except Exception:  # dead for good (its restarts used up): nothing to take down
+                    pass
 
     async def answers(self, name: str, timeout_s: float) -> bool:
         """Whether every rank of worker `name` answers within `timeout_s`, in a life after the one
-        `take_down` ended."""
-        ended = self.taken_down.get(name, set())
+        its group last formed in (`take_down` ended that one)."""
+        ended = self.formed_lives.get(name, set())
         lives = await asyncio.wait_for(
             asyncio.gather(*(r.life.remote() for r in self.ranks[name])), timeout_s
         )

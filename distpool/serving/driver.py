@@ -79,7 +79,13 @@ class Server:
             admission_timeout_s=options.admission_timeout_s,
         )
         self.local = LocalPath.build(  # prefill on decode (conditional disaggregation), or None
-            deployment, self.router, options.conditional, self._call, self._quiet, self.waiting
+            deployment,
+            self.router,
+            options.conditional,
+            self._call,
+            self._quiet,
+            self.waiting,
+            silence_s=self.silence_s,
         )
         self.remote = RemotePath(  # prefill on a prefill worker, the envelope sent to decode
             deployment,
@@ -230,10 +236,12 @@ class Server:
         except Exception:  # the peer is gone, silent, or never held it: nothing left to free there
             pass
 
-    def _fail_results_on(self, decode_name: str) -> None:
+    def _fail_results_on(self, lost: str) -> None:
+        """Worker `lost` was lost: what waits on it fails (and is retried)."""
+        self.remote.lost(lost)
         for name, future in list(self.waiting.values()):
-            if name == decode_name and not future.done():
-                future.set_exception(Retry(FailureKind.WORKER_LOST, f"{decode_name} died"))
+            if name == lost and not future.done():
+                future.set_exception(Retry(FailureKind.WORKER_LOST, f"{lost} died"))
 
     def _on_return(self, name: str) -> None:
         if name in self.dep.decode:  # its result stream ended when it was lost

@@ -8,7 +8,10 @@ from collections import Counter
 from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
 
 RECEIVER_CANCEL = "receiver_cancel"  # the driver has decode give the request up mid-transfer
-DRIVER_FAULTS = (RECEIVER_CANCEL,)
+# `corrupt_payload` on one rank of a decode TP group only (its last): the other ranks' shards land
+# intact, so the ranks disagree on whether the envelope verified (at TP 1, corrupt_payload itself)
+CORRUPT_ONE_RANK = "corrupt_one_rank"
+DRIVER_FAULTS = (RECEIVER_CANCEL, CORRUPT_ONE_RANK)
 ALL_FAULTS = (*SENDER_FAULTS, *RECEIVER_FAULTS, *DRIVER_FAULTS)
 
 

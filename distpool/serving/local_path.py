@@ -13,6 +13,7 @@ from distpool.memory.sizing import size_pools
 from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
 from distpool.serving.deployment import Deployment
 from distpool.serving.outcome import Outcome
+from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused
@@ -24,10 +25,17 @@ Waiting = dict[str, tuple[str, asyncio.Future]]  # request id -> (decode worker,
 
 class LocalPath:
     def __init__(
-        self, deployment: Deployment, policy: LocalPrefillPolicy, call: Call, quiet: Quiet, waiting: Waiting
+        self,
+        deployment: Deployment,
+        policy: LocalPrefillPolicy,
+        call: Call,
+        quiet: Quiet,
+        waiting: Waiting,
+        *,
+        silence_s: float,
     ) -> None:
         self.deployment, self.policy, self.router = deployment, policy, policy.router
-        self.call, self.quiet, self.waiting = call, quiet, waiting
+        self.call, self.quiet, self.waiting, self.silence_s = call, quiet, waiting, silence_s
 
     @classmethod
     def build(
@@ -38,6 +46,8 @@ class LocalPath:
         call: Call,
         quiet: Quiet,
         waiting: Waiting,
+        *,
+        silence_s: float | None = None,
     ) -> LocalPath | None:
         """The local path when it can happen: decode keeps final states (local prefill on, a prefix
         cache, and a model with recurrent state and KV pages) on one rank; else None. A decode worker
@@ -51,7 +61,8 @@ class LocalPath:
         policy = LocalPrefillPolicy(
             router, Sizes(sizes.slot_bytes, sizes.page_bytes, sizes.page_size), options
         )
-        return cls(deployment, policy, call, quiet, waiting)
+        silence_s = silence_s or worker.transfer.timeout_s  # unanswered this long: asked how far it got
+        return cls(deployment, policy, call, quiet, waiting, silence_s=silence_s)
 
     def remember(self, decode_name: str, held: list[int]) -> None:
         """`decode_name` finished a request holding KV for `held`: it caches their full pages (the
@@ -96,7 +107,8 @@ class LocalPath:
                 self.policy.forget(decode_name, req.prompt)
                 out.local_refused += 1
                 return None
-            result = await future
+            progress = lambda: self.call(decode_name, handle.progress.remote([rid]))  # noqa: E731
+            result = await await_result(future, progress, rid, worker=decode_name, silence_s=self.silence_s)
             if isinstance(result, DecodeFailed):
                 avoid.add(decode_name)
             else:

@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError
 
 from distpool.serving.deployment import Deployment
 from distpool.serving.router import Router
+from distpool.serving.tp_group import GroupDown
 
 REJOIN_TIMEOUT_S = 60.0
 PING_TIMEOUT_S = 5.0
@@ -82,7 +83,7 @@ class Recovery:
                     reason = f"stopped answering (a call {silence_s:g} s, a ping {PING_TIMEOUT_S:g} s)"
                     self.lose(name, called_at, reason)
                     raise WorkerLost(f"{name} {reason}")
-        except RayActorError as exc:
+        except (RayActorError, GroupDown) as exc:  # GroupDown: a TP group lost already, call not made
             self.lose(name, called_at, "died")
             raise WorkerLost(f"{name} died") from exc
         finally:
@@ -115,30 +116,31 @@ class Recovery:
 
     async def _rejoin(self, name: str) -> None:
         deadline = time.monotonic() + REJOIN_TIMEOUT_S
-        await self.dep.take_down(name)  # a TP group's other ranks go down with the lost one
+        # Forming a group and rebuilding channels end within their own timeouts on the workers;
+        # a rank that stops answering meanwhile must not hold the rejoin past that.
+        forming_s = self.dep.spec.worker.transfer.timeout_s + PING_TIMEOUT_S
         while True:
-            try:
-                if await self.dep.answers(name, PING_TIMEOUT_S):  # every rank, in a new life
-                    break
-            except (RayActorError, asyncio.TimeoutError):
-                pass
-            if time.monotonic() > deadline:
+            await self.dep.take_down(name)  # a TP group's other ranks go down with the lost one
+            if not await self._restarted(name, deadline):
                 print(f"distpool: {name} did not come back within {REJOIN_TIMEOUT_S:.0f} s", flush=True)
                 return
-            await asyncio.sleep(PING_INTERVAL_S)
+            try:  # past TP 1 the new ranks form their group first
+                await asyncio.wait_for(self.dep.form_tp_group_async(name), forming_s)
+                break
+            except Exception as exc:  # a rank died again meanwhile: down and back once more, in time
+                if time.monotonic() > deadline:
+                    why = f"{name} restarted but its ranks could not form their group"
+                    print(f"distpool: {why}: {type(exc).__name__}: {exc}", flush=True)
+                    return
         self.dep.lives[name] = self.dep.lives.get(name, 0) + 1  # channels from here on are to the new life
-        try:
-            await self.dep.form_tp_group_async(name)  # past TP 1 the new ranks form their group first
-        except Exception as exc:  # a rank died again meanwhile: stay lost
-            print(f"distpool: {name} restarted but its ranks could not form their group: {exc}", flush=True)
-            return
         is_prefill = name in self.dep.prefill
         peers = [
             p for p in (self.dep.decode if is_prefill else self.dep.prefill) if p not in self.router.dead
         ]
         pairs = [(name, p) if is_prefill else (p, name) for p in peers]
         try:
-            await asyncio.gather(*(self.dep.connect_async(p, d) for p, d in pairs))
+            connecting = asyncio.gather(*(self.dep.connect_async(p, d) for p, d in pairs))
+            await asyncio.wait_for(connecting, forming_s)
         except Exception as exc:  # a peer died meanwhile, or the link is down: stay lost
             print(f"distpool: {name} restarted but its channels could not be rebuilt: {exc}", flush=True)
             return
@@ -147,3 +149,15 @@ class Recovery:
         self.returned_at[name] = time.monotonic()
         print(f"distpool: {name} restarted and rejoined {len(pairs)} channel(s)", flush=True)
         self.on_return(name)
+
+    async def _restarted(self, name: str, deadline: float) -> bool:
+        """Wait until every rank of `name` answers in a new life; False if none by `deadline`."""
+        while True:
+            try:
+                if await self.dep.answers(name, PING_TIMEOUT_S):
+                    return True
+            except (RayActorError, asyncio.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(PING_INTERVAL_S)

@@ -14,14 +14,23 @@ from typing import Any
 from distpool.serving.attempt_errors import Busy, GiveUp, Retry, decode_failure
 from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
-from distpool.serving.faults import RECEIVER_CANCEL, FaultPlan
+from distpool.serving.faults import CORRUPT_ONE_RANK, RECEIVER_CANCEL, FaultPlan
 from distpool.serving.local_path import Call, Quiet, Waiting
 from distpool.serving.outcome import Outcome
 from distpool.serving.reservations import Reservations
+from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
-from distpool.worker.messages import DecodeFailed, PrefillBusy, PrefillFailed, PrefillItem, PrefillResult
-from transfer.faults import RECEIVER_FAULTS, SENDER_FAULTS
+from distpool.worker.messages import (
+    DecodeFailed,
+    DecodeResult,
+    PrefillBusy,
+    PrefillFailed,
+    PrefillItem,
+    PrefillResult,
+)
+from transfer.failure import FailureKind
+from transfer.faults import CORRUPT_PAYLOAD, RECEIVER_FAULTS, SENDER_FAULTS
 
 Remember = Callable[[str, Request, Outcome], None]  # a decode worker finished a request: what it caches
 # Runs a coroutine beside the requests; it is cancelled when `serve` ends.
@@ -100,8 +109,8 @@ class RemotePath:
             if isinstance(sent, PrefillFailed):
                 avoid.add(decode_name)
                 raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
-            result = await future
-            if isinstance(result, DecodeFailed):  # corrupt, or a bug on decode's side: never retried
+            result = await self._result(decode_name, rid, future)
+            if isinstance(result, DecodeFailed):  # retried where decode says another try may succeed
                 raise decode_failure(result)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
@@ -118,17 +127,26 @@ class RemotePath:
             if future.done() and not future.cancelled():
                 future.exception()  # a result that failed while nobody awaited it: seen, not lost
 
+    def lost(self, name: str) -> None:
+        """Worker `name` was lost: its requests not yet sent to it are retried elsewhere."""
+        if name in self.batchers:
+            self.batchers[name].fail_pending(Retry(FailureKind.WORKER_LOST, f"{name} was lost"))
+
     async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
         """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's
         one seam (`plan_fault`): a sender fault on its prefill worker, a receiver fault on every live
-        decode worker (the one that expects the transfer takes it). The workers planned on."""
+        decode worker (the one that expects the transfer takes it; `corrupt_one_rank`: on its last
+        rank only). The workers planned on."""
+        handles: dict = self.dep.handles()
         if fault in SENDER_FAULTS:
             names = [prefill_name]
         elif fault in RECEIVER_FAULTS:
             names = self.router.alive(list(self.dep.decode))
+        elif fault == CORRUPT_ONE_RANK:  # each decode worker's last rank only
+            names = self.router.alive(list(self.dep.decode))
+            handles, fault = {n: self.dep.ranks[n][-1] for n in names}, CORRUPT_PAYLOAD
         else:
             return []
-        handles = self.dep.handles()
         try:
             await asyncio.gather(*(self.call(n, handles[n].plan_fault.remote(rid, fault)) for n in names))
         except BaseException:
@@ -140,6 +158,17 @@ class RemotePath:
         """After the attempt: no plan it did not take is left for the next one."""
         handles = self.dep.handles()
         await asyncio.gather(*(self.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
+
+    async def _result(self, decode_name: str, rid: str, future: asyncio.Future) -> DecodeResult:
+        """The request's result from `decode_name`, awaited while decode makes progress on it."""
+        handle = self.dep.decode[decode_name]
+        return await await_result(
+            future,
+            lambda: self.call(decode_name, handle.progress.remote([rid])),
+            rid,
+            worker=decode_name,
+            silence_s=self.silence_s,
+        )
 
     async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
         """Prefill and send one request on prefill worker `name` (batched with others)."""

@@ -9,7 +9,9 @@ results are held until then, and the merged one is verified only if every rank v
 Calls that run the model (`IN_TURN`) go to the group one at a time, so every rank runs them in the
 same order (worker/lockstep.py). A rank that raises (it died: `RayActorError`) makes the call
 raise, and the driver loses the whole group (`serving.recovery`), which goes down and comes back as
-one.
+one. From the moment it is taken down (`down`) until its new ranks formed their group (`up`), no
+`IN_TURN` call reaches the ranks: one waiting for its turn meanwhile, or made then, raises
+`GroupDown` (a new rank would compute before its group formed).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class RanksDisagree(RuntimeError):
     """The ranks of one group answered one call differently: a bug, never retried."""
 
 
+class GroupDown(RuntimeError):
+    """The group was taken down (a rank died) before this call's turn came: it was not made."""
+
+
 class GroupCall:
     """One method called on every rank (the calls are made at once, awaited or not); awaiting it
     gives the group's answer."""
@@ -63,7 +69,8 @@ class _Method:
         settle: Settle = getattr(self.group, f"_settle_{self.name}", self.group._agree)
         if self.name in IN_TURN:
             call = functools.partial(self._call, args, kwargs)  # made once its turn comes
-            return GroupCall(lambda: self.group._in_turn(call, settle, args, kwargs))
+            life = self.group.life
+            return GroupCall(lambda: self.group._in_turn(call, settle, args, kwargs, life))
         refs = self._call(args, kwargs)
         return GroupCall(lambda: settle(refs, *args, **kwargs))
 
@@ -88,11 +95,31 @@ class TpGroup:
         self.name, self.ranks = name, ranks
         # request id -> rank -> its result, until every rank finished the request
         self._finished: dict[str, dict[int, DecodeResult]] = {}
-        self._turn = asyncio.Lock()  # held by the IN_TURN call in flight
+        self._turn: asyncio.Lock | None = None  # held by the IN_TURN call in flight
+        self._turn_loop: asyncio.AbstractEventLoop | None = None  # the event loop `_turn` serves
+        self.life = 0  # how often the group was taken down
+        self.formed = True  # False from `down` until `up`
 
-    async def _in_turn(self, call: Callable[[], list[ray.ObjectRef]], settle: Settle, args, kwargs) -> Any:
-        """Make `call` on every rank once the previous IN_TURN call has been answered."""
+    def down(self) -> None:
+        """The group is being taken down (a rank died): IN_TURN calls not made yet never will be."""
+        self.life += 1
+        self.formed = False
+
+    def up(self) -> None:
+        """The group's new ranks formed their group: IN_TURN calls reach them again."""
+        self.formed = True
+
+    async def _in_turn(
+        self, call: Callable[[], list[ray.ObjectRef]], settle: Settle, args, kwargs, life: int
+    ) -> Any:
+        """Make `call` on every rank once the previous IN_TURN call has been answered, unless the
+        group went down since the call was made (`life`), or is down now."""
+        loop = asyncio.get_running_loop()
+        if self._turn is None or self._turn_loop is not loop:  # one deployment may serve several runs
+            self._turn, self._turn_loop = asyncio.Lock(), loop
         async with self._turn:
+            if life != self.life or not self.formed:
+                raise GroupDown(f"{self.name} was taken down before the call was made")
             return await settle(call(), *args, **kwargs)
 
     def __getattr__(self, method: str) -> _Method:
@@ -148,6 +175,11 @@ class TpGroup:
                 self._finished.setdefault(rid, {})[rank] = result
         done = [rid for rid, results in self._finished.items() if len(results) == len(self.ranks)]
         return {rid: merge_decode([r for _, r in sorted(self._finished.pop(rid).items())]) for rid in done}
+
+    async def _settle_progress(self, refs: list[ray.ObjectRef], *_) -> dict[str, int]:
+        """Per request every rank holds, the least progress a rank made on it."""
+        answers: list[dict[str, int]] = await _answers(refs)
+        return {rid: min(a[rid] for a in answers) for rid in answers[0] if all(rid in a for a in answers)}
 
     def forget(self, request_id: str) -> None:
         """Drop what the ranks reported of an attempt given up (a retry starts afresh)."""

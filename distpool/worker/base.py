@@ -130,10 +130,11 @@ class WorkerBase:
         do the same concurrently. The prefill end holds the rendezvous port `host:port`."""
         self.channels.open(peer, host=host, port=port, peer_life=peer_life)
 
-    def join_tp_group(self, host: str, port: int) -> None:
+    def join_tp_group(self, host: str, port: int) -> str:
         """Form the process group of this worker's TP group with its other ranks, which call this at
         the same time (rank 0 holds the rendezvous port `host:port`); the ranks step as one from then
-        on. Collectives on it time out after the transfer timeout."""
+        on. Collectives on it time out after the transfer timeout. Returns this rank's `life`: the
+        driver takes the group down by the lives it formed in (`Deployment.take_down`)."""
         assert self.lockstep is not None, f"{self.name} is a TP group of one"
         group = form_rank_group(
             name=f"{self.group}/tp",
@@ -148,6 +149,7 @@ class WorkerBase:
         with self.lock:
             self.lockstep.bind(group)
             self._group_formed()
+        return self._life
 
     def _group_formed(self) -> None:
         """Under the lock: the TP group's process group is bound (a role starts stepping)."""

@@ -13,7 +13,7 @@ from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
 from distpool.serving.local_path import LocalPath
 from distpool.serving.router import Router
-from distpool.serving.tp_group import TpGroup, merge_decode, merge_prefill
+from distpool.serving.tp_group import GroupDown, TpGroup, merge_decode, merge_prefill
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
@@ -139,3 +139,26 @@ def test_a_group_makes_prefill_calls_one_at_a_time_so_every_rank_runs_them_in_on
         ("start", 0, "b"),
         ("start", 1, "b"),
     ]
+
+
+def test_a_group_taken_down_makes_no_call_that_waited_for_its_turn_until_its_ranks_formed_again():
+    """Regression: a prefill call queued behind the one in flight when a rank died reached the
+    restarted ranks before their group formed, and every new life exited ("computed before its
+    group formed") until Ray's restarts were used up."""
+
+    async def scenario(log: list) -> tuple:
+        group = TpGroup("prefill-0", [RecordingRank(0, log), RecordingRank(1, log)])
+        in_flight = asyncio.ensure_future(group.prefill_and_send.remote(["a"]))
+        queued = asyncio.ensure_future(group.prefill_and_send.remote(["b"]))  # waits for a's turn
+        await asyncio.sleep(0)
+        group.down()  # a rank died: the driver takes the group down
+        while_down = group.prefill_and_send.remote(["c"])
+        outcomes = await asyncio.gather(in_flight, queued, while_down, return_exceptions=True)
+        group.up()  # the new ranks formed their group
+        return outcomes, await group.prefill_and_send.remote(["d"])
+
+    log: list = []
+    (a, b, c), d = asyncio.run(scenario(log))
+    assert set(a) == {"a"} and set(d) == {"d"}  # made before the group went down, and after it came back
+    assert isinstance(b, GroupDown) and isinstance(c, GroupDown)
+    assert {entry[2] for entry in log} == {"a", "d"}  # b and c reached no rank

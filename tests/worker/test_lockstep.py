@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from decode.request import DecodeRequest
+from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs
+from distpool.model.sampling import SamplingParams
+from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.config import WorkerConfig
 from distpool.worker.lockstep import GroupBroken, Lockstep
-from distpool.worker.messages import PrefillBusy, PrefillItem
+from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillItem
+from distpool.worker.stats import PoolHeld
 from prefill.worker import PrefillWorker
 from tests.factories import accounting, tp_spec
-from transfer import TransferOptions
+from transfer import FailureKind, TransferOptions
 
 
 def gloo_groups(size: int, timeout_s: float = 10.0) -> list[dist.ProcessGroup]:
@@ -129,3 +135,85 @@ def test_prefill_ranks_that_reserved_different_waves_compute_none_and_hold_nothi
     assert accounting(ranks[0].pool) == before and ranks[0].stats().held == 0
     for worker in ranks:
         worker.shutdown()
+
+
+def tp2_config(**changes) -> WorkerConfig:
+    return WorkerConfig(
+        spec=tp_spec("mamba2_groups1"),
+        pool_args=PoolArgs(page_size=4, context_len=64),
+        budget_bytes=1 << 20,
+        transfer=TransferOptions(timeout_s=5),
+        model_impl="synthetic",
+        **changes,
+    )
+
+
+def test_a_prefill_rank_called_before_its_group_formed_computes_nothing_and_the_batch_is_retried():
+    """Regression: a restarted prefill rank given a batch before the driver re-formed its group
+    (a call Ray queued while it restarted) exited "computed before its group formed", in every new
+    life, until Ray's restarts were used up. It now answers every request failed (retried
+    elsewhere), holding nothing, and stays up for its group to form."""
+    worker = PrefillWorker(name="prefill-0", config=tp2_config(prefill_tp=2), rank=1)
+    before = accounting(worker.pool)
+    item = PrefillItem(request_id="r", prompt=list(range(1, 20)), decode_worker="decode-0")
+    result = worker.prefill_and_send([item])["r"]
+    assert isinstance(result, PrefillFailed) and result.retry and result.kind is FailureKind.WORKER_LOST
+    assert "has not formed" in result.reason
+    assert accounting(worker.pool) == before and worker.stats().held == 0
+    worker.shutdown()
+
+
+def land(worker: DecodeWorker, rid: str, prompt: list[int], *, flip: bool) -> None:
+    """`rid`'s shard lands on decode rank `worker` as its transfer writes it (a synthetic prefill of
+    the same shard), with one byte flipped if `flip`; the decode loop takes it from there."""
+    with worker.lock:
+        worker.pool.reserve(rid, len(prompt), final_tokens=len(prompt) + 3)
+        first = worker.model.prefill(worker.pool, [PrefillJob(rid, prompt)])[0].first_token
+        worker.model.forget(rid)  # decode registers it when it verifies it
+        if flip:
+            offset = int(worker.pool.envelope(rid).ranges[0, 0])
+            worker.pool.buffer[offset] ^= 0xFF
+        params = SamplingParams(max_tokens=3)
+        worker.arrived[rid] = DecodeRequest(prompt=prompt, params=params, tokens=[first])
+        worker.wake.notify_all()
+
+
+def test_a_shard_corrupt_on_one_decode_rank_fails_the_request_as_corrupt_on_every_rank():
+    """Regression: a shard that failed verification on rank 1 only left the request running on
+    rank 0, where no step took it (a step is the requests running on every rank): rank 0 never
+    finished it, and the driver, waiting for every rank's result, hung. Every rank now fails it as
+    corrupt (to be retried), the request beside it completes, and nothing stays held."""
+    config = tp2_config(decode_tp=2)
+    ranks = [DecodeWorker(name="decode-0", config=config, rank=rank) for rank in range(2)]
+    try:
+        for worker, group in zip(ranks, gloo_groups(2), strict=True):
+            with worker.lock:  # as join_tp_group binds it
+                worker.lockstep.bind(group)
+                worker.wake.notify_all()
+        prompts = {"clean": list(range(1, 12)), "damaged": list(range(30, 45))}
+        for rank, worker in enumerate(ranks):
+            land(worker, "clean", prompts["clean"], flip=False)
+            land(worker, "damaged", prompts["damaged"], flip=rank == 1)
+        results = [finished_on(worker, {"clean", "damaged"}) for worker in ranks]
+        for rank, done in enumerate(results):
+            assert isinstance(done["clean"], DecodeFinished) and len(done["clean"].tokens) == 3
+            failed = done["damaged"]
+            assert isinstance(failed, DecodeFailed), (rank, failed)
+            assert failed.kind is FailureKind.CORRUPT and failed.corrupt and failed.retry
+        assert results[0]["clean"].tokens == results[1]["clean"].tokens
+        assert [worker.stats().corrupt_envelopes for worker in ranks] == [0, 1]  # rank 1's shard only
+        for worker in ranks:  # what the finished request left is its cached prefix, nothing else
+            assert worker.drop_prefix_cache() == PoolHeld(pages_used=0, slots_used=0)
+    finally:
+        for worker in ranks:
+            worker.shutdown()
+
+
+def finished_on(worker: DecodeWorker, rids: set[str], timeout_s: float = 20.0) -> dict:
+    """Every result of `rids` that `worker` hands out within `timeout_s`."""
+    done: dict = {}
+    deadline = time.monotonic() + timeout_s
+    while set(done) != rids and time.monotonic() < deadline:
+        done |= worker.next_finished(timeout_s=0.2)
+    assert set(done) == rids, f"{worker.name} handed out only {sorted(done)}"
+    return done

@@ -1,0 +1,58 @@
+"""The driver's deadline on a decode result: waited on while decode makes progress on the request,
+given up (a timeout, retried) once it stops, never awaited without end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from distpool.serving.attempt_errors import Retry
+from distpool.serving.result_deadline import STALLS_ALLOWED, await_result
+from transfer.failure import FailureKind
+
+SILENCE_S = 0.05
+
+
+def asked(answers: list[dict[str, int]]):
+    """A worker's `progress` answers, one per ask (the last one repeats)."""
+    calls = []
+
+    async def progress() -> dict[str, int]:
+        calls.append(time.monotonic())
+        return answers[min(len(calls), len(answers)) - 1]
+
+    return progress, calls
+
+
+def test_a_result_that_never_comes_from_a_worker_that_holds_the_request_stuck_is_given_up():
+    async def scenario():
+        future = asyncio.get_running_loop().create_future()  # never set: a rank dropped the request
+        progress, calls = asked([{"r": 4}])
+        with pytest.raises(Retry) as caught:
+            await await_result(future, progress, "r", worker="decode-0", silence_s=SILENCE_S)
+        return caught.value, calls
+
+    error, calls = asyncio.run(scenario())
+    assert error.kind is FailureKind.TIMEOUT and "decode-0 made no progress on r" in str(error)
+    assert "stuck at 4" in str(error)
+    assert len(calls) == STALLS_ALLOWED + 1  # the first ask sees where it is, the next ones no change
+
+
+def test_a_request_no_longer_held_is_given_up_and_one_that_advances_is_waited_for():
+    async def not_held():
+        future = asyncio.get_running_loop().create_future()
+        progress, _ = asked([{}])
+        with pytest.raises(Retry, match="no longer held there"):
+            await await_result(future, progress, "r", worker="decode-0", silence_s=SILENCE_S)
+
+    async def advancing():
+        future = asyncio.get_running_loop().create_future()
+        progress, calls = asked([{"r": n} for n in range(1, 9)])
+        asyncio.get_running_loop().call_later(SILENCE_S * 7.5, future.set_result, "tokens")
+        return await await_result(future, progress, "r", worker="decode-0", silence_s=SILENCE_S), calls
+
+    asyncio.run(not_held())
+    result, calls = asyncio.run(advancing())
+    assert result == "tokens" and len(calls) >= STALLS_ALLOWED + 2  # waited past where stalls would end it
