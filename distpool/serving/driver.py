@@ -195,6 +195,7 @@ class Server:
             except Retry as exc:  # both sides already freed what they held
                 out.error, out.failure = str(exc), exc.kind
                 if out.attempts < self.options.max_attempts:
+                    out.retried_after.append(exc.kind)
                     self.retried += 1
                     self.metrics.count("retried")
             except Exception as exc:  # a bug, not bad luck: retrying would only repeat it

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distpool.model.sampling import Finish
 from distpool.worker.messages import DecodeFinished, PrefillSent
@@ -19,7 +19,8 @@ class Outcome:
     error: str | None = None  # why it failed, for a person; with its kind:
     failure: FailureKind | None = None  # what the summary counts (`failures_by_reason`)
     attempts: int = 0
-    corrupt: bool = False  # decode found its envelope's bytes wrong (never retried)
+    corrupt: bool = False  # the request failed for good on bytes found wrong (at release)
+    retried_after: list[FailureKind] = field(default_factory=list)  # each failed attempt that was retried
     verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
     # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
     queue_s: float = 0.0  # submit -> the attempt that succeeded began

@@ -62,6 +62,13 @@ def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def retries_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
+    """Retried attempts by the kind of failure that ended them, most first: an envelope found
+    corrupt on arrival and landed intact on a later attempt counts here, not in `corrupt_envelopes`."""
+    counts = Counter(kind.value for o in outcomes for kind in o.retried_after)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def _tpot_ms(o: Outcome) -> float | None:
     return o.decode_s * 1e3 / (len(o.tokens) - 1) if o.tokens is not None and len(o.tokens) > 1 else None
 
@@ -130,6 +137,7 @@ def summarize(
         "failed": len(outcomes) - len(done),
         "failures_by_reason": failures_by_reason(outcomes),
         "retried": retried,
+        "retries_by_reason": retries_by_reason(outcomes),  # corrupt arrivals retried show here
         "workers_lost": workers_lost,
         "workers_restarted": workers_restarted,
         "workers_lost_why": dict(lost_why or {}),

@@ -24,9 +24,13 @@ def _leaks(report: dict) -> str:
     return f"unknown (not read: {why})"
 
 
+def _by_reason(count: int, reasons: dict[str, int]) -> str:
+    words = ", ".join(f"{kind} {n}" for kind, n in reasons.items())
+    return f"{count}" + (f" ({words})" if words else "")
+
+
 def _failed(report: dict) -> str:
-    reasons = ", ".join(f"{kind} {count}" for kind, count in report["failures_by_reason"].items())
-    return f"{report['failed']}" + (f" ({reasons})" if reasons else "")
+    return _by_reason(report["failed"], report["failures_by_reason"])
 
 
 def _mib(n: float) -> str:
@@ -92,7 +96,7 @@ def format_summary(report: dict) -> str:
         *([("interrupted: not finished", report["unfinished"])] if report["interrupted"] else []),
         ("completed", report["completed"]),
         ("failed", _failed(report)),
-        ("retried", report["retried"]),
+        ("retried", _by_reason(report["retried"], report.get("retries_by_reason", {}))),
         *_conversation_rows(report.get("multi_turn")),
         ("workers lost / restarted", _lost(report)),
         (

@@ -196,7 +196,12 @@ def test_summary_counts_and_rates():
             transfer_bytes=1000,
             transfer_s=1e-6,
         ),
-        Outcome(request_id="b", error="TransferError: boom", failure=FailureKind.PEER_LOST),
+        Outcome(
+            request_id="b",
+            error="TransferError: boom",
+            failure=FailureKind.PEER_LOST,
+            retried_after=[FailureKind.CORRUPT, FailureKind.ABORTED, FailureKind.CORRUPT],
+        ),
         Outcome(request_id="c", error="not admitted within 60 s", failure=FailureKind.NOT_ADMITTED),
         Outcome(request_id="d", error="TransferError: bang", failure=FailureKind.PEER_LOST),
     ]
@@ -208,6 +213,8 @@ def test_summary_counts_and_rates():
     assert report["failures_by_reason"] == {"peer_lost": 2, "not_admitted": 1}  # most first
     rows = [line.split(None, 1) for line in format_summary(report).splitlines()]
     assert ["failed", "3 (peer_lost 2, not_admitted 1)"] in rows
+    assert report["retries_by_reason"] == {"corrupt": 2, "aborted": 1}  # retried attempts, most first
+    assert ["retried", "2 (corrupt 2, aborted 1)"] in rows
     assert report["transfer_gbps"] == pytest.approx(1.0)
     assert report["tpot_ms_p50"] == pytest.approx(10.0)
     assert report["leaked_slots"] == 1

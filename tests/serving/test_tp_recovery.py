@@ -98,6 +98,7 @@ def test_faults_with_one_decode_rank_corrupt_complete_every_request_retried(depl
     assert server.faults.injected[CORRUPT_ONE_RANK] > 0 and server.retried > 0
     decode = [w.stats for w in stats if isinstance(w.stats, DecodeStats)]
     assert sum(s.corrupt_envelopes for s in decode) > 0  # the damaged shards were caught, then retried
+    assert report["retries_by_reason"].get("corrupt", 0) > 0  # and the summary says so
     assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
     assert exit_status(report) == 0
 
