@@ -8,11 +8,17 @@ import pytest
 
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions
+from transfer.defaults import UNEXPECTED_WAIT_S
 
 
-@pytest.fixture
-def pair():
-    """A connected (sender, receiver) pair with small chunks, closed after the test."""
+def connected_pair(
+    name: str,
+    *,
+    timeout_s: float,
+    options: TransferOptions | None = None,
+    unexpected_wait_s: float = UNEXPECTED_WAIT_S,
+) -> tuple[EnvelopeSender, EnvelopeReceiver]:
+    """A started, connected (sender, receiver) over one in-process channel pair; the caller closes both."""
     port = free_port()
     channels = [
         Channel(
@@ -22,20 +28,28 @@ def pair():
             device="cpu",
             fingerprint=FINGERPRINT,
             layout=LAYOUT,
-            timeout_s=5,
+            timeout_s=timeout_s,
             secret=SECRET,
-            name="p",
+            name=name,
         )
         for r in (0, 1)
     ]
-    sender = EnvelopeSender(channels[0], TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10))
-    receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=0.3)
+    sender = EnvelopeSender(channels[0], options)
+    receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=unexpected_wait_s)
     sender.start()
     receiver.start()
     connect = threading.Thread(target=receiver.connect)
     connect.start()
     sender.connect()
     connect.join()
+    return sender, receiver
+
+
+@pytest.fixture
+def pair():
+    """A connected (sender, receiver) pair with small chunks, closed after the test."""
+    options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10)
+    sender, receiver = connected_pair("p", timeout_s=5, options=options, unexpected_wait_s=0.3)
     yield sender, receiver
     sender.close()
     receiver.close()

@@ -8,8 +8,6 @@ outside the destination's rows was written.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -17,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distpool.memory.envelope import Envelope
-from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port, make_arena
-from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions, TransferState
+from tests.transfer.conftest import connected_pair
+from tests.transfer.transfer_peer import make_arena
+from transfer import TransferOptions, TransferState
 from transfer.control import FRAME_BYTES, frames
 
 ARENA_BYTES = 1 << 20
@@ -32,28 +31,7 @@ ROW_SIZES = st.one_of(
 
 @pytest.fixture(scope="module")
 def engines():
-    port = free_port()
-    channels = [
-        Channel(
-            rank=r,
-            host="127.0.0.1",
-            port=port,
-            device="cpu",
-            fingerprint=FINGERPRINT,
-            layout=LAYOUT,
-            timeout_s=10,
-            secret=SECRET,
-            name="runs",
-        )
-        for r in (0, 1)
-    ]
-    sender, receiver = EnvelopeSender(channels[0]), EnvelopeReceiver(channels[1])
-    sender.start()
-    receiver.start()
-    connecting = threading.Thread(target=receiver.connect)
-    connecting.start()
-    sender.connect()
-    connecting.join()
+    sender, receiver = connected_pair("runs", timeout_s=10)
     arenas = make_arena(ARENA_BYTES, seed=1), make_arena(ARENA_BYTES, seed=2)
     yield sender, receiver, arenas
     sender.close()
