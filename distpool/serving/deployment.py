@@ -55,7 +55,7 @@ class DeploymentSpec:
         if self.num_prefill < 0 or self.num_decode < 1:
             raise ValueError(
                 f"need at least 1 decode worker and no negative count of prefill workers (0: colocated); "
-                f"got {self.num_prefill}P{self.num_decode}D"
+                f"got {self.num_prefill}P{self.num_decode}D. Fix: --decode 1 or more, --prefill 0 or more"
             )
         worker = self.worker
         # the reference model and the transformers runner refuse what they cannot run (first: a
