@@ -105,7 +105,9 @@ def add_presets_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    run = sub.add_parser("run", help="serve a workload through prefill/decode disaggregation on Ray")
+    run = sub.add_parser(
+        "run", help="serve a workload through prefill/decode disaggregation on Ray (--prefill 0: colocated)"
+    )
     run.add_argument(
         "--model",
         default=str(REFERENCE_HYBRID_CONFIG),
