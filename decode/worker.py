@@ -3,8 +3,9 @@
 State contract (who owns which request, guarded by `lock`):
 - `waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
-- `prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
-  decode steps; once its prompt is in, it moves to `arrived` as if its envelope had landed.
+- `prefilling`: prefilled here from a kept final state, or from nothing (colocated; local_prefill.py),
+  one chunk between two decode steps; once its prompt is in, it moves to `arrived` as if its
+  envelope had landed.
 - `arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
   before the request joins the batch, and fails it as corrupt on a mismatch.
 - `running`: verified; in the decode batch; grows one token per step. Before release the whole
@@ -143,13 +144,16 @@ class DecodeWorker(WorkerBase):
         if any(request_id == rid for rid, _ in self._admitted()):
             raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
 
-    def local_prefill(self, request_id: str, prompt: list[int], params: SamplingParams) -> LocalPrefillAnswer:
+    def local_prefill(
+        self, request_id: str, prompt: list[int], params: SamplingParams, *, fresh: bool = False
+    ) -> LocalPrefillAnswer:
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
-        transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room)."""
+        transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room).
+        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here."""
         check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
         with self.lock:
             self._check_new(request_id)
-            answer = self.local.start(request_id, prompt, params, self.can_admit)
+            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh)
             self._note_peak()
             self.wake.notify_all()
             return answer

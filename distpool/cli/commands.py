@@ -100,7 +100,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.memory_gib is not None
         else default_budget_bytes(model, pool_args, impl.name, num_ranks)
     )
-    local_prefill = conditional_disagg_from(ns)
+    if ns.prefill == 0:
+        check_colocated_flags(ns)
+    # Colocated, decode keeps finished requests' states (for a next turn) wherever the prefix cache is on.
+    local_prefill = ns.prefix_cache if ns.prefill == 0 else conditional_disagg_from(ns)
     conditional = ConditionalOptions(
         max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
     )
@@ -157,6 +160,25 @@ def cmd_run(ns: argparse.Namespace) -> int:
         detokenize=tokenizer.decode if tokenizer is not None else None,
         metrics_port=ns.metrics_port,
     )
+
+
+def check_colocated_flags(ns: argparse.Namespace) -> None:
+    """`--prefill 0` (colocated: each decode worker prefills its own requests) refuses the flags that
+    steer prefill workers or transfers, which it has none of, rather than ignoring them."""
+    given = {
+        "--conditional-disagg": ns.conditional_disagg is True,
+        "--no-conditional-disagg": ns.conditional_disagg is False,
+        "--local-prefill-max-tokens": ns.local_prefill_max_tokens is not None,
+        "--reserve-first": ns.reserve_first,
+        "--fault-rate": ns.fault_rate > 0,
+    }
+    for flag, present in given.items():
+        if present:
+            raise ValueError(
+                f"{flag} steers prefill workers or the transfers to decode, and --prefill 0 has neither: "
+                "every request is prefilled on its decode worker. Fix: drop "
+                f"{flag}, or run prefill workers (--prefill 1)"
+            )
 
 
 def conditional_disagg_from(ns: argparse.Namespace) -> bool:

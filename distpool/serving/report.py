@@ -102,6 +102,7 @@ def summarize(
     model_impl: str = "reference",
     dtype: str = "float64",
     tp: tuple[int, int] = (1, 1),
+    workers: tuple[int, int] = (1, 1),
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
@@ -113,7 +114,8 @@ def summarize(
     Counts that must survive a worker come from the outcomes (what each result reported), not from
     the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`).
     `lost_why`: how each lost worker was lost (died, stopped answering). `interrupted`: Ctrl-C ended
-    the run, with `unfinished` requests not ended yet. `tp`: ranks per prefill and per decode worker."""
+    the run, with `unfinished` requests not ended yet. `tp`: ranks per prefill and per decode worker;
+    `workers`: prefill and decode workers (no prefill worker: colocated, nothing transferred)."""
     done = [o for o in outcomes if o.tokens is not None]
     read = [w.stats for w in worker_stats if w.stats is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
@@ -126,6 +128,9 @@ def summarize(
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     local = [o for o in done if o.path == "local"]
     return {
+        "deployment": "pd" if workers[0] else "colocated",
+        "prefill_workers": workers[0],
+        "decode_workers": workers[1],
         "model_impl": model_impl,
         "dtype": dtype,
         "prefill_tp": tp[0],
