@@ -104,10 +104,14 @@ def add_presets_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     return presets
 
 
-def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    run = sub.add_parser(
-        "run", help="serve a workload through prefill/decode disaggregation on Ray (--prefill 0: colocated)"
-    )
+RUN_HELP = "serve a workload through prefill/decode disaggregation on Ray (--prefill 0: colocated)"
+
+
+def add_run_parser(
+    sub: argparse._SubParsersAction, name: str = "run", help: str = RUN_HELP
+) -> argparse.ArgumentParser:
+    """`run`'s flags (`serve` starts from them too: its deployment flags are run's)."""
+    run = sub.add_parser(name, help=help)
     run.add_argument(
         "--model",
         default=str(REFERENCE_HYBRID_CONFIG),

@@ -20,6 +20,7 @@ class Outcome:
     failure: FailureKind | None = None  # what the summary counts (`failures_by_reason`)
     attempts: int = 0
     corrupt: bool = False  # the request failed for good on bytes found wrong (at release)
+    cancelled: bool = False  # cancelled by its caller (`Server.cancel`): neither served nor failed
     retried_after: list[FailureKind] = field(default_factory=list)  # each failed attempt that was retried
     verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
     # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):

@@ -58,7 +58,8 @@ def leak_counts(workers: list[WorkerReading], *, unchecked: dict[str, str] | Non
 
 def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
     """Failed requests by the kind of failure that ended them (`FailureKind` values), most first."""
-    counts = Counter(o.failure.value for o in outcomes if o.tokens is None and o.failure is not None)
+    failed = (o for o in outcomes if o.tokens is None and o.failure is not None and not o.cancelled)
+    counts = Counter(o.failure.value for o in failed)
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
@@ -139,7 +140,8 @@ def summarize(
         "requests": len(outcomes) + unfinished,
         "unfinished": unfinished,
         "completed": len(done),
-        "failed": len(outcomes) - len(done),
+        "failed": sum(o.tokens is None and not o.cancelled for o in outcomes),
+        "cancelled": sum(o.cancelled for o in outcomes),  # by their callers (online serving)
         "failures_by_reason": failures_by_reason(outcomes),
         "retried": retried,
         "retries_by_reason": retries_by_reason(outcomes),  # corrupt arrivals retried show here
