@@ -23,6 +23,8 @@ from pathlib import Path
 
 from torch import nn
 
+from distpool.model_impl.hf.transformers_internals import saved_state, tied_weight_names
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 << 20  # an index names tensors and files: megabytes at most
@@ -153,7 +155,7 @@ def check_checkpoint(folder: Path, model: nn.Module) -> None:
     own), or one stored in another shape. Tensors it stores beyond the model's are left to
     transformers (it ignores them)."""
     stored = read_checkpoint(folder)
-    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    tied = tied_weight_names(model)
     own = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
     saved = {name: shape for name, shape in _saved_shapes(model).items() if name not in tied}
     # The form the checkpoint is in: the one of which it stores the most tensors.
@@ -174,13 +176,5 @@ def check_checkpoint(folder: Path, model: nn.Module) -> None:
 
 
 def _saved_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """The names and shapes `save_pretrained` writes for `model` (transformers' conversions
-    reversed, on the meta device); the model's own names where that cannot be worked out."""
-    state = model.state_dict()
-    try:  # transformers 5 (checked against 5.24); not in its public API
-        from transformers.core_model_loading import revert_weight_conversion
-
-        state = revert_weight_conversion(model, state)
-    except Exception:  # another version: the model's own names, which most architectures store
-        pass
-    return {name: tuple(t.shape) for name, t in state.items()}
+    """The names and shapes `save_pretrained` writes for `model` (on the meta device)."""
+    return {name: tuple(t.shape) for name, t in saved_state(model).items()}
