@@ -35,7 +35,7 @@ from distpool.model.spec import (
 from distpool.model_impl.hf.checkpoint import check_checkpoint
 from distpool.model_impl.hf.loader import empty_model, weight_bytes
 from distpool.model_impl.hf.source import HFSource
-from distpool.model_impl.hf.transformers_internals import layer_keys, layer_states
+from distpool.model_impl.hf.transformers_internals import layer_keys, layer_states, weight_forms
 
 # The recurrent state's shape per state family (hf_families' names), from the mixer's attributes.
 _RECURRENT_SHAPE: dict[str, Callable[[nn.Module], tuple[int, ...]]] = {
@@ -193,5 +193,5 @@ def sized_spec(source: HFSource, base: ModelSpec) -> tuple[ModelSpec, int]:
     load is refused (`check_checkpoint`: CheckpointError)."""
     model = empty_model(source)
     if source.load_format == "safetensors":  # refused here, not in every worker after Ray started
-        check_checkpoint(Path(source.path), model)
+        check_checkpoint(Path(source.path), weight_forms(model))
     return runner_spec(model, base, source.dtype), weight_bytes(model)

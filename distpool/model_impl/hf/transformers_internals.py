@@ -9,7 +9,7 @@ The rest of `model_impl` reaches transformers' internals only through this modul
 - the name a model's forward takes its cache by, told by its signature: `cache` from 5.24 on,
   `past_key_values` in 5.23 (`cache_argument`);
 - `transformers.core_model_loading.revert_weight_conversion` and a model's `all_tied_weights_keys`:
-  the names `save_pretrained` writes (`saved_state`, `tied_weight_names`);
+  the names `save_pretrained` writes (`weight_forms`);
 - `transformers.integrations.sdpa_attention.sdpa_attention_forward`, its SDPA attention function.
 
 Importing this module checks the installed transformers first: a version outside the checked ones
@@ -150,12 +150,15 @@ def cache_argument(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
-def saved_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict `save_pretrained` writes for `model`: transformers' load-time conversions
-    (fused MoE experts, renamings) reversed; on the meta device it reads no memory."""
-    return revert_weight_conversion(model, model.state_dict())
+def weight_forms(model: nn.Module) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The names and shapes a checkpoint of `model` may store its weights under: those
+    `save_pretrained` writes (transformers' load-time conversions, fused MoE experts and renamings,
+    reversed), and the modules' own. Tied weights (stored once, under the other's name) are left out.
+    On the meta device it reads no memory."""
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    own = model.state_dict()
 
+    def shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in state.items() if name not in tied}
 
-def tied_weight_names(model: nn.Module) -> set[str]:
-    """The names of `model`'s weights tied to another (stored once, under the other's name)."""
-    return set(getattr(model, "all_tied_weights_keys", None) or {})
+    return shapes(revert_weight_conversion(model, own)), shapes(own)
