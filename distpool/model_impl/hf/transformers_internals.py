@@ -11,6 +11,8 @@ The rest of `model_impl` reaches transformers' internals only through this modul
 - `transformers.core_model_loading.revert_weight_conversion` and a model's `all_tied_weights_keys`:
   the names `save_pretrained` writes (`weight_forms`);
 - `transformers.integrations.sdpa_attention.sdpa_attention_forward`, its SDPA attention function.
+The modeling code's module attributes `layout.py` reads (head counts, state sizes, `layer_idx`) are
+not here: `layout.check_allocation` holds them against what transformers allocates at every load.
 
 Importing this module checks the installed transformers first: a version outside the checked ones
 raises `TransformersVersionError` naming it and the range, before any of the names above is looked
@@ -70,7 +72,23 @@ from transformers.cache_utils import (  # noqa: E402
 from transformers.core_model_loading import revert_weight_conversion  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
-__all__ = ["Cache", "DummyLayer", "sdpa_attention_forward"]
+__all__ = [
+    "CHECKED_RELEASES",
+    "DECLARED_RANGE",
+    "Cache",
+    "DummyLayer",
+    "States",
+    "TransformersVersionError",
+    "cache_argument",
+    "check_version",
+    "layer_keys",
+    "layer_states",
+    "paged_layer",
+    "release_of",
+    "sdpa_attention_forward",
+    "state_layer",
+    "weight_forms",
+]
 
 States = tuple[torch.Tensor, torch.Tensor]  # (conv, recurrent), each (B, *shape)
 
