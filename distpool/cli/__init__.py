@@ -1,4 +1,5 @@
-"""`distpool` command line: `check` (classify and size), `presets` and `run` (PD serving, the main job).
+"""`distpool` command line: `check` (classify and size), `presets`, `run` (PD serving, the main job)
+and `bench serve` (a serving benchmark of an HTTP endpoint, `distpool.bench`).
 
 Exit status 0 on success, 2 with the reason on stderr (no traceback) for refusals and bad input.
 Everything is validated here, before Ray or any actor starts. Each command's flags are
@@ -11,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from distpool.bench import add_bench_parser, cmd_bench
 from distpool.cli.commands import cmd_check, cmd_presets, cmd_run
 from distpool.cli.flags import add_check_parser, add_presets_parser, add_run_parser
 from distpool.serving.interrupt import INTERRUPTED_STATUS, exit_status_of
@@ -22,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub).set_defaults(handler=cmd_check)
     add_presets_parser(sub).set_defaults(handler=cmd_presets)
     add_run_parser(sub).set_defaults(handler=cmd_run)
+    add_bench_parser(sub).set_defaults(handler=cmd_bench)
     return parser
 
 
