@@ -34,13 +34,13 @@ def plot_runs(runs: dict[str, dict[float, dict]], path: str, title: str) -> None
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6))
-    for ax, (key, label) in zip(axes, PANELS):
+    for ax, (key, label) in zip(axes, PANELS, strict=True):
         for name, by_rate in runs.items():
             points = [
                 (r, f[key]) for r, f in sorted(by_rate.items()) if math.isfinite(r) and f.get(key) is not None
             ]
             if points:
-                ax.plot(*zip(*points), marker="o", label=name)
+                ax.plot(*zip(*points, strict=True), marker="o", label=name)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(label)
         if key == "slo_attainment":

@@ -55,7 +55,7 @@ async def _run(target: Target, sessions: list[Session], offsets: list[float]) ->
         per_session = await asyncio.gather(
             *(
                 _session(http, target, s, start + at, gate, i)
-                for i, (s, at) in enumerate(zip(sessions, offsets))
+                for i, (s, at) in enumerate(zip(sessions, offsets, strict=True))
             )
         )
         duration = time.perf_counter() - start
@@ -77,9 +77,12 @@ async def _session(
                 result = await stream_request(http, ENDPOINTS[target.endpoint], body, planned)
         results.append(result)
         if not result.success:
-            for later in session.turns[k + 1 :]:
-                error = f"not sent: turn {k} of {session.session_id} failed"
-                results.append(RequestResult(start_s=result.start_s, planned_prompt_len=0, error=error))
+            error = f"not sent: turn {k} of {session.session_id} failed"
+            unsent = len(session.turns) - k - 1
+            results += [
+                RequestResult(start_s=result.start_s, planned_prompt_len=0, error=error)
+                for _ in range(unsent)
+            ]
             break
         history.add_reply(result)
     return results

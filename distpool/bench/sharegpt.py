@@ -56,7 +56,7 @@ def _turns(entry: object, output_len: int | None) -> list[Turn]:
     if not isinstance(messages, list):
         return []
     turns = []
-    for prompt, reply in zip(messages[::2], messages[1::2]):
+    for prompt, reply in zip(messages[::2], messages[1::2], strict=False):
         if not (_is(prompt, HUMAN) and _is(reply, MODEL)):
             break
         length = output_len or max(1, round(len(reply["value"]) / CHARS_PER_TOKEN))

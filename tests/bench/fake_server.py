@@ -1,13 +1,8 @@
-"""The front end over the fake engine on a real socket (uvicorn, no Ray), for the benchmark's tests:
-in a thread of the test process, or as a process standing in for `distpool serve`:
-
-    python -m tests.bench.fake_server [--step-delay S] [--exit-status N] --port P
-
-which serves until SIGTERM or SIGINT, then exits with status N (0)."""
+"""The front end over the fake engine on a real socket (uvicorn in a thread of the test process, no
+Ray), for the benchmark's tests."""
 
 from __future__ import annotations
 
-import argparse
 import socket
 import threading
 import time
@@ -39,10 +34,11 @@ def fake_engine(tokenizer_folder: str | None = None, step_delay_s: float = 0.002
 
 
 @contextmanager
-def serving_in_thread(engine: FakeEngine) -> Iterator[str]:
-    """The app over `engine` on a free port of 127.0.0.1; yields its base URL."""
+def serving_in_thread(engine: FakeEngine, port: int = 0) -> Iterator[str]:
+    """The app over `engine` on `port` of 127.0.0.1 (0: a free one); yields its base URL. In a thread,
+    uvicorn leaves the process's signals alone."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     config = uvicorn.Config(build_app(engine, ApiSettings()), log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -57,19 +53,3 @@ def serving_in_thread(engine: FakeEngine) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--step-delay", type=float, default=0.002)
-    parser.add_argument("--exit-status", type=int, default=0)
-    ns = parser.parse_args()
-    engine = fake_engine(step_delay_s=ns.step_delay)
-    uvicorn.run(build_app(engine, ApiSettings()), host="127.0.0.1", port=ns.port, log_level="warning")
-    print(f"served {len(engine.finished)} requests", flush=True)
-    return ns.exit_status
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
