@@ -1,9 +1,10 @@
 """One streamed request to an OpenAI-compatible endpoint, timed at the client (httpx, async).
 
-Times are `time.perf_counter()` seconds. TTFT is the first chunk that carries output (text or token
-ids; chat's role-only chunk does not), ITL each gap between two such chunks, latency the whole
-stream up to `[DONE]`. Output tokens are the server's `usage.completion_tokens` (asked for with
-`stream_options.include_usage`), else the token ids streamed, else the chunks that carried output.
+Times are `time.perf_counter()` seconds. As `vllm bench serve` times them: TTFT is the arrival of
+the first chunk with choices (the server made a token, even if its text is held back or is only
+chat's role), ITL each gap between two such chunks, latency the whole stream up to `[DONE]`. Output
+tokens are the server's `usage.completion_tokens` (asked for with `stream_options.include_usage`),
+else the token ids streamed, else the chunks with choices.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ async def stream_request(
                     return result
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                if not chunk.get("choices"):
+                    continue  # the usage chunk
                 text, ids = _output_of(chunk)
-                if not text and not ids:
-                    continue
                 if chunks == 0:
                     result.ttft_s = now - start
                 else:
@@ -90,7 +91,7 @@ def _output_of(chunk: dict) -> tuple[str, list[int]]:
     """The text and token ids a chunk carries, over its choices (completions' `text`, chat's
     `delta.content`; `token_ids` where a server without a tokenizer sends ids)."""
     text, ids = "", []
-    for choice in chunk.get("choices") or ():
+    for choice in chunk["choices"]:
         delta = choice.get("delta")
         text += (delta.get("content") or "") if isinstance(delta, dict) else (choice.get("text") or "")
         ids.extend(choice.get("token_ids") or ())
