@@ -20,10 +20,15 @@ from distpool.bench.launch import LaunchError, deployment_flags, launched_server
 from distpool.bench.metrics import run_figures
 from distpool.bench.plot import plot_runs, require_matplotlib
 from distpool.bench.report import format_run, format_side_by_side
-from distpool.bench.runner import Target, run_at_rate
+from distpool.bench.runner import Target, probe_request, run_at_rate
 from distpool.bench.sessions import Session, num_requests
 
 ENDPOINT_NAME = "endpoint"  # the one deployment of --base-url or --launch
+
+
+def note(line: str) -> None:
+    """Progress, on stderr: stdout holds the results."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
@@ -60,9 +65,16 @@ def cmd_bench(ns: argparse.Namespace) -> int:
                 target = Target(
                     base_url, ns.endpoint, model, ns.api_key, ns.max_concurrency, ns.request_timeout
                 )
+                probe = probe_request(target, sessions[0])
+                if not probe.success:
+                    raise ValueError(
+                        f"the test request to {base_url} failed ({probe.error}). Fix: check --endpoint, "
+                        "--model, --vocab-size and the dataset's lengths against the server"
+                    )
                 runs[name] = {}
                 for rate in ns.request_rate:
                     offsets = arrival_offsets(len(sessions), rate, ns.burstiness, ns.seed)
+                    note(f"{name} at {rate:g} req/s: {len(sessions)} arrivals over {offsets[-1]:.0f} s")
                     run = run_at_rate(target, sessions, offsets)
                     figures = run_figures(run.results, run.duration_s, ns.percentiles, slos)
                     runs[name][rate] = figures
@@ -117,8 +129,7 @@ def _endpoint(ns: argparse.Namespace, flags: list[str] | None) -> Iterator[str]:
     if flags is None:
         yield ns.base_url.rstrip("/")
         return
-    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    with launched_server(flags, start_timeout_s=ns.launch_timeout, progress=progress) as base_url:
+    with launched_server(flags, start_timeout_s=ns.launch_timeout, progress=note) as base_url:
         yield base_url
 
 

@@ -159,7 +159,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "--percentiles", type=parse_percentiles, default=list(DEFAULT_PERCENTILES), metavar="P[,P...]"
     )
     serve.add_argument(
-        "--request-timeout", type=_positive_float, default=600.0, help="seconds one request may take"
+        "--request-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds a request may wait for its next chunk",
     )
     serve.add_argument("--json", default=None, metavar="PATH", help="write every run's figures as JSON")
     serve.add_argument("--plot", default=None, metavar="PNG", help="TTFT, TPOT and attainment against rate")

@@ -40,6 +40,13 @@ def run_at_rate(target: Target, sessions: list[Session], offsets: list[float]) -
     return asyncio.run(_run(target, sessions, offsets))
 
 
+def probe_request(target: Target, session: Session) -> RequestResult:
+    """`session`'s first turn alone, before the runs (not counted): it checks the flags against the
+    server, and warms it up, as `vllm bench serve` does."""
+    first = Session(session_id=f"{session.session_id}-test", turns=session.turns[:1])
+    return asyncio.run(_run(target, [first], [0.0])).results[0]
+
+
 async def _run(target: Target, sessions: list[Session], offsets: list[float]) -> RateRun:
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     limit = target.max_concurrency

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from distpool.bench.arrivals import arrival_offsets
 from distpool.cli import main
 from tests.api.byte_tokenizer import save_byte_tokenizer
 from tests.api.fake_engine import echo_reply
@@ -76,8 +77,8 @@ def test_two_rates_give_consistent_figures(ids_server, tmp_path, capsys):
         assert run["request_goodput"] == pytest.approx(run["request_throughput"])
         # TPOT excludes the first token: the fake's 2 ms steps, not its first token's wait
         assert 1.0 < run["median_tpot_ms"] < run["median_e2el_ms"]
-    # 12 arrivals at 40/s are spread over about 0.3 s; at inf they all go at once
-    assert runs[40.0]["duration"] > runs["inf"]["duration"] * 0.5
+    # at 40/s the run lasts at least until its last seeded arrival (about 0.3 s in)
+    assert runs[40.0]["duration"] >= arrival_offsets(12, 40.0, 1.0, seed=3)[-1] > 0.1
     found = doc["rate_at_attainment"]["endpoint"]
     assert found["kind"] == "measured" and found["rate"] == 40.0 and found["measured"] == [[40.0, 1.0]]
     out = capsys.readouterr().out
@@ -106,8 +107,9 @@ def test_multi_turn_sends_each_turn_after_the_previous_reply(ids_server, tmp_pat
     )  # fmt: skip
     (run,) = doc["runs"]
     assert run["completed"] == 6
-    prompts = [engine.prompts[i] for i in engine.started if i not in before]
-    assert len(prompts) == 6
+    sent = [engine.prompts[i] for i in engine.started if i not in before]
+    assert len(sent) == 7 and sent[0] in sent[1:]  # the test request first: a first turn, once more
+    prompts = sent[1:]
     # every later turn's prompt is an earlier turn's prompt, its reply (the fake echoes), then more
     firsts = [p for p in prompts if not any(_extends(p, q) for q in prompts)]
     assert len(firsts) == 2
@@ -134,3 +136,22 @@ def test_chat_sends_text_and_counts_the_servers_tokens(text_server, tmp_path):
     assert run["total_input_tokens"] > 4 * 4
     assert run["request_goodput"] is None and run["slo_attainment"] is None  # no SLOs given
     assert doc["config"]["endpoint"] == "chat" and doc["rate_at_attainment"] == {}
+
+
+def test_flags_the_server_refuses_fail_the_test_request_before_any_run(ids_server, tmp_path, capsys):
+    url, _ = ids_server
+    argv = [
+        "bench",
+        "serve",
+        "--base-url",
+        url,
+        "--dataset",
+        "random",
+        "--input-len",
+        "64",
+        "--num-prompts",
+        "3",
+    ]
+    assert main([*argv, "--vocab-size", "5000"]) == 2  # ids past the fake model's 260
+    err = capsys.readouterr().err
+    assert "the test request to" in err and "HTTP 400" in err and "--vocab-size" in err
