@@ -33,7 +33,8 @@ def note(line: str) -> None:
 
 def cmd_bench(ns: argparse.Namespace) -> int:
     """Exit 0 when every run ran (failed requests are figures, not errors); 1 when a launched server
-    would not start or stop cleanly; ValueError (exit 2) for bad flags, before anything starts."""
+    would not start or stop cleanly; ValueError (exit 2) for bad flags, before anything starts, or
+    for a test request the server refuses, before any run."""
     deployments = deployments_from(ns)
     dataset = DatasetArgs(
         dataset=ns.dataset,
@@ -52,13 +53,15 @@ def cmd_bench(ns: argparse.Namespace) -> int:
             raise ValueError(f"{path}: its folder does not exist; create it or write elsewhere")
     slos = dict(ns.goodput)
     runs: dict[str, dict[float, dict]] = {}
-    sessions: list[Session] | None = None
+    # a file's sessions do not depend on the server: read (and checked) before any is launched
+    sessions: list[Session] | None = build_sessions(dataset, None) if ns.dataset_path else None
     try:
         for name, flags in deployments.items():
             with _endpoint(ns, flags) as base_url:
                 model, context_len = _model_of(base_url, ns.model, ns.api_key)
-                if sessions is None:  # one workload for every deployment
+                if sessions is None:  # one workload for every deployment, within the first's context
                     sessions = build_sessions(dataset, context_len)
+                if not runs:
                     print(
                         f"workload: {ns.dataset}, {len(sessions)} sessions, {num_requests(sessions)} requests"
                     )
@@ -88,7 +91,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     for name, found in at_target.items():
         print(f"{name}: highest rate at {TARGET_ATTAINMENT:.0%} SLO attainment: {found.describe()}")
     if ns.json is not None:
-        Path(ns.json).write_text(json.dumps(_document(ns, runs, at_target), indent=2) + "\n")
+        Path(ns.json).write_text(json.dumps(_document(ns, deployments, runs, at_target), indent=2) + "\n")
     if ns.plot is not None:
         plot_runs(runs, ns.plot, f"{ns.dataset}, SLOs {_slo_words(slos) or 'none'}")
     return 0
@@ -166,7 +169,12 @@ def _slo_words(slos: dict[str, float]) -> str:
     return " ".join(f"{key}:{ms:g}ms" for key, ms in slos.items())
 
 
-def _document(ns: argparse.Namespace, runs: dict[str, dict[float, dict]], at_target: dict) -> dict:
+def _document(
+    ns: argparse.Namespace,
+    deployments: dict[str, list[str] | None],
+    runs: dict[str, dict[float, dict]],
+    at_target: dict,
+) -> dict:
     config = {
         key: getattr(ns, key)
         for key in (
@@ -176,6 +184,10 @@ def _document(ns: argparse.Namespace, runs: dict[str, dict[float, dict]], at_tar
     }  # fmt: skip
     config["goodput"] = dict(ns.goodput)
     config["request_rate"] = [_rate_json(r) for r in ns.request_rate]
+    # what each deployment was: the flags it was launched with, or the URL measured
+    config["deployments"] = {
+        name: ns.base_url if flags is None else flags for name, flags in deployments.items()
+    }
     return {
         "config": config,
         "runs": [

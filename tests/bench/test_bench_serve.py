@@ -155,3 +155,26 @@ def test_flags_the_server_refuses_fail_the_test_request_before_any_run(ids_serve
     assert main([*argv, "--vocab-size", "5000"]) == 2  # ids past the fake model's 260
     err = capsys.readouterr().err
     assert "the test request to" in err and "HTTP 400" in err and "--vocab-size" in err
+
+
+def test_sharegpt_conversations_go_turn_by_turn_as_chat(text_server, tmp_path):
+    url, engine = text_server
+    path = tmp_path / "sharegpt.json"
+    exchanges = [("first question", "r1"), ("second question", "r2")]
+    messages = [
+        {"from": side, "value": text} for q, r in exchanges for side, text in (("human", q), ("gpt", r))
+    ]
+    path.write_text(json.dumps([{"id": "only", "conversations": messages}]))
+    before = set(engine.prompts)
+    doc = bench(
+        url, tmp_path, "--endpoint", "chat", "--dataset", "multi-turn", "--dataset-path", str(path),
+        "--output-len", "3", "--num-prompts", "2",
+    )  # fmt: skip
+    (run,) = doc["runs"]
+    assert run["completed"] == 2 and run["failed"] == 0
+    texts = [
+        bytes(i for i in engine.prompts[r] if i < 256).decode() for r in engine.started if r not in before
+    ]
+    second = texts[-1]  # the test request, then the two turns
+    assert second.index("first question") < second.index("<|assistant|>") < second.index("second question")
+    assert "first question" in texts[-2] and "second question" not in texts[-2]

@@ -32,6 +32,10 @@ def test_compare_serves_one_workload_to_each_deployment(stand_in, tmp_path, caps
     captured = capsys.readouterr()
     assert status == 0, captured.err
     doc = json.loads(doc_path.read_text())
+    assert doc["config"]["deployments"] == {
+        "fast": ["--step-delay", "0.001"],
+        "slow": ["--step-delay", "0.001", "--step-delay", "0.03"],  # the last one given counts
+    }
     runs = {(r["deployment"], r["request_rate"]): r for r in doc["runs"]}
     assert set(runs) == {("fast", 20.0), ("fast", 50.0), ("slow", 20.0), ("slow", 50.0)}
     assert all(r["completed"] == 6 and r["total_output_tokens"] == 30 for r in runs.values())
