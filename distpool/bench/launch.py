@@ -81,6 +81,9 @@ def launched_server(
                 body_failed = False
             finally:
                 _stop(server, stop_timeout_s, log_path, quiet=body_failed)
+                if not body_failed:  # its last line: `distpool serve`'s summary of what it served
+                    last = _tail(log_path).strip().splitlines()[-1:] or [""]
+                    progress(f"server stopped, exit status 0: {last[0]}")
 
 
 def _wait_healthy(

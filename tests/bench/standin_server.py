@@ -63,7 +63,12 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.001)
     parser.add_argument("--exit-status", type=int, default=0)
     ns = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(ns.exit_status))
+
+    def stop(*_) -> None:
+        print("stopped after serving", flush=True)
+        sys.exit(ns.exit_status)
+
+    signal.signal(signal.SIGTERM, stop)
     print(f"serving on port {ns.port}", flush=True)
     ThreadingHTTPServer(("127.0.0.1", ns.port), handler(ns.step_delay)).serve_forever()
 

@@ -24,23 +24,24 @@ def stand_in(monkeypatch):
 def test_compare_serves_one_workload_to_each_deployment(stand_in, tmp_path, capsys):
     doc_path, png = tmp_path / "compare.json", tmp_path / "compare.png"
     status = main([
-        "bench", "serve", "--compare", "fast:", "slow:--step-delay 0.03",
+        "bench", "serve", "--compare", "fast:", "slow:--step-delay 0.06",
         "--launch-args", "--step-delay 0.001", "--request-rate", "20,50", "--num-prompts", "6",
         "--dataset", "random", "--input-len", "8", "--output-len", "5",
-        "--goodput", "tpot:15", "--json", str(doc_path), "--plot", str(png),
+        "--goodput", "tpot:30", "--json", str(doc_path), "--plot", str(png),
     ])  # fmt: skip
     captured = capsys.readouterr()
     assert status == 0, captured.err
     doc = json.loads(doc_path.read_text())
     assert doc["config"]["deployments"] == {
         "fast": ["--step-delay", "0.001"],
-        "slow": ["--step-delay", "0.001", "--step-delay", "0.03"],  # the last one given counts
+        "slow": ["--step-delay", "0.001", "--step-delay", "0.06"],  # the last one given counts
     }
     runs = {(r["deployment"], r["request_rate"]): r for r in doc["runs"]}
     assert set(runs) == {("fast", 20.0), ("fast", 50.0), ("slow", 20.0), ("slow", 50.0)}
     assert all(r["completed"] == 6 and r["total_output_tokens"] == 30 for r in runs.values())
     # the same seeded workload for both: the same prompts, so the same input tokens
     assert {r["total_input_tokens"] for r in runs.values()} == {48}
+    # TPOT: about 1 ms a token against 60 (a sleep is never shorter): 30 ms tells them apart
     assert runs["fast", 50.0]["slo_attainment"] == 1.0 and runs["slow", 20.0]["slo_attainment"] == 0.0
     found = doc["rate_at_attainment"]
     assert found["fast"]["kind"] == "measured" and found["fast"]["rate"] == 50.0
@@ -54,6 +55,7 @@ def test_compare_serves_one_workload_to_each_deployment(stand_in, tmp_path, caps
     assert "fast" in table and "slow" in table and "tpot p99" in table
     assert "fast: highest rate at 90% SLO attainment: at least 50 req/s" in captured.out
     assert captured.err.count("launching:") == 2 and captured.err.count("server ready at") == 2
+    assert captured.err.count("server stopped, exit status 0: stopped after serving") == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
