@@ -41,10 +41,18 @@ def run_at_rate(target: Target, sessions: list[Session], offsets: list[float]) -
 
 
 def probe_request(target: Target, session: Session) -> RequestResult:
-    """`session`'s first turn alone, before the runs (not counted): it checks the flags against the
-    server, and warms it up, as `vllm bench serve` does."""
-    first = Session(session_id=f"{session.session_id}-test", turns=session.turns[:1])
-    return asyncio.run(_run(target, [first], [0.0])).results[0]
+    """A test request before the runs (not counted), as `vllm bench serve` sends: it checks the flags
+    against the server and warms it up. It is `session`'s first turn reversed, of the same length,
+    so that a prefix cache holds nothing of the workload afterwards."""
+    turn = session.turns[0]
+    if turn.prompt_ids is not None:
+        reversed_turn = Turn.of_ids(turn.prompt_ids[::-1], turn.output_len)
+    else:
+        reversed_turn = Turn(
+            prompt_ids=None, text=" ".join(turn.text.split()[::-1]), output_len=turn.output_len
+        )
+    probe = Session(session_id=f"{session.session_id}-test", turns=(reversed_turn,))
+    return asyncio.run(_run(target, [probe], [0.0])).results[0]
 
 
 async def _run(target: Target, sessions: list[Session], offsets: list[float]) -> RateRun:

@@ -108,7 +108,8 @@ def test_multi_turn_sends_each_turn_after_the_previous_reply(ids_server, tmp_pat
     (run,) = doc["runs"]
     assert run["completed"] == 6
     sent = [engine.prompts[i] for i in engine.started if i not in before]
-    assert len(sent) == 7 and sent[0] in sent[1:]  # the test request first: a first turn, once more
+    # the test request first: a first turn reversed (nothing of it cached for the run)
+    assert len(sent) == 7 and sent[0][::-1] in sent[1:]
     prompts = sent[1:]
     # every later turn's prompt is an earlier turn's prompt, its reply (the fake echoes), then more
     firsts = [p for p in prompts if not any(_extends(p, q) for q in prompts)]
