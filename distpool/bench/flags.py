@@ -12,7 +12,9 @@ from distpool.bench.metrics import SLO_KEYS
 from distpool.serving.conversation import DEFAULT_TURNS
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
-DEFAULT_VOCAB_SIZE = 1000  # token ids of completions prompts: [0, 1000), inside every preset's vocabulary
+# Token ids of completions prompts are drawn from [0, 96): the bundled reference models' vocabulary,
+# the smallest distpool ships, so the ids are valid for every preset (a server states no vocabulary).
+DEFAULT_VOCAB_SIZE = 96
 
 
 def _positive_int(value: str) -> int:
