@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 
-PANELS = (
+PANELS = (  # two rows of three, the last one left empty
     ("median_ttft_ms", "TTFT p50 (ms)"),
     ("p99_ttft_ms", "TTFT p99 (ms)"),
+    ("slo_attainment", "SLO attainment"),
     ("median_tpot_ms", "TPOT p50 (ms)"),
     ("p99_tpot_ms", "TPOT p99 (ms)"),
-    ("slo_attainment", "SLO attainment"),
 )
 
 
@@ -33,8 +33,10 @@ def plot_runs(runs: dict[str, dict[float, dict]], path: str, title: str) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6))
-    for ax, (key, label) in zip(axes, PANELS, strict=True):
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7))
+    axes = grid.flat
+    grid[1, 2].axis("off")
+    for ax, (key, label) in zip(axes, PANELS, strict=False):
         for name, by_rate in runs.items():
             points = [
                 (r, f[key]) for r, f in sorted(by_rate.items()) if math.isfinite(r) and f.get(key) is not None
@@ -47,7 +49,9 @@ def plot_runs(runs: dict[str, dict[float, dict]], path: str, title: str) -> None
             ax.set_ylim(0, 1.05)
             ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    grid[0, 0].legend()
+    if any(not math.isfinite(r) for by_rate in runs.values() for r in by_rate):
+        title += " (rate inf not drawn)"
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -68,6 +68,12 @@ def format_side_by_side(runs: dict[str, dict[float, dict]]) -> str:
         for name in names:
             figures = runs[name].get(rate)
             values = [None if figures is None else figures.get(key) for _, key in TABLE_COLUMNS]
-            cells.append("".join(f"{'-' if v is None else f'{v:.3g}':>{width}}" for v in values))
+            cells.append("".join(f"{_cell(v):>{width}}" for v in values))
         lines.append(f"{rate:>6g} | " + " | ".join(cells))
     return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
