@@ -1,9 +1,9 @@
-"""`distpool` command line: `check` (classify and size), `presets`, `run` (PD serving, the main job)
-and `bench serve` (a serving benchmark of an HTTP endpoint, `distpool.bench`).
+"""`distpool` command line: `check` (classify and size), `presets` and `run` (PD serving, the main job).
 
 Exit status 0 on success, 2 with the reason on stderr (no traceback) for refusals and bad input.
 Everything is validated here, before Ray or any actor starts. Each command's flags are
 `distpool.cli.flags`; what it does with them, its handler in `distpool.cli.commands`.
+`bench serve`, a serving benchmark of any OpenAI-compatible endpoint, has both in `distpool.bench`.
 """
 
 from __future__ import annotations
