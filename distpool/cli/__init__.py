@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_check_parser(sub).set_defaults(handler=cmd_check)
     add_presets_parser(sub).set_defaults(handler=cmd_presets)
-    add_run_parser(sub).set_defaults(handler=cmd_run)
     add_bench_parser(sub).set_defaults(handler=cmd_bench)
+    add_run_parser(sub).set_defaults(handler=cmd_run)
     return parser
 
 
