@@ -2,9 +2,10 @@
 
 Times are `time.perf_counter()` seconds. As `vllm bench serve` times them: TTFT is the arrival of
 the first chunk with choices (the server made a token, even if its text is held back or is only
-chat's role), ITL each gap between two such chunks, latency the whole stream up to `[DONE]`. Output
-tokens are the server's `usage.completion_tokens` (asked for with `stream_options.include_usage`),
-else the token ids streamed, else the chunks with choices.
+chat's role), ITL each gap between two such chunks, latency (E2EL) the last such chunk (the usage
+chunk and `[DONE]` after it do not count). Output tokens are the server's `usage.completion_tokens`
+(asked for with `stream_options.include_usage`), else the token ids streamed, else the chunks with
+choices.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ async def stream_request(
     except (httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:300]
         return result
-    result.latency_s = time.perf_counter() - start
+    result.latency_s = last - start
     if chunks == 0:
         result.error = "the stream ended without output"
         return result
