@@ -1,8 +1,8 @@
 """The figures of one run, with `vllm bench serve`'s names and definitions.
 
 TTFT: the first output chunk's arrival after sending. TPOT: (latency - TTFT) / (output tokens - 1),
-over requests of more than one output token. ITL: every gap between two output chunks. E2EL: the
-whole request. Throughputs divide by the run's duration. A request is good when it meets every SLO
+over requests of more than one output token. ITL: every gap between two output chunks. E2EL: to the
+last output chunk. Throughputs divide by the run's duration. A request is good when it meets every SLO
 of `--goodput` (TPOT counted 0 for a one-token reply, as vLLM does); `request_goodput` is good
 requests per second, `slo_attainment` (ours, DistServe's) good requests over all requests planned,
 failed and never-sent ones counted as missing their SLOs.
