@@ -7,7 +7,8 @@ weights in float32 with torch's threads (`--threads`; a distpool worker keeps to
 times, on wall time (`--clock cpu`: the main thread's CPU time, with `--threads 1` the whole
 computation's), the fastest of `--repeats`:
 
-- prefill of one prompt of each `--prompt-len` (the runner prefills one request at a time);
+- prefill of one prompt of each `--prompt-len` and its first token (the runner prefills one request
+  at a time);
 - a decode step at each `--batch`, as (time of 1 + N tokens - time of 1 token) / N.
 
     .venv/bin/python scripts/bench_serve_model.py --json out/bench_serve_model.json
@@ -66,19 +67,19 @@ def main() -> int:
     parser.add_argument(
         "--config", default=str(BENCH_BAMBA_CONFIG), help="a config.json or checkpoint folder"
     )
-    parser.add_argument("--prompt-len", type=int, action="append", help="(default: 16, 50 and 96)")
+    parser.add_argument("--prompt-len", type=int, action="append", help="(default: 64 and 512)")
     parser.add_argument("--batch", type=int, action="append", help="decode batches (default: 1 and 8)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
-        help="torch threads (default: torch's, as a distpool worker runs)",
+        help="torch threads (default: torch's, as in a worker)",
     )
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="the clock the figures use")
     parser.add_argument("--json", default=None, metavar="PATH")
     ns = parser.parse_args()
-    lengths, batches = ns.prompt_len or [16, 50, 96], ns.batch or [1, 8]
+    lengths, batches = ns.prompt_len or [64, 512], ns.batch or [1, 8]
     if ns.threads is not None:
         torch.set_num_threads(ns.threads)
     impl = resolve_implementation(Path(ns.config), "transformers", load_format="dummy", dtype="float32")
