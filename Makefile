@@ -31,12 +31,12 @@ bench: bench-extra
 	RAY_USAGE_STATS_ENABLED=0 $(PY) scripts/bench_transfer.py --quick --json out/bench_transfer.json
 
 BENCH_MODEL := distpool/model_impl/reference/configs/bench-bamba.json
-BENCH_SERVE_ARGS ?= --request-rate 0.125,0.25,0.5 --num-prompts 10
+BENCH_SERVE_ARGS ?= --request-rate 0.25,0.5,1,2 --num-prompts 10
 
 bench-serve: bench-extra
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m distpool bench serve \
 	    --compare "pd:--prefill 1 --decode 1" "colocated:--prefill 0 --decode 2" \
-	    --launch-args "--model $(BENCH_MODEL) --model-impl transformers --load-format dummy --dtype float32 --memory-gib 0.25 --context-len 1024" \
+	    --launch-args "--model $(BENCH_MODEL) --model-impl transformers --load-format dummy --dtype float32 --memory-gib 0.25 --context-len 1024 --no-prefix-cache" \
 	    --dataset random --input-len 512 --output-len 32 --seed 0 --goodput ttft:3000 tpot:300 \
 	    --json out/bench_serve.json --plot out/bench_serve.png $(BENCH_SERVE_ARGS)
 
