@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,7 +127,6 @@ class Tally:
     first_at: float | None = None
     first_n: int = 0
     tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
     def add(self, start: float, n: int) -> None:
         if n and self.first_at is None:
@@ -268,14 +267,8 @@ def comparison(direct: dict, http: dict) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (
-        "clients",
-        "TTFT p50 direct/HTTP (diff)",
-        "TTFT p90 direct/HTTP (diff)",
-        "1st byte p50",
-        "per-token p50 direct/HTTP",
-        "overhead/req",
-    )
+    head = "clients|TTFT p50 direct/HTTP (diff)|TTFT p90 direct/HTTP (diff)|1st byte p50|"
+    head = (head + "per-token p50 direct/HTTP|overhead/req").split("|")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         d, h, c = r["direct"], r["http"], r["compare"]
@@ -291,13 +284,10 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import ray
-
-    from distpool.cli.serve_command import build
-    from distpool.serving.run import start_ray
-
     try:
-        args, serve_flags = parse_args(argv)
+        args, serve_flags = parse_args(argv)  # before the imports: a bad count answers at once
+        from distpool.cli.serve_command import build
+
         ns, defaults = serve_namespace(serve_flags)
         app, plan, name, _ = build(ns, defaults)
         if plan.address:
@@ -311,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"bench_frontend.py: error: {exc}", file=sys.stderr)
         return 2
+    import ray
+
+    from distpool.serving.run import start_ray
+
     prompts = make_prompts(args.requests, args.prompt_len, plan.spec.worker.spec.vocab_size, ns.seed)
     start_ray(plan.spec, None, ns.num_cpus, ns.metrics_port)
     try:
