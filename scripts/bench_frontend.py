@@ -1,12 +1,14 @@
-"""The HTTP front end's overhead: one seeded workload served twice in one Ray cluster, first by the
-engine in-process (`PdEngine.generate`, what the ingress calls) and then through `distpool serve`'s
-Ray Serve application (Serve's HTTP proxy, the FastAPI ingress, the engine deployment) with a
-streaming HTTP client, at 1 client and at 16 concurrent clients.
+"""The HTTP front end's overhead: one seeded workload served two ways in one Ray cluster, by the
+engine in-process (`PdEngine.generate`, what the ingress calls) and through `distpool serve`'s Ray
+Serve application (Serve's HTTP proxy, the FastAPI ingress, the engine deployment) with a streaming
+HTTP client, at 1 client and at 16 concurrent clients. Both deployments run side by side and the two
+ways take turns (each round, each concurrency: in-process, then HTTP), so load from elsewhere falls
+on both; the rounds' timings are pooled.
 
 Per concurrency it reports TTFT p50 / p90 as the engine's caller sees it (direct) and as an HTTP
 client sees it (the first streamed token; the first body byte too), their difference, the per-token
 time of each ((last token - first token) / tokens after the first), and the overhead per request
-(mean end-to-end time over HTTP minus direct).
+(end-to-end time to the last token, p50 over HTTP minus p50 direct; the means' difference in JSON).
 
     python scripts/bench_frontend.py --quick --json out/bench_frontend.json
     python scripts/bench_frontend.py --model DIR --model-impl transformers --dtype float32
@@ -32,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FULL = {"requests": 32, "prompt_len": 64, "max_tokens": 32}
-QUICK = {"requests": 16, "prompt_len": 16, "max_tokens": 8}
+FULL = {"requests": 32, "prompt_len": 64, "max_tokens": 32, "repeats": 3}
+QUICK = {"requests": 16, "prompt_len": 16, "max_tokens": 8, "repeats": 1}
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--requests", type=int, default=None, help="requests per concurrency (32)")
     parser.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per request (64)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens each request makes (32)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds of both ways, pooled (3)")
     parser.add_argument("--json", default=None, metavar="PATH")
     args, serve_flags = parser.parse_known_args(argv)
     budget = QUICK if args.quick else FULL
@@ -61,6 +64,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         raise ValueError(
             f"--requests must be at least the most clients ({max(args.clients)}); got {args.requests}"
         )
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1; got {args.repeats}")
     if args.prompt_len < 1 or args.max_tokens < 2:
         raise ValueError(
             "--prompt-len must be >= 1 and --max-tokens >= 2 (a per-token time needs two tokens)"
@@ -124,19 +129,24 @@ class Timing:
 
 @dataclass
 class Tally:
+    """A request's tokens as they come: when the first and the last came, and how many."""
+
     first_at: float | None = None
     first_n: int = 0
+    last_at: float = 0.0
     tokens: int = 0
 
     def add(self, start: float, n: int) -> None:
+        if n:
+            self.last_at = time.perf_counter() - start
         if n and self.first_at is None:
-            self.first_at, self.first_n = time.perf_counter() - start, n
+            self.first_at, self.first_n = self.last_at, n
         self.tokens += n
 
-    def timing(self, start: float, max_tokens: int, first_byte: float | None = None) -> Timing:
+    def timing(self, max_tokens: int, first_byte: float | None = None) -> Timing:
         if self.tokens != max_tokens or self.first_at is None:
             raise RuntimeError(f"a request made {self.tokens} tokens, not max_tokens={max_tokens}")
-        return Timing(self.first_at, time.perf_counter() - start, self.tokens, self.first_n, first_byte)
+        return Timing(self.first_at, self.last_at, self.tokens, self.first_n, first_byte)
 
 
 async def direct_request(engine, rid: str, prompt: list[int], max_tokens: int) -> Timing:
@@ -146,7 +156,7 @@ async def direct_request(engine, rid: str, prompt: list[int], max_tokens: int) -
     tally, start = Tally(), time.perf_counter()
     async for event in engine.generate(rid, tuple(prompt), args):
         tally.add(start, len(event.token_ids))
-    return tally.timing(start, max_tokens)
+    return tally.timing(max_tokens)
 
 
 async def http_request(client, name: str, prompt: list[int], max_tokens: int) -> Timing:
@@ -168,7 +178,7 @@ async def http_request(client, name: str, prompt: list[int], max_tokens: int) ->
                 if "error" in chunk:
                     raise RuntimeError(f"stream error: {chunk['error']}")
                 tally.add(start, sum(len(c.get("token_ids") or []) for c in chunk["choices"]))
-    return tally.timing(start, max_tokens, first_byte)
+    return tally.timing(max_tokens, first_byte)
 
 
 async def at_concurrency(one, prompts: list[list[int]], clients: int) -> tuple[list[Timing], float]:
@@ -203,56 +213,61 @@ def figures(timings: list[Timing], wall_s: float) -> dict:
     return out
 
 
-async def direct_phase(setup, args, prompts) -> tuple[dict, dict]:
-    from distpool.api.pd_engine import PdEngine
-
-    engine = await asyncio.to_thread(PdEngine, setup)
-    try:
-        await direct_request(engine, "warm", prompts[0], args.max_tokens)
-        levels = {}
-        for clients in args.clients:
-            timings, wall = await at_concurrency(
-                lambda j, p, c=clients: direct_request(engine, f"c{c}-{j}", p, args.max_tokens),
-                prompts,
-                clients,
-            )
-            levels[clients] = figures(timings, wall)
-        return levels, await engine.drain(30.0)
-    finally:
-        await engine.stop_workers()
-
-
-async def http_phase(base: str, name: str, args, prompts) -> dict:
+async def measure(engine, base: str, name: str, args, prompts) -> dict:
+    """Each round, each concurrency: the prompts in-process, then over HTTP (both ways interleave,
+    so load that comes and goes falls on both); the timings of every round pooled."""
     import httpx
 
     limits = httpx.Limits(max_connections=max(args.clients) + 4)
+    timings = {(way, c): [] for way in ("direct", "http") for c in args.clients}
+    walls = dict.fromkeys(timings, 0.0)
     async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
+        await direct_request(engine, "warm", prompts[0], args.max_tokens)
         await http_request(client, name, prompts[0], args.max_tokens)
-        levels = {}
-        for clients in args.clients:
-            timings, wall = await at_concurrency(
-                lambda j, p: http_request(client, name, p, args.max_tokens), prompts, clients
-            )
-            levels[clients] = figures(timings, wall)
-        return levels
+        for round_ in range(args.repeats):
+            for c in args.clients:
+                tag = f"r{round_}c{c}"
+                ways = {
+                    "direct": lambda j, p, t=tag: direct_request(engine, f"{t}-{j}", p, args.max_tokens),
+                    "http": lambda j, p: http_request(client, name, p, args.max_tokens),
+                }
+                for way, one in ways.items():
+                    done, wall = await at_concurrency(one, prompts, c)
+                    timings[way, c] += done
+                    walls[way, c] += wall
+    return {key: figures(timings[key], walls[key]) for key in timings}
 
 
-def serve_and_measure(app, ns, name: str, args, prompts) -> tuple[dict, dict]:
-    """`distpool serve`'s start and drain (`serve_app.serve_until_signal`), the clients between."""
+def serve_and_measure(app, setup, ns, name: str, args, prompts) -> tuple[dict, dict]:
+    """The engine in-process and `distpool serve`'s application (started and drained as
+    `serve_app.serve_until_signal` does) side by side in one cluster; their figures and drain summaries."""
     from ray import serve
 
+    from distpool.api.pd_engine import PdEngine
     from distpool.api.serve_app import APP_NAME, ENGINE_NAME, READY_TIMEOUT_S, wait_until_answering
 
     serve.start(http_options={"host": ns.host, "port": ns.port})
     try:
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        base = f"http://{ns.host}:{ns.port}"
-        wait_until_answering(f"{base}/health", READY_TIMEOUT_S, threading.Event())
-        levels = asyncio.run(http_phase(base, name, args, prompts))
+        direct = PdEngine(setup)
+        try:
+            base = f"http://{ns.host}:{ns.port}"
+            wait_until_answering(f"{base}/health", READY_TIMEOUT_S, threading.Event())
+
+            async def run() -> tuple[dict, dict]:
+                try:
+                    return await measure(direct, base, name, args, prompts), await direct.drain(30.0)
+                finally:
+                    await direct.stop_workers()
+
+            figures_by, direct_summary = asyncio.run(run())
+        except BaseException:
+            direct.deployment.shutdown()
+            raise
         engine = serve.get_deployment_handle(ENGINE_NAME, app_name=APP_NAME)
-        summary = engine.drain.remote(30.0).result(timeout_s=90)
+        http_summary = engine.drain.remote(30.0).result(timeout_s=90)
         engine.stop_workers.remote().result(timeout_s=60)
-        return levels, summary
+        return figures_by, {"direct": direct_summary, "http": http_summary}
     finally:
         serve.shutdown()
 
@@ -262,7 +277,8 @@ def comparison(direct: dict, http: dict) -> dict:
         "ttft_p50_diff_ms": http["ttft_ms"]["p50"] - direct["ttft_ms"]["p50"],
         "ttft_p90_diff_ms": http["ttft_ms"]["p90"] - direct["ttft_ms"]["p90"],
         "per_token_p50_diff_ms": http["per_token_ms"]["p50"] - direct["per_token_ms"]["p50"],
-        "overhead_ms_per_request": http["e2e_ms"]["mean"] - direct["e2e_ms"]["mean"],
+        "overhead_ms_per_request": http["e2e_ms"]["p50"] - direct["e2e_ms"]["p50"],
+        "e2e_mean_diff_ms": http["e2e_ms"]["mean"] - direct["e2e_ms"]["mean"],
     }
 
 
@@ -306,45 +322,46 @@ def main(argv: list[str] | None = None) -> int:
     from distpool.serving.run import start_ray
 
     prompts = make_prompts(args.requests, args.prompt_len, plan.spec.worker.spec.vocab_size, ns.seed)
-    start_ray(plan.spec, None, ns.num_cpus, ns.metrics_port)
+    # Two deployments at once (in-process and Serve's), each rank an actor of one CPU, and the driver.
+    start_ray(plan.spec, None, max(ns.num_cpus or 0, 2 * plan.spec.num_ranks + 1), ns.metrics_port)
     try:
-        direct, direct_summary = asyncio.run(direct_phase(engine_setup(ns, plan, name), args, prompts))
-        http, http_summary = serve_and_measure(app, ns, name, args, prompts)
+        by, summaries = serve_and_measure(app, engine_setup(ns, plan, name), ns, name, args, prompts)
     finally:
         ray.shutdown()
     rows = [
         {
             "clients": c,
-            "requests": args.requests,
-            "direct": direct[c],
-            "http": http[c],
-            "compare": comparison(direct[c], http[c]),
+            "requests": args.requests * args.repeats,
+            "direct": by["direct", c],
+            "http": by["http", c],
+            "compare": comparison(by["direct", c], by["http", c]),
         }
         for c in args.clients
     ]
     print(
-        f"{name}: {args.requests} requests per row, {args.prompt_len}-token prompts, "
+        f"{name}: {args.requests} requests x {args.repeats} rounds per row, {args.prompt_len}-token prompts, "
         f"{args.max_tokens} tokens each; load average {os.getloadavg()[0]:.1f}"
     )
     print_table(rows)
-    print(f"direct engine: {direct_summary}\nHTTP engine:   {http_summary}")
+    print(f"in-process engine: {summaries['direct']}\nServe engine:      {summaries['http']}")
     report = {
         "model": name,
         "serve_flags": serve_flags,
         "workload": {
             "requests": args.requests,
+            "repeats": args.repeats,
             "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens,
             "seed": ns.seed,
         },
         "load_average": os.getloadavg(),
         "rows": rows,
-        "summaries": {"direct": direct_summary, "http": http_summary},
+        "summaries": summaries,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
-    leaked = [s for s in (direct_summary, http_summary) if s["leaked_pages"] or s["leaked_slots"]]
+    leaked = [s for s in summaries.values() if s["leaked_pages"] or s["leaked_slots"]]
     return 1 if leaked else 0
 
 
