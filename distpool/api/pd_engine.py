@@ -12,7 +12,10 @@ requests share: the router, the reservations, what the driver knows of each deco
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import dataclasses
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -64,20 +67,49 @@ def _finish_reason(outcome: Outcome) -> tuple[FinishReason, int | None]:
     return FinishReason.LENGTH, None
 
 
+def _holding(stats) -> str:
+    """The requests a worker still holds, by state (a decode worker's), for a leak's report."""
+    states = ("waiting", "prefilling", "arrived", "running", "finished_uncollected")
+    return ", ".join(f"{getattr(stats, k)} {k}" for k in states if getattr(stats, k, 0))
+
+
+class _Failed:
+    """An exception raised on the driver's loop, handed to the caller's."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class PdEngine:
+    """The driver runs on a loop of its own, in a thread of the engine's process: every call it makes
+    to a worker is made there, outside any Serve request's context, so that a request Serve cancels
+    (its client left) cancels nothing but that request, through the driver. (Ray cancels what a
+    cancelled task started: a prefill batch other requests share, or a decode worker's result
+    stream.)"""
+
     def __init__(self, setup: EngineSetup) -> None:
         self.setup = setup
         self.deployment = Deployment.start(setup.spec)  # the workers, their channels built
-        self.server = Server(self.deployment, setup.options, streaming=True)
         self.counts = _Served()
-        self._started: asyncio.Task | None = None
-        self._draining = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="distpool-driver", daemon=True)
+        self._thread.start()
+        self.server: Server = self._on_driver(self._start()).result()
 
-    async def _running(self) -> Server:
-        if self._started is None:  # on the loop that serves the requests
-            self._started = asyncio.ensure_future(self.server.start())
-        await self._started
-        return self.server
+    async def _start(self) -> Server:
+        server = Server(self.deployment, self.setup.options, streaming=True)
+        await server.start()
+        return server
+
+    def _on_driver(self, coro) -> concurrent.futures.Future:
+        """Run `coro` on the driver's loop, in a context of its own: Ray reads the task a call is
+        made for from the context, so calls made in a Serve request's context would be cancelled
+        with that request, whoever they serve (a prefill batch is shared)."""
+        return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, self._loop)
+
+    def _soon(self, callback, *args) -> None:
+        """Call `callback(*args)` on the driver's loop, outside any request's context."""
+        self._loop.call_soon_threadsafe(callback, *args, context=contextvars.Context())
 
     async def model_card(self) -> ModelCard:
         worker = self.setup.spec.worker
@@ -92,46 +124,69 @@ class PdEngine:
     async def generate(
         self, request_id: str, prompt_ids: tuple[int, ...], args: GenerationArgs
     ) -> AsyncIterator[TokenEvent]:
-        server = await self._running()
+        caller, deltas = asyncio.get_running_loop(), asyncio.Queue()
+        request = Request(request_id, list(prompt_ids), params=args)
+        self._on_driver(
+            self._pump(request, lambda item: caller.call_soon_threadsafe(deltas.put_nowait, item))
+        )
+        ended = False
         try:
-            stream = server.submit(Request(request_id, list(prompt_ids), params=args))
-        except ServerClosed:
-            raise EngineBusy(DRAINING_RETRY_AFTER_S) from None
-        ended, last_at, gaps = False, None, []
-        try:
-            async for delta in stream.deltas():
-                now = time.monotonic()
-                if delta.tokens and last_at is not None:
-                    gaps.append(now - last_at)
-                last_at = now if delta.tokens else last_at
-                if (outcome := delta.outcome) is None:
-                    yield TokenEvent(tuple(delta.tokens))
+            while True:
+                item = await deltas.get()
+                if isinstance(item, _Failed):
+                    ended = True
+                    raise item.error
+                if (outcome := item.outcome) is None:
+                    yield TokenEvent(tuple(item.tokens))
                     continue
                 ended = True
-                if outcome.tokens is None:
-                    self._count_failed(outcome)
-                    why = "the server is shutting down" if outcome.cancelled else outcome.error or "failed"
-                    raise RequestFailed(request_id, why)
+                reason, stop_id = _finish_reason(outcome)
+                yield TokenEvent(tuple(item.tokens), reason, stop_token_id=stop_id)
+                return
+        finally:
+            if not ended:  # the client left, or a stop string matched (`abort` came first)
+                self._soon(self._cancel, request_id, "cancelled")
+
+    async def _pump(self, request: Request, put) -> None:
+        """On the driver's loop: submit `request` and hand its deltas to `put` (a failure, or a
+        refusal, as `_Failed`); record what the caller saw."""
+        rid, server = request.request_id, self.server
+        try:
+            stream = server.submit(request)
+        except ServerClosed:
+            put(_Failed(EngineBusy(DRAINING_RETRY_AFTER_S)))
+            return
+        last_at, gaps = None, []
+        async for delta in stream.deltas():
+            now = time.monotonic()
+            if delta.tokens and last_at is not None:
+                gaps.append(now - last_at)
+            last_at = now if delta.tokens else last_at
+            outcome = delta.outcome
+            if outcome is not None and outcome.tokens is None:
+                if not outcome.cancelled:
+                    self.counts.failed += 1
+                elif outcome.error == "drained":  # else counted where it was cancelled
+                    self.counts.cancelled += 1
+                why = "the server is shutting down" if outcome.cancelled else outcome.error or "failed"
+                put(_Failed(RequestFailed(rid, why)))
+                break
+            if outcome is not None:
                 self.counts.served += 1
                 ttft = stream.first_token_at - stream.submitted_at if stream.first_token_at else None
                 server.metrics.observe_stream(ttft, gaps, now - stream.submitted_at)
-                reason, stop_id = _finish_reason(outcome)
-                yield TokenEvent(tuple(delta.tokens), reason, stop_token_id=stop_id)
-        finally:
-            if not ended and server.cancel(request_id):  # the client left, or a stop string matched
-                self.counts.cancelled += 1
-            server.metrics.set_load(server.admitted, server.waiting_count)
+            put(delta)
+        server.metrics.set_load(server.admitted, server.waiting_count)
 
-    def _count_failed(self, outcome: Outcome) -> None:
-        if outcome.cancelled:
-            self.counts.cancelled += 1
-        else:
-            self.counts.failed += 1
+    def _cancel(self, request_id: str, why: str) -> None:
+        """On the driver's loop: cancel the request, counted as `why` ("cancelled", or "served" for
+        a stop string matched) when it was still in flight."""
+        if self.server.cancel(request_id):
+            setattr(self.counts, why, getattr(self.counts, why) + 1)
 
     async def abort(self, request_id: str) -> None:
         """A stop string matched in its text: the request ends there, served."""
-        if self.server.cancel(request_id):
-            self.counts.served += 1
+        self._soon(self._cancel, request_id, "served")
 
     async def health(self) -> Health:
         """Every worker's rank pinged at once; one that does not answer within PING_TIMEOUT_S, or is
@@ -159,22 +214,35 @@ class PdEngine:
     async def drain(self, timeout_s: float) -> dict:
         """Stop taking requests; let those in flight finish for up to `timeout_s`, cancel the rest
         (their streams end with an error); then what every worker still holds once its prefix cache
-        is dropped (a leak). The summary: served, cancelled, failed, leaked pages and slots."""
-        server = await self._running()
-        await server.drain(timeout_s)
+        is dropped (a leak). The summary: served, cancelled, failed, leaked pages and slots, and
+        which worker holds them."""
+        return await asyncio.wrap_future(self._on_driver(self._drain(timeout_s)))
+
+    async def _drain(self, timeout_s: float) -> dict:
+        server = self.server
+        await server.drain(timeout_s, why="drained")
         await server.close()
         lost = server.router.dead
         readings = await asyncio.to_thread(
             lambda: drop_prefix_caches(self.deployment, worker_stats(self.deployment, lost=lost))
         )
         leaks = leak_counts(readings)
+        held = {
+            r.name: (r.stats.pages_used, r.stats.slots_used, _holding(r.stats))
+            for r in readings
+            if r.stats is not None and (r.stats.pages_used or r.stats.slots_used)
+        }
         return {
             **dataclasses.asdict(self.counts),
             "leaked_pages": leaks["leaked_pages"],
             "leaked_slots": leaks["leaked_slots"],
+            "held_by": held,
             "retried": server.retried,
+            "errors": sorted({o.error for o in server.outcomes if o.tokens is None and not o.cancelled})[:5],
         }
 
     async def stop_workers(self) -> None:
-        """Stop the workers (after `drain`). (Not `shutdown`: a Serve handle keeps that name.)"""
+        """Stop the workers and the driver's loop (after `drain`). (Not `shutdown`: a Serve handle
+        keeps that name.)"""
         await asyncio.to_thread(self.deployment.shutdown)
+        self._soon(self._loop.stop)

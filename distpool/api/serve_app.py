@@ -85,13 +85,22 @@ def wait_until_answering(url: str, timeout_s: float, stop: threading.Event) -> N
 
 
 def summary_line(summary: dict) -> str:
+    """The server's last line: what it served, and what its workers still hold (by whom, and in
+    which state a decode worker holds its requests) when something leaked."""
+
     def held(key: str) -> str:
         return "unknown" if summary[key] is None else str(summary[key])
 
+    where = "; ".join(
+        f"{name}: {pages} pages, {slots} slots" + (f" by {states}" if states else "")
+        for name, (pages, slots, states) in summary["held_by"].items()
+    )
     return (
         f"distpool: served {summary['served']}, cancelled {summary['cancelled']}, "
         f"failed {summary['failed']} (retried {summary['retried']}); "
         f"leaked {held('leaked_pages')} pages, {held('leaked_slots')} slots"
+        + (f" ({where})" if where else "")
+        + (f"; errors: {' | '.join(summary['errors'])}" if summary["failed"] else "")
     )
 
 

@@ -117,7 +117,7 @@ class Server:
         self.outcomes: list[Outcome] = []  # of the requests that ended, as they end
         self.streams: dict[str, RequestStream] = {}  # request id -> its stream, while it is served
         self.tasks: dict[str, asyncio.Task] = {}  # request id -> the task serving it
-        self.cancelling: set[str] = set()  # request ids cancelled by `cancel`, until they end
+        self.cancelling: dict[str, str] = {}  # request id -> why `cancel` cancelled it, until it ends
         self.slots: asyncio.Semaphore | None = None  # `queue_bound` requests in the pipeline at once
         self.admitted = 0  # requests past the waiting room (holding a slot) now
         self.retried = 0
@@ -153,23 +153,24 @@ class Server:
         self.tasks[rid] = asyncio.get_running_loop().create_task(self._serve_request(req, stream, follow_up))
         return stream
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: str, why: str = "cancelled") -> bool:
         """Cancel a request wherever it is (waiting, prefilling, moving, decoding): what it holds on
-        every worker is freed, and it ends with an `aborted` outcome. Whether it was in flight."""
+        every worker is freed, and it ends with a cancelled outcome whose error is `why`. Whether it
+        was in flight (and not cancelled already)."""
         task = self.tasks.get(request_id)
         if task is None or request_id in self.cancelling:
             return False
-        self.cancelling.add(request_id)
+        self.cancelling[request_id] = why
         task.cancel()
         return True
 
-    async def drain(self, timeout_s: float) -> int:
+    async def drain(self, timeout_s: float, why: str = "drained") -> int:
         """Stop accepting requests; let those in flight end for up to `timeout_s`, then cancel the
-        rest (and wait for them to let go). How many were cancelled."""
+        rest (`why`), and wait for them to let go. How many were cancelled."""
         self.accepting = False
         if self.tasks:
             await asyncio.wait(list(self.tasks.values()), timeout=timeout_s)
-        left = [rid for rid in list(self.tasks) if self.cancel(rid)]
+        left = [rid for rid in list(self.tasks) if self.cancel(rid, why)]
         await self.wait_idle()
         return len(left)
 
@@ -230,20 +231,26 @@ class Server:
                         out = await self._serve_one(req)
                     finally:
                         self.admitted -= 1
+                if out.tokens is None and rid in self.cancelling:  # its cancellation ended it as an error
+                    out = self._cancelled(rid)
             except asyncio.CancelledError:
                 if rid not in self.cancelling:
                     raise  # the loop is ending (Ctrl-C): the request is unfinished, not failed
-                out = Outcome(request_id=rid, error="cancelled", failure=FailureKind.ABORTED)
-                out.cancelled = True
+                out = self._cancelled(rid)
         finally:
             self.tasks.pop(rid, None)
             self.streams.pop(rid, None)
-            self.cancelling.discard(rid)
+            self.cancelling.pop(rid, None)
         self.outcomes.append(out)
         self._record(out)
         stream.end(out)
         if follow_up is not None and self.accepting and (after := follow_up(req, out)) is not None:
             self.submit(after, follow_up)
+
+    def _cancelled(self, rid: str) -> Outcome:
+        out = Outcome(request_id=rid, error=self.cancelling[rid], failure=FailureKind.ABORTED)
+        out.cancelled = True
+        return out
 
     def _record(self, out: Outcome) -> None:
         self.done += 1

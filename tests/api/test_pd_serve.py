@@ -237,6 +237,27 @@ def test_32_concurrent_streams_finish_and_20_closed_streams_free_their_requests(
     assert all(1 <= len(ids) < 240 for ids in closed)
 
 
+def test_bench_serve_against_the_live_server_at_two_rates(served, tmp_path):
+    """`distpool bench serve` (issue 37) against this server: its JSON's figures agree with each other."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "distpool", "bench", "serve", "--base-url", served[0].base]
+    cmd += ["--request-rate", "4,inf", "--num-prompts", "6", "--dataset", "random", "--input-len", "12"]
+    cmd += ["--output-len", "4", "--vocab-size", "64", "--goodput", "ttft:5000", "tpot:2000"]
+    cmd += ["--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert [run["request_rate"] for run in runs] == [4, "inf"]
+    for run in runs:
+        assert run["completed"] == 6 and run["failed"] == 0
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            assert run[f"median_{name}_ms"] <= run[f"p99_{name}_ms"]
+        assert run["request_goodput"] <= run["request_throughput"] + 1e-9
+        assert 0.0 <= run["slo_attainment"] <= 1.0
+        assert run["total_output_tokens"] == 6 * 4
+
+
 def test_sigterm_drains_and_exits_0_with_nothing_leaked(served, client):
     """Last: a stream running when SIGTERM comes finishes; the summary counts the 20 cancelled
     streams above and finds no page or slot held once the prefix caches are dropped."""
