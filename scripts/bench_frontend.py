@@ -343,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_tokens} tokens each; load average {os.getloadavg()[0]:.1f}"
     )
     print_table(rows)
-    print(f"in-process engine: {summaries['direct']}\nServe engine:      {summaries['http']}")
+    from distpool.api.serve_app import summary_line
+
+    print(f"in-process {summary_line(summaries['direct'])}\nServe's    {summary_line(summaries['http'])}")
     report = {
         "model": name,
         "serve_flags": serve_flags,
