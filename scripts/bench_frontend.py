@@ -123,8 +123,10 @@ class Timing:
     first_byte: float | None = None
 
     @property
-    def per_token(self) -> float:
-        return (self.last_token - self.first_token) / max(1, self.tokens - self.first_tokens)
+    def per_token(self) -> float | None:
+        """None when every token came with the first (a slow reader gets merged chunks)."""
+        after = self.tokens - self.first_tokens
+        return (self.last_token - self.first_token) / after if after else None
 
 
 @dataclass
@@ -201,7 +203,7 @@ def figures(timings: list[Timing], wall_s: float) -> dict:
 
     out = {
         "ttft_ms": ms([t.first_token for t in timings]),
-        "per_token_ms": ms([t.per_token for t in timings]),
+        "per_token_ms": ms([t.per_token for t in timings if t.per_token is not None]),
         "e2e_ms": {
             **ms([t.last_token for t in timings]),
             "mean": sum(t.last_token for t in timings) / len(timings) * 1e3,

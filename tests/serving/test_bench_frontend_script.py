@@ -33,7 +33,7 @@ def run_script(*args: str, timeout: int) -> subprocess.CompletedProcess:
 def test_bench_frontend_measures_both_ways_at_each_concurrency(tmp_path):
     out = tmp_path / "frontend.json"
     done = run_script(
-        "--quick", "--clients", "1,2", "--requests", "2", "--max-tokens", "3", "--prompt-len", "4",
+        "--quick", "--clients", "1,2", "--requests", "2", "--max-tokens", "4", "--prompt-len", "4",
         "--json", str(out), timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
