@@ -1,9 +1,8 @@
-"""The front-end benchmark serves its workload in-process and over HTTP and writes the rows its JSON
-promises; bad arguments are refused before Ray starts."""
+"""The front-end benchmark refuses bad arguments before Ray starts. (Its measured run takes about a
+minute, a cluster of its own: too much for the suite's budget; `scripts/bench_frontend.py --quick`.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,29 +27,6 @@ def run_script(*args: str, timeout: int) -> subprocess.CompletedProcess:
     env.pop("RAY_ADDRESS", None)
     command = [sys.executable, "scripts/bench_frontend.py", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def test_bench_frontend_measures_both_ways_at_each_concurrency(tmp_path):
-    out = tmp_path / "frontend.json"
-    done = run_script(
-        "--quick", "--clients", "1,2", "--requests", "2", "--max-tokens", "4", "--prompt-len", "4",
-        "--json", str(out), timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    report = json.loads(out.read_text())
-    assert [row["clients"] for row in report["rows"]] == [1, 2]
-    for row in report["rows"]:
-        assert set(row["direct"]) == FIGURES and set(row["http"]) == FIGURES | {"first_byte_ms"}
-        assert set(row["compare"]) == COMPARE
-        for way in ("direct", "http"):
-            assert 0 < row[way]["ttft_ms"]["p50"] <= row[way]["ttft_ms"]["p90"] < row[way]["e2e_ms"]["p90"]
-            assert row[way]["per_token_ms"]["p50"] > 0
-        # The first body byte comes with, or before, the first token.
-        assert 0 < row["http"]["first_byte_ms"]["p50"] <= row["http"]["ttft_ms"]["p50"]
-    for summary in report["summaries"].values():  # a warm-up request and 2 per row, all served
-        assert summary["served"] == 5 and summary["failed"] == summary["cancelled"] == 0
-        assert summary["leaked_pages"] == summary["leaked_slots"] == 0
-    assert "overhead/req" in done.stdout and "| 2 |" in done.stdout
 
 
 def test_bench_frontend_refuses_bad_arguments_before_ray_starts():
