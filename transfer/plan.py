@@ -202,7 +202,10 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
         is_direct = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
         messages = [] if is_direct.all() else [_message(in_chunk[~is_direct])]
         direct_pieces = in_chunk[is_direct]
-        messages += [_message(direct_pieces[i : i + 1]) for i in range(direct_pieces.shape[0])]
+        messages += [  # one piece: in place on both sides
+            Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))
+            for i, (src, dst, n) in enumerate(direct_pieces.tolist())
+        ]
         chunks.append(Chunk(index=index, messages=tuple(messages)))
     return chunks
 
