@@ -74,7 +74,7 @@ def test_bench_transfer_tp_rows_put_heterogeneous_beside_equal_tp_at_the_same_by
     row = rows[0]
     assert set(row) == {
         "method", "tp", "equal_tp", "requests", "tokens", "bytes", "channels",
-        "equal_channels", "gbps", "equal_gbps", "ratio",
+        "equal_channels", "gbps", "equal_gbps", "ratio", "cpu_ms", "equal_cpu_ms",
     }  # fmt: skip
     assert (row["method"], row["tp"], row["equal_tp"]) == ("tp_envelope", "2:1", "1:1")
     assert (row["channels"], row["equal_channels"], row["requests"], row["tokens"]) == (2, 1, 1, 16)
@@ -82,6 +82,8 @@ def test_bench_transfer_tp_rows_put_heterogeneous_beside_equal_tp_at_the_same_by
     assert 117 << 20 < row["bytes"] < 118 << 20
     assert row["gbps"] > 0 and row["equal_gbps"] > 0
     assert row["ratio"] == pytest.approx(row["gbps"] / row["equal_gbps"], rel=1e-2)
+    # CPU time per run of each case's two group processes (prefill, decode): both did work
+    assert all(len(row[key]) == 2 and min(row[key]) > 0 for key in ("cpu_ms", "equal_cpu_ms"))
     assert "het/equal" in done.stdout and "[tp 1/1]" in done.stderr
     assert not (tmp_path / "plot.png").exists()  # --tp-only: no envelope cases to plot
 
