@@ -98,3 +98,23 @@ def test_bench_transfer_refuses_a_malformed_tp_pair_in_one_line(value):
         timeout=60,
     )
     assert done.returncode == 2 and "--tp" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_transfer_timeline_times_each_step_of_small_transfers_on_both_ends():
+    done = subprocess.run(
+        [sys.executable, "scripts/transfer_timeline.py", "--transfers", "12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "one-page transfers: 2," in done.stdout
+    steps = [line.split() for line in done.stdout.splitlines()[2:]]
+    names = [step[1] for step in steps]
+    # both processes' steps, the control messages by name, the caller's wait last on each side
+    for name in ("ctl.send:bell>", "ctl.got:reply<", "ctl.got:status<", "waited"):
+        assert name in names
+    assert {step[0] for step in steps} == {"S", "R"}
+    times = [float(step[2]) for step in steps]
+    assert times == sorted(times) and times[-1] > 0
