@@ -1,6 +1,8 @@
 """Local prefill on a decode worker: a prompt that extends a finished request's tokens is prefilled
 where that request decoded, from its kept final state (`distpool.memory.final_states`), with nothing
-transferred.
+transferred. In a colocated deployment (`--prefill 0`) every request is prefilled where it decodes:
+one that extends no kept state starts `fresh`, from nothing (a decode pool keeps no checkpoints at
+page boundaries, so no cached prefix of it is usable without a kept state), in chunks alike.
 
     prompt   [0 .......... full pages) [ ... held) [held ...................... len(prompt))
     pages    the state's full pages,    own page:   own pages: computed here, `chunk_tokens` at a
@@ -45,13 +47,18 @@ class LocalPrefills:
         prompt: Sequence[int],
         params: SamplingParams,
         can_admit: Callable[[int, int, int], bool],
+        *,
+        fresh: bool = False,
     ) -> LocalPrefillAnswer:
         """Under the lock: reserve `request_id` on the kept state `prompt` extends, copy that state
-        and its partial page in, and queue its chunks; or refuse, holding nothing."""
+        and its partial page in, and queue its chunks; or refuse, holding nothing. With no such state,
+        `fresh` queues the whole prompt from nothing instead of refusing."""
         cache = self.pool.prefix_cache
         states = cache.final_states if cache is not None else None
         entry = states.find(prompt) if states is not None else None
         if entry is None:
+            if fresh:
+                return self._start_fresh(request_id, prompt, params, can_admit)
             return LocalPrefillRefused("no kept state that the prompt extends (evicted, or never here)")
         match, max_new_tokens = entry.prefix_match(self.pool.page_size), params.max_tokens
         with cache.holding(match):  # making room may evict states, never these pages
@@ -73,17 +80,49 @@ class LocalPrefills:
             self.pool.release(request_id)
             raise
         copy_s = time.monotonic() - copying  # under the lock: the batch waits for it, as for a chunk
+        self._queue(request_id, prompt, params, entry.num_tokens, accepted_at=copying, compute_s=copy_s)
+        return LocalPrefillStarted(held_tokens=entry.num_tokens)
+
+    def _start_fresh(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        can_admit: Callable[[int, int, int], bool],
+    ) -> LocalPrefillAnswer:
+        """Under the lock: reserve `request_id` for its first chunk, with room kept for all of it,
+        and queue its chunks from token 0; or refuse, holding nothing."""
+        accepted = time.monotonic()
+        if not can_admit(len(prompt), params.max_tokens, 0):
+            return LocalPrefillRefused("no room with headroom for running requests")
+        first_stop, final = min(len(prompt), self.chunk_tokens), len(prompt) + params.max_tokens
+        try:
+            self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final)
+        except DoesNotFit as exc:  # holds nothing
+            return LocalPrefillRefused(f"no room: {exc.reason}")
+        self._queue(request_id, prompt, params, 0, accepted_at=accepted, compute_s=0.0)
+        return LocalPrefillStarted(held_tokens=0)
+
+    def _queue(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        held_tokens: int,
+        *,
+        accepted_at: float,
+        compute_s: float,
+    ) -> None:
         self.requests[request_id] = DecodeRequest(
             prompt=list(prompt),
             params=params,
-            held_tokens=entry.num_tokens,
+            held_tokens=held_tokens,
             local=True,
-            prefilled=entry.num_tokens,
-            accepted_at=copying,
-            compute_s=copy_s,
+            prefilled=held_tokens,
+            accepted_at=accepted_at,
+            compute_s=compute_s,
         )
         self.started += 1
-        return LocalPrefillStarted(held_tokens=entry.num_tokens)
 
     def advance(self) -> tuple[str, DecodeRequest] | None:
         """Under the lock: compute the next chunk of the oldest request; returns it (its first token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distpool.model.sampling import LENGTH, Finish, SamplingParams
+from distpool.model.sampling import LENGTH, Finish, SamplingParams, finish_after
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
 from transfer import FailureKind, Parts, Transfer
 
@@ -31,6 +31,7 @@ class DecodeRequest:
     accepted_at: float = 0.0  # local: when its prefill here was accepted (its state copy began)
     compute_s: float = 0.0  # local: seconds its state copy and its chunks took (decode steps aside)
     finish: Finish | None = None  # why it ended, once it did
+    streamed: int = 0  # tokens handed out by `next_events` while it ran (streaming)
 
     @property
     def prompt_len(self) -> int:
@@ -39,6 +40,24 @@ class DecodeRequest:
     @property
     def max_new_tokens(self) -> int:
         return self.params.max_tokens
+
+    def streamable(self, eos_token_ids: tuple[int, ...]) -> list[int]:
+        """Its tokens a client may see while it runs: those made so far, or before its envelope
+        lands the first token its transfer header carried; none while the last of them ends it (an
+        EOS or stop id, or its max_tokens: they come with its result, as the tokens that ended it)."""
+        tokens = self.tokens
+        if not tokens and self.transfers and self.transfers[0].first_token is not None:
+            tokens = [int(self.transfers[0].first_token)]
+        return tokens if tokens and finish_after(self.params, eos_token_ids, tokens) is None else []
+
+    def unstreamed(self, eos_token_ids: tuple[int, ...]) -> tuple[int, list[int]] | None:
+        """Its `streamable` tokens not yet handed out, with the index of the first (now counted as
+        handed out); None when there are none."""
+        tokens = self.streamable(eos_token_ids)
+        if len(tokens) <= self.streamed:
+            return None
+        start, self.streamed = self.streamed, len(tokens)
+        return start, tokens[start:]
 
     def result(self) -> DecodeResult:
         """What `next_finished` hands out for this request once it finished or failed."""

@@ -3,8 +3,9 @@
 State contract (who owns which request, guarded by `lock`):
 - `waiting`: reserved here and expected from one prefill worker; the destination envelope is pinned
   until its transfer concludes (its completion moves it on, or frees it).
-- `prefilling`: prefilled here from a kept final state (local_prefill.py), one chunk between two
-  decode steps; once its prompt is in, it moves to `arrived` as if its envelope had landed.
+- `prefilling`: prefilled here from a kept final state, or from nothing (colocated; local_prefill.py),
+  one chunk between two decode steps; once its prompt is in, it moves to `arrived` as if its
+  envelope had landed.
 - `arrived`: received, not yet verified; the decode loop verifies every byte (a synthetic cache)
   before the request joins the batch, and fails it as corrupt on a mismatch.
 - `running`: verified; in the decode batch; grows one token per step. Before release the whole
@@ -33,9 +34,14 @@ from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
 from distpool.worker.base import WorkerBase, byte_runs
-from distpool.worker.messages import DecodeResult, LocalPrefillAnswer
+from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Parts, TransferError
+
+# Streaming (`next_events`): tokens made within this long of the last hand-out go out together, and
+# a request waiting for its envelope is looked at this often for its header's first token.
+STREAM_INTERVAL_S = 0.02
+HEADER_LOOK_S = 0.01
 
 
 class DecodeWorker(WorkerBase):
@@ -59,6 +65,7 @@ class DecodeWorker(WorkerBase):
         self.prefilling = self.local.requests
         self.wake = threading.Condition(self.lock)  # an arrival, a finished request, or shutdown
         self.num_steps = 0
+        self._streamed_at = 0.0  # when `next_events` last handed out tokens
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
         self.loop = DecodeLoop(self)
@@ -143,13 +150,16 @@ class DecodeWorker(WorkerBase):
         if any(request_id == rid for rid, _ in self._admitted()):
             raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
 
-    def local_prefill(self, request_id: str, prompt: list[int], params: SamplingParams) -> LocalPrefillAnswer:
+    def local_prefill(
+        self, request_id: str, prompt: list[int], params: SamplingParams, *, fresh: bool = False
+    ) -> LocalPrefillAnswer:
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
-        transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room)."""
+        transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room).
+        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here."""
         check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
         with self.lock:
             self._check_new(request_id)
-            answer = self.local.start(request_id, prompt, params, self.can_admit)
+            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh)
             self._note_peak()
             self.wake.notify_all()
             return answer
@@ -337,6 +347,7 @@ class DecodeWorker(WorkerBase):
             req.finish = finish_after(req.params, self.eos_token_ids, req.tokens)
             if req.finish is not None:
                 self._finish(rid, self.running.pop(rid))
+        self.wake.notify_all()  # a streaming `next_events` hands the new tokens out
 
     def _extend_all(self, rids: list[str]) -> None:
         # Admission kept the room; only fragmentation can be in the way, and compaction clears it.
@@ -358,16 +369,50 @@ class DecodeWorker(WorkerBase):
             return {rid: req.prefilled + len(req.tokens) for rid, req in held if rid in wanted}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
-        """Wait up to `timeout_s` for finished requests; hands each out once (`DecodeRequest.result`).
+        """`next_events` without streaming: the requests that ended, each handed out once."""
+        return self.next_events(timeout_s).finished
 
-        The driver keeps one such call outstanding per decode worker: results arrive as they finish,
-        with no polling interval."""
+    def next_events(self, timeout_s: float = 1.0, stream: bool = False) -> DecodeEvents:
+        """Wait up to `timeout_s` for news: requests that ended (each handed out once,
+        `DecodeRequest.result`), and with `stream` tokens made since the last call (a request's first
+        as soon as its transfer header landed). News of tokens alone waits until STREAM_INTERVAL_S
+        after the last call that handed some out, so that fast steps go out together.
+
+        The driver keeps one such call outstanding per decode worker: results and tokens arrive as
+        they are made, with no polling interval."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
-            while not self.finished and not self.loop.stopping and time.monotonic() < deadline:
-                self.wake.wait(deadline - time.monotonic())
+            while not self.finished and not self.loop.stopping:
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if stream and self._has_unstreamed():
+                    ready_at = self._streamed_at + STREAM_INTERVAL_S
+                    if now >= ready_at:
+                        break
+                    self.wake.wait(min(ready_at, deadline) - now)
+                elif stream and self.waiting:  # a header may land without waking anyone: look again soon
+                    self.wake.wait(min(HEADER_LOOK_S, deadline - now))
+                else:
+                    self.wake.wait(deadline - now)
             done, self.finished = self.finished, {}
-        return {rid: req.result() for rid, req in done.items()}
+            tokens = self._take_unstreamed() if stream else {}
+            if tokens:
+                self._streamed_at = time.monotonic()
+        return DecodeEvents(finished={rid: req.result() for rid, req in done.items()}, tokens=tokens)
+
+    def _streaming(self):
+        """(request id, request) of every request whose tokens may stream: waiting for its envelope
+        (its header's first token), arrived, or running."""
+        return (*self.waiting.items(), *self.arrived.items(), *self.running.items())
+
+    def _has_unstreamed(self) -> bool:
+        eos = self.eos_token_ids
+        return any(len(req.streamable(eos)) > req.streamed for _, req in self._streaming())
+
+    def _take_unstreamed(self) -> dict[str, tuple[int, list[int]]]:
+        news = ((rid, req.unstreamed(self.eos_token_ids)) for rid, req in self._streaming())
+        return {rid: new for rid, new in news if new is not None}
 
     def stats(self) -> DecodeStats:
         with self.lock:

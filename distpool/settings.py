@@ -15,6 +15,7 @@ class Settings:
     ray_address: str | None  # set inside `ray job submit` and by users attaching to a cluster
     transfer_timeout_s: float | None  # DISTPOOL_TRANSFER_TIMEOUT_S: every blocking wait of a transfer
     chunk_mib: int | None  # DISTPOOL_CHUNK_MIB: staging chunk of the transfer engine
+    api_key: str | None = None  # DISTPOOL_API_KEY: the bearer token `distpool serve` asks for
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -23,6 +24,7 @@ class Settings:
             ray_address=env.get("RAY_ADDRESS") or None,
             transfer_timeout_s=_number(env, "DISTPOOL_TRANSFER_TIMEOUT_S", float),
             chunk_mib=_number(env, "DISTPOOL_CHUNK_MIB", int),
+            api_key=env.get("DISTPOOL_API_KEY") or None,
         )
 
 

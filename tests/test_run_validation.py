@@ -307,6 +307,10 @@ def test_run_memory_adds_staging_per_peer_the_link_message_the_model_and_the_pro
         memory.total_bytes
         == 2 * memory.prefill_bytes + 3 * memory.decode_bytes + memory.driver_bytes + RAY_BYTES
     )
+    # Colocated: no channel, so no staging and no link message; the pools and the rest are the same.
+    colocated = RunMemory.of(worker, num_prefill=0, num_decode=3)
+    assert colocated.decode_bytes == worker_part - envelope
+    assert colocated.total_bytes == 3 * colocated.decode_bytes + memory.driver_bytes + RAY_BYTES
 
 
 BAMBA = str(FIXTURES / "bamba.json")
@@ -398,3 +402,27 @@ def test_tp_with_the_transformers_runner_is_refused_as_such(capsys, no_ray, hf_c
         err = run_refused(capsys, "--model", str(hf_checkpoints["bamba"]), *tp)
         assert "the transformers runner has no TP" in err and "use --model-impl synthetic or reference" in err
         assert "shard" not in err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--conditional-disagg"], "--conditional-disagg steers prefill workers or the transfers"),
+        (["--no-conditional-disagg"], "--no-conditional-disagg steers prefill workers"),
+        (["--local-prefill-max-tokens", "64"], "--local-prefill-max-tokens steers prefill workers"),
+        (["--reserve-first"], "--reserve-first steers prefill workers"),
+        (["--fault-rate", "0.1"], "--fault-rate steers prefill workers"),
+        (["--prefill-tp", "2"], "--prefill-tp 2 sizes prefill workers, and --prefill 0 starts none"),
+        (["--decode-tp", "2"], "--decode-tp 2 with --prefill 0: a decode worker of TP > 1 prefills nothing"),
+        (
+            ["--model", str(FIXTURES / "llama3.json"), "--model-impl", "synthetic"],
+            "keeps no recurrent state beside KV pages",
+        ),
+        (["--decode", "0"], "need at least 1 decode worker"),
+    ],
+)
+def test_a_colocated_run_refuses_what_it_has_no_prefill_worker_or_recurrent_state_for(
+    capsys, no_ray, args, expected
+):
+    err = run_refused(capsys, "--prefill", "0", *args)
+    assert expected in err and "Fix:" in err

@@ -15,6 +15,12 @@ import torch.distributed as dist
 from transfer.protocol import TAG_CLOSE
 from transfer.rendezvous import delta
 
+# torch's private API used here: `ProcessGroupGloo._Options` with its `_timeout` and `_devices`,
+# `ProcessGroupNCCL.Options._timeout`, and a Gloo receive that times out closing its context's links
+# (`close_links`). Checked against these (major, minor) releases, which pyproject.toml declares
+# (tests/transfer/test_torch_private_api.py holds the two equal).
+CHECKED_TORCH_RELEASES: tuple[tuple[int, int], ...] = ((2, 13),)
+
 # A channel's waits carry its deadlines (work.wait(timeout)); NCCL's watchdog would tear the whole
 # process down when its own timeout fires, so a channel's NCCL group gets one far beyond any deadline.
 NCCL_WATCHDOG_OFF = datetime.timedelta(days=1)

@@ -102,6 +102,9 @@ class EngineBusy(Exception):
         super().__init__(f"the engine is at capacity; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self):  # it crosses from the engine's replica to the ingress's
+        return (type(self), (self.retry_after_s,))
+
 
 class RequestFailed(Exception):
     """The engine could not finish a request (a worker lost, retries spent): `reason` says why, in the
@@ -110,6 +113,9 @@ class RequestFailed(Exception):
     def __init__(self, request_id: str, reason: str) -> None:
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id, self.reason = request_id, reason
+
+    def __reduce__(self):  # it crosses from the engine's replica to the ingress's
+        return (type(self), (self.request_id, self.reason))
 
 
 @runtime_checkable

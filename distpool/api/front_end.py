@@ -124,7 +124,7 @@ class FrontEnd:
             head=ResponseHead(id=request_id, created=int(time.time()), model=card.served_name, chat=chat),
             jobs=jobs,
             include_usage=fields.include_usage,
-            show_token_ids=tokenizer is None,
+            show_token_ids=tokenizer is None or fields.return_token_ids,
         )
         decode = tokenizer.decode if tokenizer is not None else None
         batches = run_choices(self.engine, jobs, decode, self.waiting)

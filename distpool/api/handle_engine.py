@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from distpool.api.engine import GenerationArgs, Health, ModelCard, TokenEvent
+from ray.exceptions import RayTaskError
+
+from distpool.api.engine import EngineBusy, GenerationArgs, Health, ModelCard, RequestFailed, TokenEvent
 
 
 class HandleEngine:
@@ -28,6 +30,10 @@ class HandleEngine:
             async for event in stream:
                 finished = event.is_last  # closed after this one: nothing left to cancel
                 yield event
+        except RayTaskError as exc:  # the engine's own refusal or failure, as the protocol says it
+            if isinstance(exc.cause, (EngineBusy, RequestFailed)):
+                raise exc.cause from None
+            raise
         finally:
             if not finished:
                 stream.cancel()

@@ -1,8 +1,10 @@
-"""`distpool` command line: `check` (classify and size), `presets` and `run` (PD serving, the main job).
+"""`distpool` command line: `check` (classify and size), `presets`, `run` (PD serving of a workload, the
+main job) and `serve` (PD serving behind an OpenAI-compatible endpoint).
 
 Exit status 0 on success, 2 with the reason on stderr (no traceback) for refusals and bad input.
 Everything is validated here, before Ray or any actor starts. Each command's flags are
 `distpool.cli.flags`; what it does with them, its handler in `distpool.cli.commands`.
+`bench serve`, a serving benchmark of any OpenAI-compatible endpoint, has both in `distpool.bench`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from distpool.bench import add_bench_parser, cmd_bench
 from distpool.cli.commands import cmd_check, cmd_presets, cmd_run
 from distpool.cli.flags import add_check_parser, add_presets_parser, add_run_parser
+from distpool.cli.serve_command import add_serve_arguments, cmd_serve
 from distpool.serving.interrupt import INTERRUPTED_STATUS, exit_status_of
 
 
@@ -21,7 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_check_parser(sub).set_defaults(handler=cmd_check)
     add_presets_parser(sub).set_defaults(handler=cmd_presets)
+    add_bench_parser(sub).set_defaults(handler=cmd_bench)
     add_run_parser(sub).set_defaults(handler=cmd_run)
+    serve = add_run_parser(sub, "serve", "serve an OpenAI-compatible endpoint over PD disaggregation on Ray")
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=lambda ns: cmd_serve(ns, parser.parse_args(["serve"])))
     return parser
 
 

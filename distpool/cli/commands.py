@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
+from typing import Any
 
 from distpool.cli.flags import pool_args_from
 from distpool.memory.describe import format_sizes
@@ -67,28 +69,36 @@ def cmd_presets(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    # Imported here so that `distpool check` does not pay for importing Ray.
+@dataclasses.dataclass(frozen=True)
+class DeploymentPlan:
+    """What `run` and `serve` start, from their shared flags, every refusal made before Ray starts."""
+
+    spec: Any  # distpool.serving.deployment.DeploymentSpec
+    address: str | None  # the Ray cluster to attach to; None: an embedded one
+    config_path: Path  # the model's config.json (a preset's, or a checkpoint folder's)
+    model_folder: Path | None  # the checkpoint folder, when the model is one
+    conditional: ConditionalOptions
+
+
+def plan_deployment(ns: argparse.Namespace, outputs: dict[str, str | None]) -> DeploymentPlan:
+    """The deployment the flags describe, checked; `outputs` (flag -> path) are checked as outputs."""
     from distpool.serving.deployment import DeploymentSpec
     from distpool.serving.metrics import validate_metrics_port
     from distpool.serving.output import check_distinct_outputs, check_output_path
     from distpool.serving.preflight import check_cluster, check_fits_this_machine, default_budget_bytes
-    from distpool.serving.run import run
 
     if not 0.0 <= ns.fault_rate < 1.0:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
     if ns.enable_unified_memory and ns.disable_unified_memory:
         raise ValueError("--enable-unified-memory and --disable-unified-memory contradict. Fix: keep one")
-    flags = RequestFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RequestFlags)})
     settings = Settings.from_env()
     transfer = transfer_options(ns, settings)
     config_path = resolve_model(ns.model)
     # A checkpoint's folder (DIR/config.json) holds its weights and tokenizer: no output goes there.
     model_folder = config_path.parent if config_path.name == "config.json" else None
-    outputs = {"--json": ns.json, "--outputs": ns.outputs}
     for flag, path in outputs.items():
         if path is not None:
-            inputs = {"--prompts": ns.prompts, "--model": config_path}
+            inputs = {"--prompts": getattr(ns, "prompts", None), "--model": config_path}
             check_output_path(path, flag, inputs, {"--model": model_folder})
     check_distinct_outputs(outputs)
     impl = implementation_from(ns, ns.model, auto_transformers=True)
@@ -100,7 +110,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.memory_gib is not None
         else default_budget_bytes(model, pool_args, impl.name, num_ranks)
     )
-    local_prefill = conditional_disagg_from(ns)
+    if ns.prefill == 0:
+        check_colocated_flags(ns)
+    # Colocated, decode keeps finished requests' states (for a next turn) wherever the prefix cache is on.
+    local_prefill = ns.prefix_cache if ns.prefill == 0 else conditional_disagg_from(ns)
     conditional = ConditionalOptions(
         max_tokens=_whole_tokens(ns.local_prefill_max_tokens, "--local-prefill-max-tokens"),
     )
@@ -138,18 +151,28 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 "--metrics-port sets up the embedded cluster's exporter; a cluster exports its own "
                 "metrics (start its nodes with `ray start --metrics-export-port P`)"
             )
+    return DeploymentPlan(spec, address, config_path, model_folder, conditional)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    # Imported here so that `distpool check` does not pay for importing Ray.
+    from distpool.serving.run import run
+
+    flags = RequestFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RequestFlags)})
+    plan = plan_deployment(ns, {"--json": ns.json, "--outputs": ns.outputs})
+    config_path, worker = plan.config_path, plan.spec.worker
     tokenizer = find_tokenizer(config_path) if ns.prompts is not None or ns.outputs is not None else None
     requests = flags.requests_for(
-        vocab_size=model.vocab_size, context_len=worker.pool_args.context_len, tokenizer=tokenizer
+        vocab_size=worker.spec.vocab_size, context_len=worker.pool_args.context_len, tokenizer=tokenizer
     )
     return run(
-        spec,
+        plan.spec,
         requests,
-        address=address,
+        address=plan.address,
         num_cpus=ns.num_cpus,
         faults={SENDER_ABORT: ns.fault_rate},  # --fault-rate: transfers aborted mid-stream
         overlap_reservation=not ns.reserve_first,
-        conditional=conditional,
+        conditional=plan.conditional,
         seed=ns.seed,
         parity_sample=ns.parity_sample,
         json_path=ns.json,
@@ -157,6 +180,25 @@ def cmd_run(ns: argparse.Namespace) -> int:
         detokenize=tokenizer.decode if tokenizer is not None else None,
         metrics_port=ns.metrics_port,
     )
+
+
+def check_colocated_flags(ns: argparse.Namespace) -> None:
+    """`--prefill 0` (colocated: each decode worker prefills its own requests) refuses the flags that
+    steer prefill workers or transfers, which it has none of, rather than ignoring them."""
+    given = {
+        "--conditional-disagg": ns.conditional_disagg is True,
+        "--no-conditional-disagg": ns.conditional_disagg is False,
+        "--local-prefill-max-tokens": ns.local_prefill_max_tokens is not None,
+        "--reserve-first": ns.reserve_first,
+        "--fault-rate": ns.fault_rate > 0,
+    }
+    for flag, present in given.items():
+        if present:
+            raise ValueError(
+                f"{flag} steers prefill workers or the transfers to decode, and --prefill 0 has neither: "
+                "every request is prefilled on its decode worker. Fix: drop "
+                f"{flag}, or run prefill workers (--prefill 1)"
+            )
 
 
 def conditional_disagg_from(ns: argparse.Namespace) -> bool:

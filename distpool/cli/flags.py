@@ -104,15 +104,27 @@ def add_presets_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     return presets
 
 
-def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    run = sub.add_parser("run", help="serve a workload through prefill/decode disaggregation on Ray")
+RUN_HELP = "serve a workload through prefill/decode disaggregation on Ray (--prefill 0: colocated)"
+
+
+def add_run_parser(
+    sub: argparse._SubParsersAction, name: str = "run", help: str = RUN_HELP
+) -> argparse.ArgumentParser:
+    """`run`'s flags (`serve` starts from them too: its deployment flags are run's)."""
+    run = sub.add_parser(name, help=help)
     run.add_argument(
         "--model",
         default=str(REFERENCE_HYBRID_CONFIG),
         metavar="NAME|PATH",
         help="a preset (`distpool presets`) or a config.json (default: the bundled reference model)",
     )
-    run.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
+    run.add_argument(
+        "--prefill",
+        type=int,
+        default=1,
+        help="number of prefill workers (0: colocated, each decode worker prefills its own requests in "
+        "chunks of --local-prefill-chunk tokens between decode steps)",
+    )
     run.add_argument("--decode", type=int, default=1, help="number of decode workers")
     run.add_argument(
         "--prefill-tp", type=_tp_size, default=1, help="tensor-parallel ranks per prefill worker (1)"
@@ -187,7 +199,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--local-prefill-chunk",
-        default=None,  # None: DEFAULT_LOCAL_PREFILL_CHUNK (given, it needs conditional disaggregation)
+        default=None,  # None: DEFAULT_LOCAL_PREFILL_CHUNK (given: conditional disaggregation, or --prefill 0)
         metavar="N",
         help=f"tokens a local prefill computes between two decode steps ({DEFAULT_LOCAL_PREFILL_CHUNK})",
     )

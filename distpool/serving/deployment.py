@@ -1,4 +1,6 @@
-"""Builds a PD deployment on Ray: prefill and decode actors, placement, channels between them.
+"""Builds a PD deployment on Ray: prefill and decode actors, placement, channels between them. With no
+prefill workers (`--prefill 0`) it is colocated: each decode worker prefills its own requests, and no
+channel is built.
 
 A `DeploymentSpec` is validated once, when it is made: configurator refusals and models the workers
 cannot run surface there, before Ray or any actor starts. With GPUs each worker gets its own GPU
@@ -23,6 +25,7 @@ from decode.worker import DecodeWorker
 from distpool.memory.tp_sizes import size_tp_pools
 from distpool.model.spec import HYBRID_MAMBA
 from distpool.model_impl.select import choose_model_impl
+from distpool.serving.deployment_checks import check_colocated, check_tensor_parallel
 from distpool.serving.tp_group import TpGroup
 from distpool.worker.config import WorkerConfig
 from distpool.worker.tp_pairing import rank_name
@@ -49,16 +52,19 @@ class DeploymentSpec:
     spread: bool = False  # place every worker on a different node
 
     def __post_init__(self) -> None:
-        if self.num_prefill < 1 or self.num_decode < 1:
+        if self.num_prefill < 0 or self.num_decode < 1:
             raise ValueError(
-                f"need at least 1 prefill and 1 decode worker; got {self.num_prefill}P{self.num_decode}D"
+                f"need at least 1 decode worker and no negative count of prefill workers (0: colocated); "
+                f"got {self.num_prefill}P{self.num_decode}D. Fix: --decode 1 or more, --prefill 0 or more"
             )
         worker = self.worker
         # the reference model and the transformers runner refuse what they cannot run (first: a
         # transformers run at TP > 1 is refused for that, not for how its tensors would shard)
         name = choose_model_impl(worker.spec, worker.model_impl, has_weights=worker.hf is not None)
+        if self.colocated:
+            check_colocated(worker)
         check_tensor_parallel(worker, name, spread=self.spread)
-        for role in ("prefill", "decode"):
+        for role in ("decode",) if self.colocated else ("prefill", "decode"):
             tp = worker.tp_of(role)
             try:  # per rank: the shapes a rank stores, within the per-rank budget
                 size_tp_pools(worker.spec, worker.for_role(role), worker.budget_bytes, tp)
@@ -73,27 +79,15 @@ class DeploymentSpec:
         return cls(worker=dataclasses.replace(worker, pool_args=args), **counts)
 
     @property
+    def colocated(self) -> bool:
+        """No prefill workers: each decode worker prefills its own requests (`LocalPrefills`)."""
+        return self.num_prefill == 0
+
+    @property
     def num_ranks(self) -> int:
         """Rank processes in all: one per worker at TP 1."""
         worker = self.worker
         return self.num_prefill * worker.prefill_tp + self.num_decode * worker.decode_tp
-
-
-def check_tensor_parallel(worker: WorkerConfig, model_impl: str, *, spread: bool) -> None:
-    """Refuse (ValueError with the fix) what TP > 1 cannot run: the transformers runner, and `--spread`."""
-    sizes = f"--prefill-tp {worker.prefill_tp} --decode-tp {worker.decode_tp}"
-    if worker.prefill_tp == worker.decode_tp == 1:
-        return
-    if model_impl == "transformers":
-        raise ValueError(
-            f"{sizes}: the transformers runner has no TP (transformers has no tensor-parallel plan for "
-            "Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1, or use --model-impl "
-            "synthetic or reference"
-        )
-    if spread:
-        raise ValueError(
-            f"{sizes}: a TP group is packed on one node; --spread is for TP 1. Fix: drop --spread"
-        )
 
 
 class Deployment:

@@ -4,7 +4,8 @@ Per request, three driver <-> actor calls: reserve a destination on a decode wor
 the one caching the longest prefix of the prompt first (it then expects the envelope from the
 chosen prefill worker) -> batched prefill + whole-envelope send
 on that prefill worker (the transfer header carries the first token) -> the result, which arrives
-through one long-poll per decode worker (`next_finished`). A failed transfer, a dead or silent actor
+through one long-poll per decode worker (`next_events`, which also streams tokens as decode makes
+them). A failed transfer, a dead or silent actor
 (`serving.recovery`) or no room frees both sides and retries the request on another pair (at most
 `max_attempts` tries); anything else is a bug and fails the request at once. Requests wait in a
 queue; `queue_bound` of them are in the pipeline at once. With conditional disaggregation
@@ -32,6 +33,7 @@ from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
 from distpool.serving.recovery import Recovery, WorkerLost
 from distpool.serving.remote_path import RemotePath
+from distpool.serving.request_stream import RequestStream
 from distpool.serving.reservations import ADMISSION_POLL_S, Reservations
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
@@ -57,10 +59,19 @@ class ServeOptions:
     conditional: ConditionalOptions = ConditionalOptions()  # local prefill on decode (serving.conditional)
 
 
+class ServerClosed(RuntimeError):
+    """`submit` after the server stopped accepting requests (it drains, or it was closed)."""
+
+
 class Server:
-    def __init__(self, deployment: Deployment, options: ServeOptions) -> None:
+    """Serves requests as they are submitted, through one deployment: `start`, then `submit` each
+    (a `RequestStream` to read), `cancel` by id, `drain` and `close`; `serve` does all of it for a
+    list (the batch job). `streaming` has decode hand out tokens as it makes them (`next_events`)."""
+
+    def __init__(self, deployment: Deployment, options: ServeOptions, *, streaming: bool = False) -> None:
         self.dep = deployment
         self.options = options
+        self.streaming = streaming
         pool_args = deployment.spec.worker.pool_args
         self.router = Router(list(deployment.prefill), list(deployment.decode), page_size=pool_args.page_size)
         self.cache_affinity = pool_args.prefix_cache  # decode workers keep finished requests' pages
@@ -102,58 +113,151 @@ class Server:
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
         self.closing = False  # set once every request is done: the result streams stop
-        self.outcomes: list[Outcome] = []  # of the current `serve`, as its requests end
+        self.accepting = False  # between `start` and `drain` / `close`
+        self.outcomes: list[Outcome] = []  # of the requests that ended, as they end
+        self.streams: dict[str, RequestStream] = {}  # request id -> its stream, while it is served
+        self.tasks: dict[str, asyncio.Task] = {}  # request id -> the task serving it
+        self.cancelling: dict[str, str] = {}  # request id -> why `cancel` cancelled it, until it ends
+        self.slots: asyncio.Semaphore | None = None  # `queue_bound` requests in the pipeline at once
+        self.admitted = 0  # requests past the waiting room (holding a slot) now
         self.retried = 0
         self.done = 0
-        self.total = 0  # requests given to `serve`, and the follow-ups they unlocked
+        self.cancelled = 0
+        self.total = 0  # requests submitted (a conversation's follow-ups included)
         self.metrics = DriverMetrics()  # Prometheus, through Ray
+
+    @property
+    def waiting_count(self) -> int:
+        """Requests submitted and not yet in the pipeline (waiting for one of `queue_bound` slots)."""
+        return len(self.tasks) - self.admitted
+
+    async def start(self) -> None:
+        """Start the result streams (one per decode worker) and the progress lines; accept requests."""
+        self.slots = asyncio.Semaphore(self.options.queue_bound)
+        self.closing, self.accepting = False, True
+        self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
+        self.background = [asyncio.create_task(self._progress_loop())]
+
+    def submit(self, req: Request, follow_up: FollowUp | None = None) -> RequestStream:
+        """Queue `req` (served once one of `queue_bound` slots is free, in order); its stream.
+        `follow_up(request, outcome)`, called as it ends, may return a request that outcome unlocks
+        (a conversation's next turn): it is submitted in turn. ServerClosed once draining; ValueError
+        for a request id in flight already."""
+        if not self.accepting:
+            raise ServerClosed("the server is not accepting requests (it is draining or closed)")
+        rid = req.request_id
+        if rid in self.tasks:
+            raise ValueError(f"request id {rid!r} is in flight already")
+        stream = self.streams[rid] = RequestStream(rid)
+        self.total += 1
+        self.tasks[rid] = asyncio.get_running_loop().create_task(self._serve_request(req, stream, follow_up))
+        return stream
+
+    def cancel(self, request_id: str, why: str = "cancelled") -> bool:
+        """Cancel a request wherever it is (waiting, prefilling, moving, decoding): what it holds on
+        every worker is freed, and it ends with a cancelled outcome whose error is `why`. Whether it
+        was in flight (and not cancelled already)."""
+        task = self.tasks.get(request_id)
+        if task is None or request_id in self.cancelling:
+            return False
+        self.cancelling[request_id] = why
+        task.cancel()
+        return True
+
+    async def drain(self, timeout_s: float, why: str = "drained") -> int:
+        """Stop accepting requests; let those in flight end for up to `timeout_s`, then cancel the
+        rest (`why`), and wait for them to let go. How many were cancelled."""
+        self.accepting = False
+        if self.tasks:
+            await asyncio.wait(list(self.tasks.values()), timeout=timeout_s)
+        left = [rid for rid in list(self.tasks) if self.cancel(rid, why)]
+        await self.wait_idle()
+        return len(left)
+
+    async def wait_idle(self) -> None:
+        """Until no request is in flight (follow-ups included)."""
+        while self.tasks:
+            done, _ = await asyncio.wait(list(self.tasks.values()), return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # a bug in the driver itself, raised here
+
+    async def close(self) -> None:
+        """Stop accepting; let each long-poll return (a call left behind would take the results of
+        the next `start` on this deployment and hand them to nobody); cancel what runs beside."""
+        self.accepting = False
+        try:
+            await self.recovery.settle()  # a worker restarting now is reported as it ends up
+            self.closing = True
+            if self.result_streams:
+                await asyncio.wait(self.result_streams, timeout=RESULT_WAIT_S + 30)
+        finally:
+            self._stop_background()
+
+    def _stop_background(self) -> None:
+        for task in (
+            *self.tasks.values(),
+            *self.result_streams,
+            *self.background,
+            *self.recovery.rejoining.values(),
+        ):
+            task.cancel()
 
     async def serve(self, requests: list[Request], follow_up: FollowUp | None = None) -> list[Outcome]:
         """Serve `requests`, at most `queue_bound` at once, in order; outcomes sorted by request id.
 
         `follow_up(request, outcome)`, called as each request ends, may return a request that outcome
         unlocks (a conversation's next turn): it is queued behind those already waiting."""
-        queue: asyncio.Queue[Request | None] = asyncio.Queue()  # the workers bound what runs at once
-        outcomes = self.outcomes = []
-        unfinished = len(requests)  # queued or being served, follow-ups included
-        self.total, self.closing = len(requests), False
-        self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
-        self.background = [asyncio.create_task(self._progress_loop())]
-
-        async def worker() -> None:
-            nonlocal unfinished
-            while unfinished and (req := await queue.get()) is not None:
-                outcomes.append(out := await self._serve_one(req))
-                self._record(out)
-                if follow_up is not None and (after := follow_up(req, out)) is not None:
-                    unfinished, self.total = unfinished + 1, self.total + 1
-                    queue.put_nowait(after)
-                unfinished -= 1
-                if unfinished == 0:  # the last one: wake every worker still waiting for more
-                    for _ in workers:
-                        queue.put_nowait(None)
-
-        for req in requests:
-            queue.put_nowait(req)
-        workers = [asyncio.create_task(worker()) for _ in range(self.options.queue_bound)]
+        self.outcomes = []
+        self.total = 0
+        await self.start()
         try:
-            # Not a gather: after Ctrl-C its future would end unread and log a traceback.
-            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()  # a worker that raised: a bug, raised here
-            await self.recovery.settle()  # a worker restarting now is reported as it ends up
-            # Let each long-poll return before the loop ends: a call left behind would take the
-            # results of the next `serve` on this deployment and hand them to nobody.
-            self.closing = True
-            if self.result_streams:
-                await asyncio.wait(self.result_streams, timeout=RESULT_WAIT_S + 30)
+            for req in requests:
+                self.submit(req, follow_up)
+            await self.wait_idle()
+            await self.close()
         finally:
-            for task in (*workers, *self.result_streams, *self.background, *self.recovery.rejoining.values()):
-                task.cancel()
-        return sorted(outcomes, key=lambda o: o.request_id)
+            self._stop_background()  # after Ctrl-C: nothing is left running on the loop
+        return sorted(self.outcomes, key=lambda o: o.request_id)
+
+    async def _serve_request(self, req: Request, stream: RequestStream, follow_up: FollowUp | None) -> None:
+        rid = req.request_id
+        assert self.slots is not None, "start() comes first"
+        try:
+            try:
+                async with self.slots:
+                    self.admitted += 1
+                    try:
+                        out = await self._serve_one(req)
+                    finally:
+                        self.admitted -= 1
+                if out.tokens is None and rid in self.cancelling:  # its cancellation ended it as an error
+                    out = self._cancelled(rid)
+            except asyncio.CancelledError:
+                if rid not in self.cancelling:
+                    raise  # the loop is ending (Ctrl-C): the request is unfinished, not failed
+                out = self._cancelled(rid)
+        finally:
+            self.tasks.pop(rid, None)
+            self.streams.pop(rid, None)
+            self.cancelling.pop(rid, None)
+        self.outcomes.append(out)
+        self._record(out)
+        stream.end(out)
+        if follow_up is not None and self.accepting and (after := follow_up(req, out)) is not None:
+            self.submit(after, follow_up)
+
+    def _cancelled(self, rid: str) -> Outcome:
+        out = Outcome(request_id=rid, error=self.cancelling[rid], failure=FailureKind.ABORTED)
+        out.cancelled = True
+        return out
 
     def _record(self, out: Outcome) -> None:
         self.done += 1
+        if out.cancelled:
+            self.cancelled += 1
+            self.metrics.count("cancelled")
+            return
         if self.local is not None and out.tokens is not None:
             self.local.record(out)
         if out.tokens is not None:
@@ -249,14 +353,19 @@ class Server:
             self.result_streams.append(asyncio.get_running_loop().create_task(self._results_from(name)))
 
     async def _results_from(self, name: str) -> None:
-        """One outstanding `next_finished` per decode worker: results arrive as requests finish."""
+        """One outstanding `next_events` per decode worker: results arrive as requests finish, and
+        (streaming) tokens as they are made."""
         handle = self.dep.decode[name]
         while name not in self.router.dead and not self.closing:
             try:
-                done = await self._call(name, handle.next_finished.remote(RESULT_WAIT_S))
+                events = await self._call(name, handle.next_events.remote(RESULT_WAIT_S, self.streaming))
             except Retry:
                 return
-            for rid, result in done.items():
+            for rid, (start, tokens) in events.tokens.items():
+                waiting = self.waiting.get(rid)
+                if waiting is not None and waiting[0] == name and (stream := self.streams.get(rid)):
+                    stream.offer(start, tokens)
+            for rid, result in events.finished.items():
                 waiting = self.waiting.get(rid)
                 if waiting is not None and waiting[0] == name and not waiting[1].done():
                     waiting[1].set_result(result)  # else: news of an attempt already given up

@@ -22,7 +22,11 @@ from distpool.worker.metrics import LoggedOnce, increment, ray_is_running
 METRICS_REPORT_INTERVAL_MS = 1000
 # Time to first token, from 1 ms (a cached prefix on a GPU) to a minute (a queue that never drains).
 TTFT_BOUNDARIES_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-OUTCOMES = ("completed", "failed", "corrupt", "retried")
+OUTCOMES = ("completed", "failed", "corrupt", "retried", "cancelled")
+# Seconds between two streamed deltas of a request, from 1 ms to 10 s.
+ITL_BOUNDARIES_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+# Seconds from submitting a request to its last token: up to ten minutes.
+E2E_BOUNDARIES_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 PATHS = ("remote", "local")  # where a request was prefilled (`Outcome.path`)
 MIN_PORT, MAX_PORT = 1024, 65535
 
@@ -63,12 +67,36 @@ def validate_metrics_port(port: int) -> None:
 class _DriverInstruments:
     ttft: Any  # ray.util.metrics.Histogram
     requests: Any  # ray.util.metrics.Counter, tagged by `outcome`
+    stream_ttft: Any  # Histograms of what a streaming caller sees (online serving)
+    itl: Any
+    e2e: Any
+    running: Any  # ray.util.metrics.Gauge: requests in the pipeline
+    waiting: Any  # and submitted, waiting for room in it
 
     @classmethod
     def build(cls) -> _DriverInstruments:
-        from ray.util.metrics import Counter, Histogram
+        from ray.util.metrics import Counter, Gauge, Histogram
 
         return cls(
+            stream_ttft=Histogram(
+                "distpool_stream_ttft_seconds",
+                "Seconds from a streamed request's arrival to its first token handed to its caller.",
+                list(TTFT_BOUNDARIES_S),
+            ),
+            itl=Histogram(
+                "distpool_itl_seconds",
+                "Seconds between two token deltas handed to a streaming caller (inter-token latency).",
+                list(ITL_BOUNDARIES_S),
+            ),
+            e2e=Histogram(
+                "distpool_e2e_seconds",
+                "Seconds from a streamed request's arrival to its last token handed to its caller.",
+                list(E2E_BOUNDARIES_S),
+            ),
+            running=Gauge("distpool_requests_running", "Requests in the pipeline (prefill to last token)."),
+            waiting=Gauge(
+                "distpool_requests_waiting", "Requests submitted, waiting for room in the pipeline."
+            ),
             ttft=Histogram(
                 "distpool_ttft_seconds",
                 "Seconds from submitting a request to its first token, by the path it took.",
@@ -115,3 +143,22 @@ class DriverMetrics:
             if outcome not in OUTCOMES:
                 raise ValueError(f"request outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
             increment(m.requests, n, {"outcome": outcome})
+
+    def observe_stream(self, ttft_s: float | None, gaps_s: list[float], e2e_s: float) -> None:
+        """A streamed request as its caller saw it: first token, gaps between deltas, last token."""
+        if (m := self._instruments) is None:
+            return
+        with self._errors.guard():
+            if ttft_s is not None:
+                m.stream_ttft.observe(float(ttft_s))
+            for gap in gaps_s:
+                m.itl.observe(float(gap))
+            m.e2e.observe(float(e2e_s))
+
+    def set_load(self, running: int, waiting: int) -> None:
+        """Requests in the pipeline and waiting for it, now."""
+        if (m := self._instruments) is None:
+            return
+        with self._errors.guard():
+            m.running.set(running)
+            m.waiting.set(waiting)

@@ -20,6 +20,7 @@ class Outcome:
     failure: FailureKind | None = None  # what the summary counts (`failures_by_reason`)
     attempts: int = 0
     corrupt: bool = False  # the request failed for good on bytes found wrong (at release)
+    cancelled: bool = False  # cancelled by its caller (`Server.cancel`): neither served nor failed
     retried_after: list[FailureKind] = field(default_factory=list)  # each failed attempt that was retried
     verified: bool = False  # decode checked every byte of its envelope (synthetic cache)
     # TTFT = queue + reserve + prefill + transfer + first_token (the successful attempt's parts):
@@ -69,8 +70,9 @@ class Outcome:
     def succeeded_locally(
         self, prompt_len: int, result: DecodeFinished, decode_name: str, times: tuple[float, float]
     ) -> None:
-        """Fill in an attempt prefilled on decode worker `decode_name` from a kept state: its prefill
-        part is decode's (accepted to its last chunk); nothing moved. `times`: submitted, began."""
+        """Fill in an attempt prefilled on decode worker `decode_name` (from a kept state, or from
+        nothing when colocated): its prefill part is decode's (accepted to its last chunk); nothing
+        moved. `times`: submitted, began."""
         submitted, began = times
         self.queue_s, self.reserve_s, self.transfer_s, self.transfer_bytes = began - submitted, 0.0, 0.0, 0
         self.prompt_tokens, self.prefill_tokens_computed = prompt_len, result.local_computed_tokens

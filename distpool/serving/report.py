@@ -58,7 +58,8 @@ def leak_counts(workers: list[WorkerReading], *, unchecked: dict[str, str] | Non
 
 def failures_by_reason(outcomes: list[Outcome]) -> dict[str, int]:
     """Failed requests by the kind of failure that ended them (`FailureKind` values), most first."""
-    counts = Counter(o.failure.value for o in outcomes if o.tokens is None and o.failure is not None)
+    failed = (o for o in outcomes if o.tokens is None and o.failure is not None and not o.cancelled)
+    counts = Counter(o.failure.value for o in failed)
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
@@ -102,6 +103,7 @@ def summarize(
     model_impl: str = "reference",
     dtype: str = "float64",
     tp: tuple[int, int] = (1, 1),
+    workers: tuple[int, int] = (1, 1),
     link: dict | None = None,
     multi_turn: dict | None = None,
     unchecked: dict[str, str] | None = None,
@@ -113,7 +115,8 @@ def summarize(
     Counts that must survive a worker come from the outcomes (what each result reported), not from
     the workers; `unchecked` names workers whose leaks could not be read, and why (`leak_counts`).
     `lost_why`: how each lost worker was lost (died, stopped answering). `interrupted`: Ctrl-C ended
-    the run, with `unfinished` requests not ended yet. `tp`: ranks per prefill and per decode worker."""
+    the run, with `unfinished` requests not ended yet. `tp`: ranks per prefill and per decode worker;
+    `workers`: prefill and decode workers (no prefill worker: colocated, nothing transferred)."""
     done = [o for o in outcomes if o.tokens is not None]
     read = [w.stats for w in worker_stats if w.stats is not None]
     ttft_ms = [o.ttft_s * 1e3 for o in done]
@@ -126,6 +129,9 @@ def summarize(
     parts = {part: [getattr(o, f"{part}_s") * 1e3 for o in done] for part in TTFT_PARTS}
     local = [o for o in done if o.path == "local"]
     return {
+        "deployment": "pd" if workers[0] else "colocated",
+        "prefill_workers": workers[0],
+        "decode_workers": workers[1],
         "model_impl": model_impl,
         "dtype": dtype,
         "prefill_tp": tp[0],
@@ -134,7 +140,8 @@ def summarize(
         "requests": len(outcomes) + unfinished,
         "unfinished": unfinished,
         "completed": len(done),
-        "failed": len(outcomes) - len(done),
+        "failed": sum(o.tokens is None and not o.cancelled for o in outcomes),
+        "cancelled": sum(o.cancelled for o in outcomes),  # by their callers (online serving)
         "failures_by_reason": failures_by_reason(outcomes),
         "retried": retried,
         "retries_by_reason": retries_by_reason(outcomes),  # corrupt arrivals retried show here

@@ -63,6 +63,12 @@ def _by_path(report: dict, key: str, spec: str) -> str:
     return " / ".join("-" if p50 is None else format(p50, spec) for p50 in p50s) + " ms"
 
 
+def _deployment(report: dict) -> str:
+    if report.get("deployment") == "colocated":
+        return f"colocated: {report['decode_workers']} workers prefilling their own requests"
+    return f"{report.get('prefill_workers', 1)}P{report.get('decode_workers', 1)}D"
+
+
 def _rate(gbps: float) -> str:
     """A transfer rate, in MB/s below 0.1 GB/s: small envelopes move at a few MB/s, not at "0.00 GB/s"."""
     return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
@@ -91,6 +97,7 @@ def format_summary(report: dict) -> str:
         f"(raw: {_mib(report['link_message_bytes'])} messages)"
     )
     rows = [
+        ("deployment", _deployment(report)),
         ("model implementation", f"{report['model_impl']}, {report['dtype']}"),
         ("requests", report["requests"]),
         *([("interrupted: not finished", report["unfinished"])] if report["interrupted"] else []),
@@ -137,7 +144,8 @@ def format_summary(report: dict) -> str:
         ("leaked pages / slots", _leaks(report)),
     ]
     width = max(len(k) for k, _ in rows)
-    lines = ["", "distpool PD run summary", "-" * (width + 40)]
+    title = "colocated" if report.get("deployment") == "colocated" else "PD"
+    lines = ["", f"distpool {title} run summary", "-" * (width + 40)]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     lines.append("-" * (width + 40))
     lines.append(f"{'worker':<12}{'pages used/peak/cap':>24}{'slots used/peak/cap':>24}{'cached/ckpts':>14}")

@@ -36,8 +36,8 @@ class Router:
         page_size: int,  # the decode pools' (PoolArgs.page_size): the router mirrors their caches
         max_blocks_per_worker: int = 1 << 17,
     ) -> None:
-        if not prefill_names or not decode_names:
-            raise ValueError("a deployment needs at least one prefill and one decode worker")
+        if not decode_names:  # no prefill worker: colocated, each decode worker prefills its own
+            raise ValueError("a deployment needs at least one decode worker")
         if page_size < 1 or max_blocks_per_worker < 1:
             raise ValueError(f"page_size ({page_size}) and max_blocks_per_worker must be >= 1")
         self.prefill_names = list(prefill_names)
@@ -56,6 +56,7 @@ class Router:
         """The least-loaded live prefill worker (ties go to the first listed)."""
         live = self.alive(self.prefill_names)
         if not live:
+            assert self.prefill_names, "a colocated deployment has no prefill worker to pick"
             raise NoWorkerAlive("every prefill worker is dead")
         return min(live, key=lambda n: self.in_flight[n])
 

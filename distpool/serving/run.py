@@ -157,7 +157,12 @@ def run(
     served = requests.describe() if isinstance(requests, MultiTurn) else f"{len(requests)} requests"
     worker = spec.worker
     tp = f" (TP {worker.prefill_tp}:{worker.decode_tp})" if worker.prefill_tp * worker.decode_tp > 1 else ""
-    print(f"distpool: {spec.num_prefill}P{spec.num_decode}D{tp} on {where}; {served}; {what}", flush=True)
+    shape = (
+        f"colocated: {spec.num_decode} workers, each prefilling its own requests"
+        if spec.colocated
+        else f"{spec.num_prefill}P{spec.num_decode}D{tp}"
+    )
+    print(f"distpool: {shape} on {where}; {served}; {what}", flush=True)
     if metrics_port is not None and not ray.is_initialized() and not address:
         print(f"distpool: Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics", flush=True)
     owns_ray = not ray.is_initialized()
@@ -212,6 +217,7 @@ def run(
             model_impl=model_impl,
             dtype=dtype,
             tp=(worker.prefill_tp, worker.decode_tp),
+            workers=(spec.num_prefill, spec.num_decode),
             link=link,
             multi_turn=feed.summary() if feed is not None else None,
             # Memory held by requests still in flight is no leak: before the drain, leaks go unread.

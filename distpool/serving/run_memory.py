@@ -4,13 +4,17 @@ A worker's pool is `--memory-gib`; around it each process holds more, and the ch
 counts all of it (upper bounds, from the sizes alone):
 
     worker  = pool (the budget)
-            + transfer staging: PIPELINE_DEPTH chunk buffers per channel end (one end per peer)
+            + transfer staging: PIPELINE_DEPTH chunk buffers per channel end (one end per peer;
+              none colocated: no channel)
             + the raw link measurement: one envelope-sized message at each end of a channel, one
-              channel at a time (at most a request at --context-len)
+              channel at a time (at most a request at --context-len; none colocated)
             + what its model holds: the transformers runner's weights (one copy per process), the
               reference model's float64 weights, or the synthetic cache's base patterns (a slot's
               worth of state words and one token of KV per layer)
             + the arena's compaction staging (SLIDE_STAGING_BYTES)
+            (activations are not counted, as the budget is the pool's alone: a prefill worker's
+              are its batch of whole prompts', a colocated decode worker's one chunk's, at most
+              --local-prefill-chunk tokens; README, "Colocated serving")
             + the process itself (Python, torch, Ray's core worker)
     driver  = the parity pool (one request at --context-len: parity.parity_pool_sizes)
             + what its model holds + the process itself
@@ -67,6 +71,8 @@ class RunMemory:
     ) -> RunMemory:
         spec = worker.spec
         envelope = size_pools(spec, worker.for_role("decode"), 1 << 50).request_bytes_at_full_context
+        if num_prefill == 0:  # colocated: no channel, no link measured
+            envelope = 0
         model = model_bytes(spec, worker.model_impl, worker.hf)
         common = worker.budget_bytes + envelope + model + SLIDE_STAGING_BYTES + PROCESS_BYTES
         staging = PIPELINE_DEPTH * worker.transfer.chunk_bytes  # per channel end

@@ -26,6 +26,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from distpool.worker.messages import (
+    DecodeEvents,
     DecodeFailed,
     DecodeFinished,
     DecodeResult,
@@ -169,7 +170,17 @@ class TpGroup:
 
     async def _settle_next_finished(self, refs: list[ray.ObjectRef], *_) -> dict[str, DecodeResult]:
         """The requests every rank has finished by now, merged; the others wait here for the rest."""
-        answers: list[dict[str, DecodeResult]] = await _answers(refs)
+        return self._merge_finished(await _answers(refs))
+
+    async def _settle_next_events(self, refs: list[ray.ObjectRef], *_, **__) -> DecodeEvents:
+        """The requests every rank has finished by now, merged (the others wait here for the rest),
+        and rank 0's new tokens (the ranks step together: every rank makes the same ones)."""
+        answers: list[DecodeEvents] = await _answers(refs)
+        return DecodeEvents(
+            finished=self._merge_finished([a.finished for a in answers]), tokens=answers[0].tokens
+        )
+
+    def _merge_finished(self, answers: list[dict[str, DecodeResult]]) -> dict[str, DecodeResult]:
         for rank, answer in enumerate(answers):
             for rid, result in answer.items():
                 self._finished.setdefault(rid, {})[rank] = result

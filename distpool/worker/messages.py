@@ -1,10 +1,11 @@
 """What crosses between the driver and the workers, per request: one typed value each way.
 
 The driver hands a prefill worker `PrefillItem`s and gets back one `PrefillResult` per request; a
-decode worker's `next_finished` hands out one `DecodeResult` per request. Both sides import these
-(serving above, prefill and decode below); Ray pickles them as they are. The driver counts from
-them: a worker's own counters go with it when it dies. A failed result says what kind of failure it
-was (`kind`, which the driver reads) and why, in words (`reason`, which a person reads).
+decode worker's `next_events` hands out one `DecodeResult` per request (`DecodeEvents`, with tokens as
+they are made when streaming). Both sides import these (serving above, prefill and decode below);
+Ray pickles them as they are. The driver counts from them: a worker's own counters go with it when
+it dies. A failed result says what kind of failure it was (`kind`, which the driver reads) and why,
+in words (`reason`, which a person reads).
 """
 
 from __future__ import annotations
@@ -117,3 +118,15 @@ class LocalPrefillRefused:
 
 
 LocalPrefillAnswer = LocalPrefillStarted | LocalPrefillRefused
+
+
+# ---- decode's long-poll: results, and tokens as they are made -----------------------------------
+@dataclass(frozen=True)
+class DecodeEvents:
+    """What one `DecodeWorker.next_events` call hands out: each request that ended since the last call
+    (`finished`, once), and, when streaming, each live request's tokens made since the last call
+    (`tokens`: request id -> (index of the first, the tokens)). A request's first token is there as
+    soon as its transfer header landed, before its envelope moved."""
+
+    finished: dict[str, DecodeResult]
+    tokens: dict[str, tuple[int, list[int]]]

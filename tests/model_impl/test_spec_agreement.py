@@ -33,9 +33,9 @@ from distpool.model.hf_families import FAMILIES
 from distpool.model.presets import PRESETS_DIR, preset_names, preset_rows
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION, ModelSpec, StateTensorSpec
 from distpool.model_impl.hf.layout import check_allocation, module_tensors, runner_spec
-from distpool.model_impl.hf.loader import cache_argument
 from distpool.model_impl.hf.support import architecture_of
 from distpool.model_impl.hf.tiny import TINY_CONFIGS, tiny_config
+from distpool.model_impl.hf.transformers_internals import cache_argument
 from tests.factories import FIXTURES
 
 Layers = list[tuple[StateTensorSpec, ...]]

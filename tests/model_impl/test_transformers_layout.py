@@ -13,9 +13,10 @@ import torch
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import StateTensorSpec
 from distpool.model_impl.hf.layout import check_allocation
-from distpool.model_impl.hf.loader import cache_argument, load_model
+from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.runner import TransformersRunner
 from distpool.model_impl.hf.source import resolve_source
+from distpool.model_impl.hf.transformers_internals import cache_argument
 from distpool.model_impl.select import choose_model_impl, resolve_implementation
 from tests.factories import FIXTURES
 from tests.hf_checkpoints import generate, load_for_generate, save_checkpoint

@@ -35,6 +35,7 @@ from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from tests.factories import make_rank_pool
+from transfer.groups import gloo_group
 from transfer.rendezvous import reserve_socket
 
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)  # 4 query, 2 KV, 4 Mamba heads; 2 groups
@@ -245,10 +246,7 @@ def _rank_main(
         store = dist.TCPStore(
             "127.0.0.1", port, tp, is_master=rank == 0, timeout=GROUP_TIMEOUT, master_listen_fd=fd
         )
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = GROUP_TIMEOUT
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        group = dist.ProcessGroupGloo(store, rank, tp, options)
+        group = gloo_group(store, rank, tp, GROUP_TIMEOUT, 1, loopback=True)
         result = (True, main(rank, group, inputs))
     except BaseException:
         result = (False, traceback.format_exc())

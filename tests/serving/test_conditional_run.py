@@ -1,7 +1,7 @@
 """`distpool run --conditional-disagg` end to end on the reference model: every turn after a
 conversation's first is prefilled on the decode worker that holds the conversation's state, with
-nothing transferred, and every turn's tokens equal the colocated oracle's (sampled too). Bad flag values are
-refused before Ray starts."""
+nothing transferred, and every turn's tokens equal the colocated oracle's (sampled too); a colocated
+deployment (`--prefill 0`) serves every turn so. Bad flag values are refused before Ray starts."""
 
 import json
 
@@ -39,6 +39,26 @@ def test_later_turns_are_served_locally_with_token_parity(ray_session, tmp_path,
     for figures in ("ttft_ms_by_path", "tpot_ms_by_path"):
         assert set(report[figures]) == {"remote", "local"}
         assert report[figures]["local"]["p50"] > 0 and report[figures]["remote"]["p99"] > 0
+
+
+@pytest.mark.ray
+def test_a_colocated_run_prefills_every_turn_where_it_decodes_with_token_parity(ray_session, tmp_path):
+    """`--prefill 0`: no prefill worker, no channel; a conversation's first turn is prefilled from
+    nothing on a decode worker, each later turn from the state its earlier turn left there."""
+    path = tmp_path / "run.json"
+    workers = ["--prefill", "0", "--decode", "2", "--local-prefill-chunk", "37"]
+    status = main(MULTI_TURN + workers + SMALL + ["--json", str(path)])
+    report = json.loads(path.read_text())
+    assert status == 0, report["errors"]
+    assert (report["deployment"], report["prefill_workers"], report["decode_workers"]) == ("colocated", 0, 2)
+    assert sorted(w["name"] for w in report["workers"]) == ["decode-0", "decode-1"]
+    assert (report["completed"], report["parity_checked"], report["parity_mismatches"]) == (6, 6, 0)
+    assert report["local_prefills"] == 6 and report["local_prefill_fallbacks"] == 0
+    assert report["local_prefill_tokens"] == report["prefill_tokens_computed"] > 0
+    assert report["transfer_bytes"] == report["transfer_bytes_max"] == report["link_message_bytes"] == 0
+    assert report["decode_prefix_hit_tokens"] > 0  # turns 2 and 3 continued a kept state
+    assert report["ttft_ms_by_path"]["remote"] == {"p50": None, "p99": None}
+    assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)
 
 
 @pytest.mark.ray

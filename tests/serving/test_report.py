@@ -108,3 +108,18 @@ def test_small_envelopes_move_at_a_rate_the_summary_shows():
     slow = Outcome(request_id="r0", tokens=[1, 2], verified=True, transfer_bytes=2_000_000, transfer_s=1.0)
     text = format_summary(report_of([slow], [alive("decode-0", verified=1)]))
     assert [line for line in text.splitlines() if line.startswith("transfer ") and "at 2.00 MB/s" in line]
+
+
+def test_the_summary_names_the_deployment_colocated_or_pd():
+    local = Outcome(request_id="r0", tokens=[1, 2], verified=True, path="local")
+    stats = [alive("decode-0", verified=1), alive("decode-1", verified=0)]
+    colocated = report_of([local], stats, workers=(0, 2))
+    assert (colocated["deployment"], colocated["prefill_workers"], colocated["decode_workers"]) == (
+        "colocated",
+        0,
+        2,
+    )
+    text = format_summary(colocated)
+    assert "distpool colocated run summary" in text and "colocated: 2 workers prefilling" in text
+    pd = format_summary(report_of([completed("r0")], stats[:1], workers=(2, 1)))
+    assert "distpool PD run summary" in pd and [line for line in pd.splitlines() if line.endswith(" 2P1D")]

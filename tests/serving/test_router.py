@@ -42,8 +42,14 @@ def test_all_dead_is_a_typed_error():
     router.mark_dead("d0")
     with pytest.raises(NoWorkerAlive, match="decode"):
         router.decode_candidates()
-    with pytest.raises(ValueError):
-        Router([], ["d0"], page_size=16)
+    with pytest.raises(ValueError, match="at least one decode worker"):
+        Router(["p0"], [], page_size=16)
+
+
+def test_a_colocated_router_has_no_prefill_worker_and_routes_decode_by_load():
+    router = Router([], ["d0", "d1"], page_size=4)
+    router.begin("d0")
+    assert router.decode_candidates() == ["d1", "d0"]
 
 
 def test_next_turn_of_a_conversation_goes_to_the_worker_that_served_it():

@@ -25,6 +25,7 @@ from distpool.worker.stats import PoolHeld
 from prefill.worker import PrefillWorker
 from tests.factories import accounting, tp_spec
 from transfer import FailureKind, TransferOptions
+from transfer.groups import gloo_group
 
 
 def gloo_groups(size: int, timeout_s: float = 10.0) -> list[dist.ProcessGroup]:
@@ -32,10 +33,7 @@ def gloo_groups(size: int, timeout_s: float = 10.0) -> list[dist.ProcessGroup]:
     store, groups = dist.HashStore(), [None] * size
 
     def form(rank: int) -> None:
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = datetime.timedelta(seconds=timeout_s)
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        groups[rank] = dist.ProcessGroupGloo(store, rank, size, options)
+        groups[rank] = gloo_group(store, rank, size, datetime.timedelta(seconds=timeout_s), 1, loopback=True)
 
     on_ranks(size, form)
     return groups

@@ -44,6 +44,7 @@ class RequestFields(BaseModel):
     )  # a string or a list of strings: checked by `_stop_strings`
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    return_token_ids: bool = False  # vLLM's extension: each choice carries its generated ids too
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # OpenAI's end-user id: accepted, unused

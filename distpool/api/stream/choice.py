@@ -49,6 +49,7 @@ async def stream_choice(
     stops = StopMatcher(job.stop_strings)
     events = engine.generate(job.request_id, job.prompt_ids, job.args)
     count, first = 0, True
+    held: tuple[int, ...] = ()  # ids of events whose text is not out yet: they go with the next delta
     try:
         async for event in events:
             if first:
@@ -61,18 +62,21 @@ async def stream_choice(
             if event.is_last and detokenizer:
                 text += detokenizer.flush()
             check = stops.push(text)
+            token_ids, held = held + event.token_ids, ()
             if check.stopped:
                 if not event.is_last:
                     await engine.abort(job.request_id)
-                yield TextDelta(job.index, check.text, event.token_ids, count, FinishReason.STOP, first)
+                yield TextDelta(job.index, check.text, token_ids, count, FinishReason.STOP, first)
                 return
             if event.is_last:
                 yield TextDelta(
-                    job.index, check.text + stops.flush(), event.token_ids, count, event.finish_reason, first
+                    job.index, check.text + stops.flush(), token_ids, count, event.finish_reason, first
                 )
                 return
             if check.text or first or not detokenizer:
-                yield TextDelta(job.index, check.text, event.token_ids, count, None, first)
+                yield TextDelta(job.index, check.text, token_ids, count, None, first)
+            else:
+                held = token_ids
             first = False
         raise RequestFailed(job.request_id, "the engine's events ended without a finish reason")
     finally:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch import nn
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -146,18 +145,19 @@ def _weight_map(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def check_checkpoint(folder: Path, model: nn.Module) -> None:
-    """Refuse (CheckpointError) a checkpoint in `folder` that `model` (its config's modules, on the
-    meta device) cannot load: an unreadable header or index, a missing shard, a tensor of the
-    model it does not store (under the names `save_pretrained` writes, or all under the model's
-    own), or one stored in another shape. Tensors it stores beyond the model's are left to
-    transformers (it ignores them)."""
+Shapes = dict[str, tuple[int, ...]]  # tensor name -> shape
+
+
+def check_checkpoint(folder: Path, forms: Sequence[Shapes]) -> None:
+    """Refuse (CheckpointError) a checkpoint in `folder` that the model cannot load: an unreadable
+    header or index, a missing shard, a tensor of the model it does not store, or one stored in
+    another shape. `forms`: the names and shapes the model's weights may be stored under
+    (`transformers_internals.weight_forms`: those `save_pretrained` writes, the modules' own); the
+    checkpoint must store every tensor of one of them. Tensors it stores beyond the model's are left
+    to transformers (it ignores them)."""
     stored = read_checkpoint(folder)
-    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
-    own = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
-    saved = {name: shape for name, shape in _saved_shapes(model).items() if name not in tied}
     # The form the checkpoint is in: the one of which it stores the most tensors.
-    form = max((saved, own), key=lambda names: len(names.keys() & stored.keys()))
+    form = max(forms, key=lambda names: len(names.keys() & stored.keys()))
     for name, shape in form.items():
         if name in stored and stored[name][1].shape != shape:
             path, tensor = stored[name]
@@ -171,16 +171,3 @@ def check_checkpoint(folder: Path, model: nn.Module) -> None:
         raise CheckpointError(
             folder, f"holds no tensor {missing[0]!r}{more} of the model its config.json describes"
         )
-
-
-def _saved_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """The names and shapes `save_pretrained` writes for `model` (transformers' conversions
-    reversed, on the meta device); the model's own names where that cannot be worked out."""
-    state = model.state_dict()
-    try:  # transformers 5 (checked against 5.24); not in its public API
-        from transformers.core_model_loading import revert_weight_conversion
-
-        state = revert_weight_conversion(model, state)
-    except Exception:  # another version: the model's own names, which most architectures store
-        pass
-    return {name: tuple(t.shape) for name, t in state.items()}

@@ -35,6 +35,7 @@ from distpool.model.spec import (
 from distpool.model_impl.hf.checkpoint import check_checkpoint
 from distpool.model_impl.hf.loader import empty_model, weight_bytes
 from distpool.model_impl.hf.source import HFSource
+from distpool.model_impl.hf.transformers_internals import layer_keys, layer_states, weight_forms
 
 # The recurrent state's shape per state family (hf_families' names), from the mixer's attributes.
 _RECURRENT_SHAPE: dict[str, Callable[[nn.Module], tuple[int, ...]]] = {
@@ -161,11 +162,11 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
             **{cache_argument: cache},
         )
     problems = []
-    for index, layer in enumerate(cache.layers):
+    for index in range(len(cache.layers)):
         if index in spec.mamba_layers:
             assert spec.mamba is not None
             conv, recurrent = spec.mamba.tensors
-            for ours, theirs in ((conv, layer.conv_states[0]), (recurrent, layer.recurrent_states[0])):
+            for ours, theirs in zip((conv, recurrent), layer_states(cache, index), strict=True):
                 mine = f"{ours.shape} {ours.dtype}"
                 if theirs is None or _shape(theirs) != mine:
                     got = "nothing" if theirs is None else _shape(theirs)
@@ -175,7 +176,7 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
         if index in spec.full_attention_layers:
             assert spec.full_attention is not None
             kv = spec.full_attention
-            keys = layer.keys  # (1, kv_heads, 2, head_dim)
+            keys = layer_keys(cache, index)  # (1, kv_heads, 2, head_dim)
             mine = f"({kv.num_kv_heads}, {kv.head_dim}) {kv.dtype}"
             got = f"({keys.shape[1]}, {keys.shape[3]}) {str(keys.dtype).removeprefix('torch.')}"
             if mine != got:
@@ -192,5 +193,5 @@ def sized_spec(source: HFSource, base: ModelSpec) -> tuple[ModelSpec, int]:
     load is refused (`check_checkpoint`: CheckpointError)."""
     model = empty_model(source)
     if source.load_format == "safetensors":  # refused here, not in every worker after Ray started
-        check_checkpoint(Path(source.path), model)
+        check_checkpoint(Path(source.path), weight_forms(model))
     return runner_spec(model, base, source.dtype), weight_bytes(model)

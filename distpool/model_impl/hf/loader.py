@@ -3,7 +3,6 @@ dummy weights, or an empty model on the meta device whose modules size the pools
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import torch
@@ -68,9 +67,3 @@ def weight_bytes(model: PreTrainedModel) -> int:
     """Bytes of the model's parameters and buffers (tied weights once): what each copy costs."""
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def cache_argument(model: PreTrainedModel) -> str:
-    """The name the model's forward takes its cache by: `cache` from transformers 5.24 on,
-    `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from distpool.model_impl.hf.pool_views import KVViews
+from distpool.model_impl.hf.transformers_internals import sdpa_attention_forward
 
 PAGED_ATTENTION = "distpool_paged"
 

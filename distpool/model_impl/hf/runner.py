@@ -28,7 +28,7 @@ from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
 from distpool.model_impl.hf.layout import check_allocation, runner_spec
-from distpool.model_impl.hf.loader import cache_argument, load_model
+from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.paged_attention import PAGED_ATTENTION, PagedBatch, paged_forward
 from distpool.model_impl.hf.pool_views import PoolViews
 from distpool.model_impl.hf.source import HFSource
@@ -40,6 +40,7 @@ from distpool.model_impl.hf.state_cache import (
     pooled_cache,
 )
 from distpool.model_impl.hf.support import architecture_of, unsupported_reason
+from distpool.model_impl.hf.transformers_internals import cache_argument
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.sampling import pick_tokens

@@ -16,20 +16,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import (
-    Cache,
-    DummyLayer,
-    DynamicLayer,
-    LinearAttentionAndFullAttentionLayer,
-    LinearAttentionLayer,
-)
 
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.hf.transformers_internals import (
+    Cache,
+    DummyLayer,
+    States,
+    layer_states,
+    paged_layer,
+    state_layer,
+)
 
 if TYPE_CHECKING:
     from distpool.memory.pool import Pool
 
-States = tuple[torch.Tensor, torch.Tensor]  # (conv, recurrent), each (B, *shape)
 # A segment is rounded up to this many bytes, so typed views over a gathered batch stay aligned: it
 # never reaches past the next tensor, which starts at least this aligned (memory/layout.py).
 _ALIGN = 64
@@ -109,70 +109,23 @@ class SlotStates:
         self.copies.checkpoint_copies += 1
 
 
-class PagedKVLayer(DynamicLayer):
-    """An attention layer whose K/V live in pool pages: `update` passes the new tokens' K/V on to
-    the registered attention function, which writes and reads the pages."""
-
-    def __init__(self, num_past: int) -> None:
-        super().__init__()
-        self.is_initialized = True
-        self.num_past = num_past  # tokens before this forward (the longest request's)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        return key_states, value_states
-
-    def get_seq_length(self) -> int:
-        return self.num_past
-
-
-class PagedHybridLayer(LinearAttentionAndFullAttentionLayer):
-    """Attention beside a recurrent mixer in one layer (Falcon-H1): paged K/V, slot state."""
-
-    def __init__(self, num_past: int) -> None:
-        super().__init__()
-        self.is_initialized = True
-        self.num_past = num_past
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        return key_states, value_states
-
-    def get_seq_length(self) -> int:
-        return self.num_past
-
-
-def _attach(layer: LinearAttentionLayer, states: States, kernel: int, continuing: bool) -> None:
-    """Make `states` the layer's conv and recurrent state; `continuing`: they hold earlier tokens'
-    state (else transformers overwrites them from scratch, as at the start of a prompt)."""
-    conv, recurrent = states
-    layer.conv_states[0], layer.recurrent_states[0] = conv, recurrent
-    layer.is_conv_states_initialized[0] = layer.is_recurrent_states_initialized[0] = True
-    layer.conv_kernel_size[0] = kernel
-    layer.has_previous_state[0] = continuing
-    layer.device, layer.dtype = conv.device, conv.dtype
-
-
 def pooled_cache(spec: ModelSpec, states: dict[int, States], *, kernel: int, num_past: int) -> Cache:
     """A transformers `Cache` over our memory for one forward: `states` per Mamba layer (views or
     gathered tensors), continuing from earlier tokens when `num_past` > 0."""
     layers: list = []
     for index in range(spec.num_layers):
-        attention, mamba = index in spec.full_attention_layers, index in spec.mamba_layers
-        if attention and mamba:
-            layer = PagedHybridLayer(num_past)
-        elif attention:
-            layer = PagedKVLayer(num_past)
-        elif mamba:
-            layer = LinearAttentionLayer()
+        mamba = states[index] if index in spec.mamba_layers else None
+        if index in spec.full_attention_layers:
+            layers.append(paged_layer(num_past, mamba, kernel=kernel))
+        elif mamba is not None:
+            layers.append(state_layer(mamba, kernel=kernel, continuing=num_past > 0))
         else:
-            layer = DummyLayer()
-        if mamba:
-            _attach(layer, states[index], kernel, continuing=num_past > 0)
-        layers.append(layer)
+            layers.append(DummyLayer())
     return Cache(layers=layers)
 
 
 def assert_states_kept(cache: Cache, states: dict[int, States]) -> None:
     """After a forward: transformers updated our tensors in place rather than replacing them."""
     for index, (conv, recurrent) in states.items():
-        layer = cache.layers[index]
-        assert layer.conv_states[0] is conv and layer.recurrent_states[0] is recurrent, index
+        kept_conv, kept_recurrent = layer_states(cache, index)
+        assert kept_conv is conv and kept_recurrent is recurrent, index
