@@ -25,9 +25,7 @@ from pathlib import Path
 import torch
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
-from distpool.memory.sizing import PoolArgs, size_pools
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import PoolArgs, TpEnd, layout_description, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import shard
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions

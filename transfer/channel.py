@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError

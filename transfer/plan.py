@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distpool.memory.arena import DST, NBYTES, SRC, merge_runs
 from distpool.memory.envelope import moving_rows  # the rows a transfer moves: the envelope's rule
-from distpool.memory.runs import DST, NBYTES, SRC, merge_runs
 
 __all__ = [
     "DST",

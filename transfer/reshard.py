@@ -27,8 +27,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from distpool.memory.layout import align_up, slot_stride_bytes
-from distpool.memory.runs import merge_runs
+from distpool.memory.arena import merge_runs
+from distpool.memory.sizing import align_up, slot_stride_bytes
 from distpool.model.shard import RankShard
 from transfer.plan import moving_rows, plan_runs
 from transfer.unit_templates import UNIT_KINDS, assign_pieces, source_preference, unit_templates

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distpool.memory.layout import ceil_div
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd, ceil_div
 from distpool.model.shard import RankShard, shard
 from transfer.plan import plan_runs
 from transfer.reshard import EnvelopeUnits, plan_pair, source_ranks

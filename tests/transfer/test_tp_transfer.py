@@ -19,8 +19,7 @@ import torch
 
 import transfer.sender as sender_module
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd, layout_description
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, free_units, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel
