@@ -166,6 +166,22 @@ def test_every_destination_rank_lands_its_shard_byte_exact(groups):
 
 
 @pytest.mark.parametrize("groups", [("gdn_kv2", 2, 1), ("mamba2_groups1", 1, 2)], indirect=True, ids=str)
+def test_a_rank_shares_its_two_gloo_connections_among_its_channels_across_tp(groups):
+    """The decode rank of 2:1 (the source rank of 1:2) moves over two channels at once: each has one
+    payload connection, where an equal-TP channel has two; both ends of a channel agree."""
+    ends = [end for ends in (*groups.senders.values(), *groups.receivers.values()) for end in ends]
+    assert len(ends) == 4 and {end.channel.num_streams for end in ends} == {1}
+    assert {end.channel.tp_pair.channels_per_rank for end in ends} == {2}
+    assert equal_tp_streams() == 2
+
+
+def equal_tp_streams() -> int:
+    """A channel with no TP pair (equal sizes) keeps the default two connections."""
+    channel = make_channel(0, free_port())
+    return channel._payload_streams()
+
+
+@pytest.mark.parametrize("groups", [("gdn_kv2", 2, 1), ("mamba2_groups1", 1, 2)], indirect=True, ids=str)
 def test_held_prefix_pages_are_not_moved_across_tp(groups):
     """Destination ranks holding the request's first pages (a cached prefix) take only the rest:
     the source's copies of those pages are wiped first, and every destination still verifies."""
