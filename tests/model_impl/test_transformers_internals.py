@@ -11,7 +11,6 @@ import importlib.util
 
 import pytest
 import torch
-import transformers
 
 from distpool.model_impl.hf import transformers_internals as internals
 from tests.declared_versions import declared_range, range_of
