@@ -1,5 +1,5 @@
 """Local prefill on a decode worker: a prompt that extends a finished request's tokens is prefilled
-where that request decoded, from its kept final state (`distpool.memory.final_states`), with nothing
+where that request decoded, from its kept final state (`distpool.memory.prefix.final_states`), with nothing
 transferred. In a colocated deployment (`--prefill 0`) every request is prefilled where it decodes:
 one that extends no kept state starts `fresh`, from nothing (a decode pool keeps no checkpoints at
 page boundaries, so no cached prefix of it is usable without a kept state), in chunks alike.

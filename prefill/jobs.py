@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from distpool.memory.pool import DoesNotFit, Pool
-from distpool.memory.prefix_index import PrefixMatch
+from distpool.memory.prefix import PrefixMatch
 from distpool.model_impl.prefill_job import PrefillJob
 from prefill.checkpoints import Waves, checkpoint_depth, split_waves
 

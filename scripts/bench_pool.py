@@ -54,8 +54,8 @@ from churn import (  # noqa: E402
     trace_spec,
 )
 
+from distpool.memory.alloc import RUN_BYTES  # noqa: E402
 from distpool.memory.arena_pool import ArenaPool, build_pool  # noqa: E402
-from distpool.memory.move_cost import RUN_BYTES  # noqa: E402
 from distpool.memory.pool import DoesNotFit  # noqa: E402
 from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402

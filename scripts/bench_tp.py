@@ -7,7 +7,9 @@ channel has its own Gloo group and threads, so all pairs move together); this on
 A run: both groups reserve the N requests on every rank and the decode ranks expect them on every
 channel (`transfer.parts.expect_parts`); then the prefill ranks submit them on every channel
 (`submit_parts`), and the clock runs until every destination rank has landed every request. The
-first run of each case (not timed) carries checksums, which every channel compares.
+first run of each case (not timed) carries checksums, which every channel compares. The A:B case and
+its equal B:B case are both up at once and run alternately, so that other load on the machine
+weighs on both alike; each also reports its processes' CPU time per run.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from pathlib import Path
 import torch
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
-from distpool.memory.sizing import PoolArgs, size_pools
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import PoolArgs, TpEnd, layout_description, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import shard
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions
@@ -128,81 +128,119 @@ def group_main(
                 for env in envelopes[r]
             ]
         conn.send("ready")
+        cpu_started = time.process_time()  # every thread of the process: engines, Gloo, copies
         if role == 0:
             assert conn.recv() == "go"
             parts = [submit_parts(ends[r], env, pools[r].buffer) for r in range(tp) for env in envelopes[r]]
         for part in parts:
             part.wait()  # a failure ends the process: the driver reports it
+        cpu = time.process_time() - cpu_started
         moved = sum(p.num_bytes for p in parts)
         for pool in pools:
             for rid in rids:
                 pool.release(rid)
-        conn.send(("done", moved))
+        conn.send(("done", moved, cpu))
     for rank_ends in ends.values():
         for end in rank_ends:
             end.close()
 
 
-def run_case(config: Path, src_tp: int, dst_tp: int, case: dict, repeats: int) -> tuple[float, int, int]:
-    """(median seconds, bytes received, channels) for N requests from TP src_tp to TP dst_tp."""
-    spec = spec_from_hf(config)
-    pairs = channel_pairs(spec, src_tp, dst_tp)
-    listeners = [reserve_socket() for _ in pairs]  # bound until role 0's channels listen on them
-    ports = [listener.getsockname()[1] for listener in listeners]
-    ctx = mp.get_context("spawn")
-    conns, procs = [], []
-    for role, (tp, peer_tp) in enumerate(((src_tp, dst_tp), (dst_tp, src_tp))):
-        conn, child = ctx.Pipe()
-        given = listeners if role == 0 else []
-        proc = ctx.Process(
-            target=group_main, args=(child, role, str(config), tp, peer_tp, ports, case, given), daemon=True
-        )
-        proc.start()
-        conns.append(conn)
-        procs.append(proc)
-    for listener in listeners:  # role 0 holds its own copies
-        listener.close()
+class Case:
+    """One A:B case's two group processes, connected and waiting for runs."""
 
-    def receive(conn):
+    def __init__(self, config: Path, src_tp: int, dst_tp: int, case: dict) -> None:
+        self.src_tp, self.dst_tp, self.requests = src_tp, dst_tp, case["requests"]
+        self.pairs = channel_pairs(spec_from_hf(config), src_tp, dst_tp)
+        listeners = [reserve_socket() for _ in self.pairs]  # bound until role 0's channels listen on them
+        ports = [listener.getsockname()[1] for listener in listeners]
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for role, (tp, peer_tp) in enumerate(((src_tp, dst_tp), (dst_tp, src_tp))):
+            conn, child = ctx.Pipe()
+            given = listeners if role == 0 else []
+            proc = ctx.Process(
+                target=group_main,
+                args=(child, role, str(config), tp, peer_tp, ports, case, given),
+                daemon=True,
+            )
+            proc.start()
+            self.conns.append(conn)
+            self.procs.append(proc)
+        for listener in listeners:  # role 0 holds its own copies
+            listener.close()
+        self.runs = 0
+
+    def receive(self, conn):
         if not conn.poll(600):
-            raise SystemExit(f"a group of the {src_tp}:{dst_tp} case stopped answering")
+            raise SystemExit(f"a group of the {self.src_tp}:{self.dst_tp} case stopped answering")
         return conn.recv()
 
-    try:
-        for conn in conns:
-            if receive(conn) != "connected":
+    def wait_connected(self) -> None:
+        for conn in self.conns:
+            if self.receive(conn) != "connected":
                 raise SystemExit("a group could not connect its channels")
-        times, received = [], 0
-        for run in range(repeats + 1):  # the first run, checked, warms buffers and is not timed
-            rids = [f"r{run}-{i}" for i in range(case["requests"])]
-            for conn in conns:
-                conn.send(("run", rids, run == 0))
-            for conn in conns:
-                assert receive(conn) == "ready"
-            started = time.perf_counter()
-            conns[0].send("go")
-            _, received = receive(conns[1])
-            seconds = time.perf_counter() - started
-            _, sent = receive(conns[0])
-            assert sent == received, (sent, received)
-            if run:
-                times.append(seconds)
-    finally:
-        for conn, proc in zip(conns, procs, strict=True):
+
+    def run(self, checked: bool) -> tuple[float, int, float, float]:
+        """One run of the N requests: (seconds, bytes received, sender and receiver CPU seconds)."""
+        rids = [f"r{self.runs}-{i}" for i in range(self.requests)]
+        self.runs += 1
+        for conn in self.conns:
+            conn.send(("run", rids, checked))
+        for conn in self.conns:
+            assert self.receive(conn) == "ready"
+        started = time.perf_counter()
+        self.conns[0].send("go")
+        _, received, receiver_cpu = self.receive(self.conns[1])
+        seconds = time.perf_counter() - started
+        _, sent, sender_cpu = self.receive(self.conns[0])
+        assert sent == received, (sent, received)
+        return seconds, received, sender_cpu, receiver_cpu
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
                 conn.send(("exit",))
             proc.join(timeout=60)
-    return statistics.median(times), received, len(pairs)
+
+
+def measure_pair(config: Path, src_tp: int, dst_tp: int, case: dict, repeats: int) -> dict:
+    """A:B beside B:B, run after run (alternating, so that a machine's load weighs on both alike):
+    the median seconds, bytes and CPU seconds of each."""
+    cases = {"het": Case(config, src_tp, dst_tp, case), "equal": Case(config, dst_tp, dst_tp, case)}
+    try:
+        for each in cases.values():
+            each.wait_connected()
+        runs: dict[str, list[tuple[float, int, float, float]]] = {name: [] for name in cases}
+        for run in range(repeats + 1):  # the first run, checked, warms buffers and is not timed
+            for name, each in cases.items():
+                result = each.run(checked=run == 0)
+                if run:
+                    runs[name].append(result)
+    finally:
+        for each in cases.values():
+            each.close()
+    out = {}
+    for name, results in runs.items():
+        seconds, moved, sender_cpu, receiver_cpu = (list(column) for column in zip(*results, strict=True))
+        out[name] = {
+            "seconds": statistics.median(seconds),
+            "bytes": moved[-1],
+            "cpu_s": (statistics.median(sender_cpu), statistics.median(receiver_cpu)),
+            "channels": len(cases[name].pairs),
+        }
+    return out
 
 
 def measure_tp(config: Path, tp_pairs: list[tuple[int, int]], case: dict, repeats: int) -> list[dict]:
-    """One row per A:B: its GB/s beside equal TP B:B's (same bytes, same destination layouts)."""
+    """One row per A:B: its GB/s beside equal TP B:B's (same bytes, same destination layouts), the
+    two run alternately."""
     rows = []
     for i, (src_tp, dst_tp) in enumerate(tp_pairs, 1):
-        het_s, nbytes, channels = run_case(config, src_tp, dst_tp, case, repeats)
-        eq_s, eq_bytes, eq_channels = run_case(config, dst_tp, dst_tp, case, repeats)
-        assert eq_bytes == nbytes, "equal TP moves the destination ranks' shards: the same bytes"
-        het, eq = nbytes / het_s / 1e9, nbytes / eq_s / 1e9
+        got = measure_pair(config, src_tp, dst_tp, case, repeats)
+        het, eq = got["het"], got["equal"]
+        assert eq["bytes"] == het["bytes"], "equal TP moves the destination ranks' shards: the same bytes"
+        nbytes = het["bytes"]
+        het_gbps, eq_gbps = nbytes / het["seconds"] / 1e9, nbytes / eq["seconds"] / 1e9
         rows.append(
             {
                 "method": "tp_envelope",
@@ -211,15 +249,18 @@ def measure_tp(config: Path, tp_pairs: list[tuple[int, int]], case: dict, repeat
                 "requests": case["requests"],
                 "tokens": case["tokens"],
                 "bytes": nbytes,
-                "channels": channels,
-                "equal_channels": eq_channels,
-                "gbps": round(het, 4),
-                "equal_gbps": round(eq, 4),
-                "ratio": round(het / eq, 4),
+                "channels": het["channels"],
+                "equal_channels": eq["channels"],
+                "gbps": round(het_gbps, 4),
+                "equal_gbps": round(eq_gbps, 4),
+                "ratio": round(het_gbps / eq_gbps, 4),
+                "cpu_ms": [round(c * 1e3, 1) for c in het["cpu_s"]],
+                "equal_cpu_ms": [round(c * 1e3, 1) for c in eq["cpu_s"]],
             }
         )
         print(
-            f"[tp {i}/{len(tp_pairs)}] {src_tp}:{dst_tp} {het:.2f} GB/s vs {dst_tp}:{dst_tp} {eq:.2f} GB/s",
+            f"[tp {i}/{len(tp_pairs)}] {src_tp}:{dst_tp} {het_gbps:.2f} GB/s vs {dst_tp}:{dst_tp} "
+            f"{eq_gbps:.2f} GB/s",
             file=sys.stderr,
             flush=True,
         )
@@ -228,12 +269,13 @@ def measure_tp(config: Path, tp_pairs: list[tuple[int, int]], case: dict, repeat
 
 def print_tp_table(rows: list[dict], config: Path) -> None:
     print(f"heterogeneous TP vs equal TP at the same bytes ({config.name}, all ranks moving at once)")
-    columns = ("tp", "equal", "requests", "MiB", "channels", "het GB/s", "equal GB/s", "het/equal")
-    widths = (5, 6, 8, 9, 9, 9, 10, 9)
+    columns = ("tp", "equal", "requests", "MiB", "channels", "het GB/s", "equal GB/s", "het/equal", "cpu ms")
+    widths = (5, 6, 8, 9, 9, 9, 10, 9, 19)
     print(" ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)))
     for r in rows:
         print(
             f"{r['tp']:>5} {r['equal_tp']:>6} {r['requests']:8d} {r['bytes'] / 2**20:9.1f} "
             f"{r['channels']:>4}/{r['equal_channels']:<4} {r['gbps']:9.3f} {r['equal_gbps']:10.3f} "
-            f"{r['ratio']:9.2f}"
+            f"{r['ratio']:9.2f} {'/'.join(f'{c:.0f}' for c in r['cpu_ms'] + r['equal_cpu_ms']):>19}"
         )
+    print("(cpu ms: CPU time per run of the prefill and the decode group's process, het then equal)")

@@ -22,7 +22,8 @@ churn envelope is the slot plus as many pages as bring it to at least the size a
 `--tp A:B` (repeatable, or comma-separated: `--tp 2:1,1:2,2:4`) adds one row per pair: N requests
 (`--tp-requests`, of `--tp-tokens` tokens) of a public config (`--tp-config`, default Bamba's)
 moved from a prefill group of TP A to a decode group of TP B, every rank at once, beside equal TP
-B:B moving the same bytes, and the ratio (scripts/bench_tp.py). `--tp-only` skips the other cases.
+B:B moving the same bytes (the two run alternately, both up at once), the ratio, and each case's
+CPU time per run (scripts/bench_tp.py). `--tp-only` skips the other cases.
 
     python scripts/bench_transfer.py --tp-only --tp 2:1,1:2,2:4 --json out/bench_transfer_tp.json
 
@@ -151,7 +152,7 @@ def envelope_of(rid: str, ranges: torch.Tensor) -> Envelope:
     return Envelope(request_id=rid, num_tokens=16 * ranges.shape[0], ranges=ranges, has_slot=False)
 
 
-def make_channel(rank: int, port: int, streams: int) -> Channel:
+def make_channel(rank: int, port: int, streams: int | None) -> Channel:
     return Channel(
         rank=rank,
         host="127.0.0.1",
@@ -188,7 +189,7 @@ def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
 
 
 # ---- the receiving process -------------------------------------------------------------------------
-def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
+def receiver_main(conn, port: int, arena_bytes: int, streams: int | None) -> None:
     torch.set_num_threads(1)
     channel = make_channel(1, port, streams)
     receiver = EnvelopeReceiver(channel)
@@ -218,7 +219,10 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int) -> None:
         cpu_started = time.process_time()
         deadline = time.monotonic() + 300
         if method == "raw":  # all receives posted at once
-            works = [channel.recv(arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)]
+            works = [
+                channel.recv(arena[o : o + n], TAG_RAW + i % channel.num_streams)
+                for i, (o, n) in enumerate(pieces)
+            ]
             for work in works:
                 channel.wait(work, deadline, "raw")
         else:  # one blocking receive per piece
@@ -291,7 +295,7 @@ class Bench:
                 raise SystemExit(f"envelope {rid} arrived corrupted")
             self._note_cpu(method, nbytes, seconds, (cpu, peer_cpu, busy))
             return seconds
-        channel, streams = self.channel, self.args.streams
+        channel, streams = self.channel, self.channel.num_streams
         if method == "raw":
             pieces = message_pieces(nbytes, raw_chunk)
             works = [
@@ -494,6 +498,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+def streams_text(args: argparse.Namespace) -> str:
+    return "the engine's streams" if args.streams is None else f"{args.streams} streams"
+
+
 def bench_direct_min(args: argparse.Namespace) -> int:
     options = TransferOptions(
         direct_min_bytes=None if args.direct_min_kib is None else args.direct_min_kib << 10
@@ -510,7 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("out/bench_transfer.png"), help="PNG plot path")
     parser.add_argument("--sizes-mib", type=int, nargs="+", help="envelope sizes to run (MiB)")
     parser.add_argument("--repeats", type=int, help="timed repeats per method and case (median is reported)")
-    parser.add_argument("--streams", type=int, default=2, help="Gloo connections carrying payload")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        help="Gloo connections carrying payload, per channel (default: the engine's, 2 a rank, "
+        "shared by a rank's channels across TP sizes)",
+    )
     parser.add_argument("--chunk-mib", type=int, default=CHUNK_MIB, help="the engine's chunk size (MiB)")
     parser.add_argument(
         "--direct-min-kib", type=int, help="runs this long go zero-copy (default: the engine's)"
@@ -585,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         tp_rows = measure_tp(args.tp_config, tp_pairs, case, repeats)
         print_tp_table(tp_rows, args.tp_config)
         print(
-            f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
+            f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {streams_text(args)}, "
             f"direct >= {bench_direct_min(args) >> 10} KiB, median of {repeats} runs per case)"
         )
         rows += tp_rows
@@ -611,7 +624,7 @@ def run_cases(args, arena_bytes, sizes, repeats, fragmentations, churn, started)
     )
     direct_min = bench_direct_min(args)
     print(
-        f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {args.streams} streams, "
+        f"({time.monotonic() - started:.0f} s; chunk {args.chunk_mib} MiB, {streams_text(args)}, "
         f"direct >= {direct_min >> 10} KiB, fragmented: {args.fragmented}, "
         f"median of {repeats} interleaved runs)"
     )

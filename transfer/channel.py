@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from transfer.auth import ControlAuth
 from transfer.control import ControlPlane
 from transfer.errors import ChannelError
@@ -41,6 +41,10 @@ from transfer.rendezvous import RendezvousPort, agree_generation, delta, is_loop
 from transfer.tp_pair import TpPair
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
+# Gloo payload connections a rank's channels share by default: a channel of an equal-TP pair has
+# them all; across TP sizes a rank moving over k channels at once gives each max(1, 2 // k), since
+# every connection brings its own I/O thread, and on a small machine more of them cost throughput.
+GLOO_STREAMS_PER_RANK = 2
 CONTROL_JOIN_S = 1.0  # a closed link wakes the control threads at once; this only bounds the wait
 
 
@@ -49,7 +53,8 @@ class Channel:
 
     `fingerprint` and `layout` (the fields the fingerprint covers) must match the peer's;
     `timeout_s` bounds connect and rebuild. `num_streams` Gloo connections carry payload messages
-    in parallel (NCCL always uses one ordered stream). Not thread-safe: one engine drives it.
+    in parallel (NCCL always uses one ordered stream); by default two a rank, shared across TP
+    sizes by the rank's channels (`GLOO_STREAMS_PER_RANK`). Not thread-safe: one engine drives it.
     """
 
     def __init__(
@@ -80,7 +85,8 @@ class Channel:
         self.host, self.port, self.name = host, port, name
         self.device = torch.device(device)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
-        default_streams = 2 if self.backend == "gloo" else 1
+        default_streams = GLOO_STREAMS_PER_RANK if self.backend == "gloo" else 1
+        self._streams_asked, self._default_streams = num_streams, default_streams
         self.num_streams = default_streams if num_streams is None else num_streams
         if self.num_streams < 1 or (self.backend == "nccl" and self.num_streams != 1):
             raise ValueError(f"num_streams must be >= 1 (exactly 1 with NCCL), got {num_streams}")
@@ -159,6 +165,7 @@ class Channel:
             gen_store = dist.PrefixStore(f"g{generation}/", store)
             self.peer_hello = self._handshake(gen_store, generation, deadline)
             self.tp_pair = TpPair.of(self.tp, self.peer_hello, sending=self.rank == SENDER_RANK)
+            self.num_streams = self._payload_streams()  # both ends alike: from the pair's layouts
             timeout, loopback = delta(deadline - time.monotonic()), is_loopback(self.host)
             self._pg, self._control_pg = channel_groups(  # NCCL: control gets a Gloo link of its own
                 gen_store, self.rank, self.device, self.num_streams, timeout=timeout, loopback=loopback
@@ -241,6 +248,16 @@ class Channel:
                 f"channel {self.name}: peer is on generation {int(echo.item())}, "
                 f"this rank on {self.generation}"
             )
+
+    def _payload_streams(self) -> int:
+        """This generation's payload connections: as asked; by default on Gloo, across TP sizes,
+        `GLOO_STREAMS_PER_RANK` shared by the channels the busier of the pair's two ranks moves
+        over at once (each at least one)."""
+        if self._streams_asked is not None:
+            return self._streams_asked
+        if self.backend != "gloo" or self.tp_pair is None:
+            return self._default_streams
+        return max(1, GLOO_STREAMS_PER_RANK // self.tp_pair.channels_per_rank)
 
     # ---- messaging ----------------------------------------------------------------------------
     def _group(self) -> dist.ProcessGroup:

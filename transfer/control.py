@@ -92,7 +92,11 @@ class ControlPlane:
         self._mailbox: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         # Posted and not yet taken by the peer: (works, tensors they read, set once taken).
         self._outbox: collections.deque[tuple[list, tuple, threading.Event]] = collections.deque()
-        self._cond = threading.Condition()  # guards both, and `_closed`
+        # One lock guards both, and `_closed`; readers of the mailbox and the delivery thread wait on
+        # conditions of their own, so that neither wakes the other for nothing.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # a message filed, or closed
+        self._sent = threading.Condition(lock)  # a message posted, or closed
         self._closed: str | None = None
         self._threads = [
             threading.Thread(target=self._read, name=f"control-in-{name}", daemon=True),
@@ -120,7 +124,7 @@ class ControlPlane:
                 try:
                     works = [self.group.send([t], self.peer_rank, TAG_CONTROL) for t in tensors]
                     self._outbox.append((works, tensors, taken))
-                    self._cond.notify_all()
+                    self._sent.notify()
                 except Exception as exc:  # Gloo: a closed link
                     failure = f"sending {name}: peer or link failed: {first_line(exc)}"
         if failure is not None:
@@ -131,7 +135,7 @@ class ControlPlane:
         while True:
             with self._cond:
                 while not self._outbox and self._closed is None:
-                    self._cond.wait()
+                    self._sent.wait()
                 if not self._outbox:
                     return
                 works, _, taken = self._outbox[0]
@@ -212,6 +216,7 @@ class ControlPlane:
         with self._cond:
             self._closed = self._closed or reason
             self._cond.notify_all()
+            self._sent.notify_all()
 
     def join(self, timeout_s: float) -> None:
         for thread in self._threads:
@@ -228,5 +233,6 @@ class ControlPlane:
         with self._cond:
             self._closed = self._closed or reason
             self._cond.notify_all()
+            self._sent.notify_all()
         self._on_gone(reason)
         return ChannelError(f"channel {self.name}: {reason}")

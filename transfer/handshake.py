@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import torch.distributed as dist
 
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from transfer.auth import ControlAuth
 from transfer.errors import ChannelError, FingerprintMismatch
 from transfer.protocol import PROTOCOL_VERSION, hello_key

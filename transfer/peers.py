@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from distpool.memory.envelope import Envelope
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from transfer.activity import Activity
 from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distpool.memory.arena import DST, NBYTES, SRC, merge_runs
 from distpool.memory.envelope import moving_rows  # the rows a transfer moves: the envelope's rule
-from distpool.memory.runs import DST, NBYTES, SRC, merge_runs
 
 __all__ = [
     "DST",
@@ -103,10 +103,10 @@ class Message:
         return self.spans[side]
 
 
-def _message(pieces: np.ndarray) -> Message:
-    contiguous = _in_place(pieces).tolist()
+def _message(pieces: np.ndarray, in_place: np.ndarray) -> Message:
+    """The message of `pieces` (k, 3), with `_in_place(pieces)` (known already to the caller)."""
     first = pieces[0].tolist()
-    spans = (first[SRC] if contiguous[0] else None, first[DST] if contiguous[1] else None)
+    spans = (first[SRC] if in_place[0] else None, first[DST] if in_place[1] else None)
     return Message(pieces=pieces, nbytes=int(pieces[:, NBYTES].sum()), spans=spans)
 
 
@@ -150,30 +150,42 @@ def _in_place(pieces: np.ndarray) -> np.ndarray:
     """(2,) bool: whether `pieces` (k, 3), sent as one message, lie back to back at SRC and at DST."""
     if pieces.shape[0] == 1:
         return np.ones(2, dtype=bool)
-    ends = pieces[:-1, [SRC, DST]] + pieces[:-1, NBYTES : NBYTES + 1]
-    return (pieces[1:, [SRC, DST]] == ends).all(axis=0)
+    lengths = pieces[:-1, NBYTES]
+    return np.array(
+        [
+            np.array_equal(pieces[1:, SRC], pieces[:-1, SRC] + lengths),
+            np.array_equal(pieces[1:, DST], pieces[:-1, DST] + lengths),
+        ]
+    )
 
 
-def _copied_bytes(pieces: np.ndarray) -> int:
+def _copied_bytes(pieces: np.ndarray, in_place: np.ndarray) -> int:
     """Bytes a batched message of `pieces` copies through staging: its bytes, once per side where it
     is not in place (a gather at the source, a scatter at the destination)."""
-    if pieces.shape[0] == 0:
-        return 0
-    return int(pieces[:, NBYTES].sum()) * int((~_in_place(pieces)).sum())
+    return int(pieces[:, NBYTES].sum()) * int((~in_place).sum())
 
 
-def _goes_direct(pieces: np.ndarray, candidates: np.ndarray, message_cost_bytes: int) -> np.ndarray:
+def _goes_direct(
+    pieces: np.ndarray, candidates: np.ndarray, message_cost_bytes: int
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Which pieces of one chunk are sent zero-copy: the `candidates` (pieces of long runs), unless
     batching them with the rest costs less. Cost, in bytes copied: each message counts
     `message_cost_bytes`, and a batch counts its bytes once per side it is staged on. Batching
     wins where it keeps a side in place that splitting would break (say, a contiguous source whose
-    long runs would leave gaps in the batch). Ties go zero-copy."""
-    if candidates.shape[0] == 1 or not candidates.any():
-        return candidates  # one piece is in place on both sides either way
+    long runs would leave gaps in the batch). Ties go zero-copy. Also returns the batch's
+    `_in_place` (None when nothing is batched)."""
+    if not candidates.any():
+        return candidates, _in_place(pieces)
+    if candidates.shape[0] == 1:
+        return candidates, None  # one piece is in place on both sides either way
     rest = pieces[~candidates]
-    split = message_cost_bytes * (int(candidates.sum()) + int(rest.shape[0] > 0)) + _copied_bytes(rest)
-    batched = message_cost_bytes + _copied_bytes(pieces)
-    return candidates if split <= batched else np.zeros_like(candidates)
+    rest_in_place = _in_place(rest) if rest.shape[0] else None
+    split = message_cost_bytes * (int(candidates.sum()) + int(rest_in_place is not None))
+    if rest_in_place is not None:
+        split += _copied_bytes(rest, rest_in_place)
+    all_in_place = _in_place(pieces)
+    batched = message_cost_bytes + _copied_bytes(pieces, all_in_place)
+    return (candidates, rest_in_place) if split <= batched else (np.zeros_like(candidates), all_in_place)
 
 
 def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) -> list[Chunk]:
@@ -199,10 +211,13 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     for index in range(num_chunks):
         lo, hi = bounds[index], bounds[index + 1]
         in_chunk = pieces[lo:hi]
-        is_direct = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
-        messages = [] if is_direct.all() else [_message(in_chunk[~is_direct])]
+        is_direct, batch_in_place = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
+        messages = [] if batch_in_place is None else [_message(in_chunk[~is_direct], batch_in_place)]
         direct_pieces = in_chunk[is_direct]
-        messages += [_message(direct_pieces[i : i + 1]) for i in range(direct_pieces.shape[0])]
+        messages += [  # one piece: in place on both sides
+            Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))
+            for i, (src, dst, n) in enumerate(direct_pieces.tolist())
+        ]
         chunks.append(Chunk(index=index, messages=tuple(messages)))
     return chunks
 

@@ -1,7 +1,8 @@
 """The receiving side of one transfer's chunks: chunk k is scattered while chunks k+1 and k+2 arrive.
 
     keep three chunks' receives posted (messages contiguous here straight into our arena, a staged
-        one into staging buffer k % 3); land chunk k (its scatter overlaps k+1 and k+2), then post k+3
+        one into staging buffer k % 3); land chunk k (its staged message is scattered once it is in,
+        while the chunk's other messages and chunks k+1 and k+2 arrive), then post k+3
 
 Where bytes go is computed from this end's own ranges alone (`Job.runs`); the sending side is
 `transfer.send_pipeline`, and the control messages around both are the ends' own.
@@ -72,16 +73,16 @@ class ReceivePipeline:
         return chunk, works, buffers
 
     def _land(self, posted: tuple[Chunk, list, list], deadline: float, *, scatter_staged: bool) -> None:
-        """Wait for a posted chunk's messages and scatter its staged one into the arena."""
+        """Wait for a posted chunk's messages and scatter its staged one into the arena as soon as
+        it is in (the plan sends it first: its scatter overlaps the chunk's zero-copy messages)."""
         job = self.job
         chunk, works, buffers = posted
-        for work in works:
+        for message, work, buffer in zip(chunk.messages, works, buffers, strict=True):
             self.channel.wait(work, deadline, f"receiving chunk {chunk.index}")
+            if scatter_staged and message.in_place_at(DST) is None:
+                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
         if not scatter_staged:
             return
-        for message, buffer in zip(chunk.messages, buffers, strict=True):
-            if message.in_place_at(DST) is None:
-                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
         job.transfer.num_chunks_done = chunk.index + 1
         if job.transfer.on_chunk is not None:
             job.transfer.on_chunk(job.transfer, chunk.index)

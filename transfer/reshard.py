@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 
-from distpool.memory.layout import align_up, slot_stride_bytes
-from distpool.memory.runs import merge_runs
+from distpool.memory.arena import merge_runs
+from distpool.memory.sizing import align_up, slot_stride_bytes
 from distpool.model.shard import RankShard
 from transfer.plan import moving_rows, plan_runs
 from transfer.unit_templates import UNIT_KINDS, assign_pieces, source_preference, unit_templates
@@ -73,6 +74,7 @@ class RankRuns:
         return int(self.runs[:, 2].sum())
 
 
+@lru_cache(maxsize=256)  # a pure function of the shard, asked for every request's plan
 def _unit_bytes(shard: RankShard, kind: str, page_size: int) -> int:
     """The stride of one unit of `kind` in a pool built from the rank's spec."""
     spec = shard.spec
@@ -86,10 +88,11 @@ def _check_units(shards: Sequence[RankShard], units: Sequence[EnvelopeUnits], pa
     """Every unit is as large as the rank's shard says: the pools were built from the shards' specs."""
     for shard, table in zip(shards, units, strict=True):
         for kind in UNIT_KINDS:
-            sizes, expected = set(getattr(table, kind)[:, 1].tolist()), _unit_bytes(shard, kind, page_size)
-            if sizes - {expected}:
+            sizes, expected = getattr(table, kind)[:, 1], _unit_bytes(shard, kind, page_size)
+            if (sizes != expected).any():
                 raise ValueError(
-                    f"rank {shard.rank} of TP {shard.tp} holds {kind}s of {sorted(sizes)} bytes, but its "
+                    f"rank {shard.rank} of TP {shard.tp} holds {kind}s of {sorted(set(sizes.tolist()))} "
+                    "bytes, but its "
                     f"shard makes them {expected}. Fix: build each rank's pool from its shard's spec, "
                     "sharding the spec with the run's dtypes and page size"
                 )

@@ -1,5 +1,5 @@
 """The handshake's tensor-parallel part: which hello fields must agree between two TP layouts, and
-whether a pair of ranks can be resharded (`distpool.memory.tp_layout.TpEnd` is what each end says).
+whether a pair of ranks can be resharded (`distpool.memory.sizing.TpEnd` is what each end says).
 
 A hello without a "tp" entry is rank 0 of TP 1. With equal TP sizes both ends hold the same shapes:
 every field compared before TP existed must agree (and the unsharded layouts, where both ends give
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from distpool.model.shard import check_tp, shard
 from transfer.errors import ReshardRefused
 from transfer.reshard import source_ranks

@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from distpool.memory.layout import ceil_div
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd, ceil_div
 from distpool.model.shard import RankShard, shard
 from transfer.plan import plan_runs
-from transfer.reshard import EnvelopeUnits, plan_pair
+from transfer.reshard import EnvelopeUnits, plan_pair, source_ranks
 from transfer.tp_handshake import tp_of
 
 
@@ -52,6 +51,13 @@ class TpPair:
         if sending:
             return cls(ours, theirs, end.shard.rank, peer["rank"], page_size)
         return cls(theirs, ours, peer["rank"], end.shard.rank, page_size)
+
+    @property
+    def channels_per_rank(self) -> int:
+        """The most channels one of the pair's two ranks moves over at once: the destination rank
+        has one per source rank it hears from, the source rank one per destination rank it serves."""
+        heard = [source_ranks(self.src_shards, self.dst_shards, d) for d in range(len(self.dst_shards))]
+        return max(len(heard[self.dst_rank]), sum(self.src_rank in ranks for ranks in heard))
 
     def __str__(self) -> str:
         return (

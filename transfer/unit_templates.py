@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from distpool.memory.layout import TensorPlace, page_places, slot_places
+from distpool.memory.sizing import TensorPlace, page_places, slot_places
 from distpool.model.shard import RankShard, TensorShard
 
 UNIT_KINDS = ("slot", "page", "swa_page")  # canonical order of an envelope's units

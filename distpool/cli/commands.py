@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from distpool.cli.flags import pool_args_from
-from distpool.memory.describe import format_sizes
-from distpool.memory.sizing import GIB
-from distpool.memory.tp_sizes import size_tp_pools
+from distpool.memory.sizing import GIB, format_sizes, size_tp_pools
 from distpool.model.eos import eos_token_ids
 from distpool.model.presets import format_presets, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION

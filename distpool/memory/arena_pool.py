@@ -19,16 +19,13 @@ from collections.abc import Sequence
 
 import torch
 
-from distpool.memory.allocator import Allocator
+from distpool.memory.alloc import Allocator
 from distpool.memory.arena import Arena
 from distpool.memory.envelope import Envelope
-from distpool.memory.final_states import FinalStates
-from distpool.memory.fingerprint import layout_fingerprint
-from distpool.memory.pool import BandUsage, NeedsCompaction
-from distpool.memory.prefix_cache import PrefixCache
-from distpool.memory.prefix_index import PrefixMatch
+from distpool.memory.errors import BandUsage, NeedsCompaction
+from distpool.memory.prefix import FinalStates, PrefixCache, PrefixMatch
 from distpool.memory.refusals import compacting_if, evicting_if
-from distpool.memory.sizing import PoolSizes
+from distpool.memory.sizing import PoolSizes, layout_fingerprint
 
 
 class ArenaPool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distpool.memory.pool import DoesNotFit, NeedsCompaction
-from distpool.memory.prefix_cache import PrefixCache
+from distpool.memory.errors import DoesNotFit, NeedsCompaction
+from distpool.memory.prefix import PrefixCache
 
 
 def evicting_if(

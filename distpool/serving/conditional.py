@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from distpool.memory.prefix_keys import PrefixKeys
+from distpool.memory.prefix import PrefixKeys
 from distpool.serving.router import AFFINITY_SLACK, Router
 
 # Running requests' per-token latency may grow by this fraction over a reply's length for what a local

@@ -22,7 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from decode.worker import DecodeWorker
-from distpool.memory.tp_sizes import size_tp_pools
+from distpool.memory.sizing import size_tp_pools
 from distpool.model.spec import HYBRID_MAMBA
 from distpool.model_impl.select import choose_model_impl
 from distpool.serving.deployment_checks import check_colocated, check_tensor_parallel

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
-from distpool.memory.prefix_keys import chained_block_keys
+from distpool.memory.prefix import chained_block_keys
 
 # A cache hit saves transferring part of the prompt once, but a worker with a long queue delays every
 # one of the request's decode steps; past this many extra requests in flight, load order wins.

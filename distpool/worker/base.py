@@ -13,10 +13,8 @@ import uuid
 import torch
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
 from distpool.memory.pool import BandUsage, Pool
-from distpool.memory.tp_layout import TpEnd
-from distpool.memory.tp_sizes import size_tp_pools
+from distpool.memory.sizing import TpEnd, layout_description, size_tp_pools
 from distpool.model.shard import shard
 from distpool.model_impl.select import build_model_impl
 from distpool.worker.config import WorkerConfig

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.band import Band
-from distpool.memory.free_runs import FreeRuns
+from distpool.memory.arena.band import Band
+from distpool.memory.arena.free_runs import FreeRuns
 
 
 def make_band(size: int, holders: list[list[int]]) -> tuple[Band, list[np.ndarray]]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from distpool.memory.arena.runs import merge_runs
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import (
     BandUsage,
@@ -20,7 +21,6 @@ from distpool.memory.pool import (
     RequestPinned,
     UnknownRequest,
 )
-from distpool.memory.runs import merge_runs
 from distpool.model.spec import DENSE, HYBRID_SWA
 from tests.factories import accounting, free_units, make_pool, make_sizes, make_spec
 

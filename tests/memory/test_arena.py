@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from distpool.memory import arena as arena_module
-from distpool.memory.arena import Arena, BandGeometry, band_geometry
-from distpool.memory.layout import page_places, slot_places
+from distpool.memory.arena import arena as arena_module
+from distpool.memory.arena.arena import Arena, BandGeometry, band_geometry
+from distpool.memory.sizing.layout import page_places, slot_places
 from distpool.model.spec import DENSE, HYBRID_SWA
 from tests.factories import make_pool, make_sizes, make_spec
 

@@ -7,9 +7,9 @@ two free pages at the top of the gap (18, 19), above twelve slots' worth of the 
 
 from __future__ import annotations
 
-from distpool.memory.move_cost import MoveCost
+from distpool.memory.alloc.move_cost import MoveCost
+from distpool.memory.arena.runs import num_runs
 from distpool.memory.pool import NeedsCompaction
-from distpool.memory.runs import num_runs
 from tests.memory.placed_pool import make_placed_pool
 
 PAGE_BYTES = 512

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.band import Band
-from distpool.memory.evacuate import evacuation_moves
-from distpool.memory.move_cost import MoveCost
+from distpool.memory.alloc.evacuate import evacuation_moves
+from distpool.memory.alloc.move_cost import MoveCost
+from distpool.memory.arena.band import Band
 from tests.memory.band_factory import make_band
 
 PAGE_BYTES = 1000

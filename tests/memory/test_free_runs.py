@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.free_runs import FreeRuns
+from distpool.memory.arena.free_runs import FreeRuns
 
 
 def _runs(runs: FreeRuns) -> list[tuple[int, int]]:

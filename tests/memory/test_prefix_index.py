@@ -14,8 +14,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from distpool.memory import prefix_index
-from distpool.memory.prefix_index import Handles, PrefixIndex, PrefixMatch
+from distpool.memory.prefix import prefix_index
+from distpool.memory.prefix.prefix_index import Handles, PrefixIndex, PrefixMatch
 
 
 def make_index(page_size: int = 2, *, needs_checkpoint: bool = False) -> PrefixIndex:

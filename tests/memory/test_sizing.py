@@ -2,8 +2,8 @@
 
 import pytest
 
-from distpool.memory.layout import align_up, slot_stride_bytes
-from distpool.memory.sizing import DEFAULT_MAX_RUNNING_REQUESTS, GIB, PoolArgs, size_pools
+from distpool.memory.sizing.layout import align_up, slot_stride_bytes
+from distpool.memory.sizing.sizing import DEFAULT_MAX_RUNNING_REQUESTS, GIB, PoolArgs, size_pools
 from distpool.model.spec import AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
 
 MIB = 1 << 20

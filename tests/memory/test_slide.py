@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.slide import cheapest_slide, slide_moves
+from distpool.memory.alloc.slide import cheapest_slide, slide_moves
 from tests.memory.band_factory import make_band
 
 

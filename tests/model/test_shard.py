@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distpool.memory.fingerprint import layout_fingerprint
-from distpool.memory.sizing import PoolArgs, size_pools
+from distpool.memory.sizing import PoolArgs, layout_fingerprint, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import PRESETS_DIR
 from distpool.model.shard import check_tp, replicated_parts, shard, valid_tp_sizes

@@ -11,7 +11,6 @@ import importlib.util
 
 import pytest
 import torch
-import transformers
 
 from distpool.model_impl.hf import transformers_internals as internals
 from tests.declared_versions import declared_range, range_of
@@ -46,7 +45,8 @@ def test_a_checked_release_passes(version):
 
 
 def test_importing_the_module_under_another_transformers_raises_before_looking_up_its_names(monkeypatch):
-    monkeypatch.setattr(transformers, "__version__", "5.25.0")
+    # The transformers the module will import (another test may have imported it afresh since).
+    monkeypatch.setattr(importlib.import_module("transformers"), "__version__", "5.25.0")
     spec = importlib.util.spec_from_file_location("internals_again", internals.__file__)
     module = importlib.util.module_from_spec(spec)
     with pytest.raises(ValueError, match=r"transformers 5\.25\.0 is installed") as refused:

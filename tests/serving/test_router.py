@@ -232,7 +232,7 @@ def test_typed_errors_cross_process_boundaries_as_themselves():
     arrived as UnserializableException and was told apart by its message text)."""
     import pickle
 
-    from distpool.memory.allocator import NeedsCompaction
+    from distpool.memory.pool import NeedsCompaction
     from transfer import ChannelError, TransferError
 
     err = pickle.loads(pickle.dumps(NeedsCompaction("r1", "fragmented")))

@@ -74,7 +74,7 @@ def test_bench_transfer_tp_rows_put_heterogeneous_beside_equal_tp_at_the_same_by
     row = rows[0]
     assert set(row) == {
         "method", "tp", "equal_tp", "requests", "tokens", "bytes", "channels",
-        "equal_channels", "gbps", "equal_gbps", "ratio",
+        "equal_channels", "gbps", "equal_gbps", "ratio", "cpu_ms", "equal_cpu_ms",
     }  # fmt: skip
     assert (row["method"], row["tp"], row["equal_tp"]) == ("tp_envelope", "2:1", "1:1")
     assert (row["channels"], row["equal_channels"], row["requests"], row["tokens"]) == (2, 1, 1, 16)
@@ -82,6 +82,8 @@ def test_bench_transfer_tp_rows_put_heterogeneous_beside_equal_tp_at_the_same_by
     assert 117 << 20 < row["bytes"] < 118 << 20
     assert row["gbps"] > 0 and row["equal_gbps"] > 0
     assert row["ratio"] == pytest.approx(row["gbps"] / row["equal_gbps"], rel=1e-2)
+    # CPU time per run of each case's two group processes (prefill, decode): both did work
+    assert all(len(row[key]) == 2 and min(row[key]) > 0 for key in ("cpu_ms", "equal_cpu_ms"))
     assert "het/equal" in done.stdout and "[tp 1/1]" in done.stderr
     assert not (tmp_path / "plot.png").exists()  # --tp-only: no envelope cases to plot
 
@@ -96,3 +98,23 @@ def test_bench_transfer_refuses_a_malformed_tp_pair_in_one_line(value):
         timeout=60,
     )
     assert done.returncode == 2 and "--tp" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_transfer_timeline_times_each_step_of_small_transfers_on_both_ends():
+    done = subprocess.run(
+        [sys.executable, "scripts/transfer_timeline.py", "--transfers", "12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "one-page transfers: 2," in done.stdout, done.stdout
+    steps = [line.split() for line in done.stdout.splitlines()[2:]]
+    names = [step[1] for step in steps]
+    # both processes' steps, the control messages by name, the caller's wait last on each side
+    for name in ("ctl.send:bell>", "ctl.got:reply<", "ctl.got:status<", "waited"):
+        assert name in names, done.stdout
+    assert {step[0] for step in steps} == {"S", "R"}, done.stdout
+    times = [float(step[2]) for step in steps]
+    assert times == sorted(times) and times[-1] > 0, done.stdout

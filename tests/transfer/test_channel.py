@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port
 from transfer import Channel, ChannelError, FailureKind, FingerprintMismatch
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
-from distpool.memory.sizing import PoolArgs, size_pools
+from distpool.memory.sizing import PoolArgs, layout_description, size_pools
 from distpool.model.spec import HYBRID_MAMBA, AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
 from tests.factories import free_units
 from tests.transfer.transfer_peer import SECRET, free_port

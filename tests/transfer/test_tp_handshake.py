@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distpool.memory.fingerprint import layout_description, layout_fingerprint
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd, layout_description, layout_fingerprint
 from distpool.model.shard import shard
 from tests.factories import make_sizes, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel

@@ -19,8 +19,7 @@ import torch
 
 import transfer.sender as sender_module
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.fingerprint import layout_description
-from distpool.memory.tp_layout import TpEnd
+from distpool.memory.sizing import TpEnd, layout_description
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, free_units, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel
@@ -164,6 +163,22 @@ def test_every_destination_rank_lands_its_shard_byte_exact(groups):
     assert sum(p.num_bytes for p in outgoing) == sum(p.num_bytes for p in incoming)
     assert groups.mismatches() == [None] * len(groups.dst_pools)
     groups.release_all()
+
+
+@pytest.mark.parametrize("groups", [("gdn_kv2", 2, 1), ("mamba2_groups1", 1, 2)], indirect=True, ids=str)
+def test_a_rank_shares_its_two_gloo_connections_among_its_channels_across_tp(groups):
+    """The decode rank of 2:1 (the source rank of 1:2) moves over two channels at once: each has one
+    payload connection, where an equal-TP channel has two; both ends of a channel agree."""
+    ends = [end for ends in (*groups.senders.values(), *groups.receivers.values()) for end in ends]
+    assert len(ends) == 4 and {end.channel.num_streams for end in ends} == {1}
+    assert {end.channel.tp_pair.channels_per_rank for end in ends} == {2}
+    assert equal_tp_streams() == 2
+
+
+def equal_tp_streams() -> int:
+    """A channel with no TP pair (equal sizes) keeps the default two connections."""
+    channel = make_channel(0, free_port())
+    return channel._payload_streams()
 
 
 @pytest.mark.parametrize("groups", [("gdn_kv2", 2, 1), ("mamba2_groups1", 1, 2)], indirect=True, ids=str)

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from distpool.memory.layout import ALIGN_BYTES
-from distpool.memory.sizing import PoolSizes
+from distpool.memory.sizing.layout import ALIGN_BYTES
+from distpool.memory.sizing.sizing import PoolSizes
 from distpool.model.shard import RankShard
 
 

@@ -14,14 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.claims import GrowthClaims
-from distpool.memory.compaction import CompactionPlanner
-from distpool.memory.footprint import Footprint
-from distpool.memory.free_runs import NO_POSITIONS
-from distpool.memory.frontier import Frontier
-from distpool.memory.placement import Placement
-from distpool.memory.pool import NeedsCompaction
-from distpool.memory.requests import RequestTable, concat_ids
+from distpool.memory.alloc.claims import GrowthClaims
+from distpool.memory.alloc.compaction import CompactionPlanner
+from distpool.memory.alloc.footprint import Footprint
+from distpool.memory.alloc.placement import Placement
+from distpool.memory.alloc.requests import RequestTable, concat_ids
+from distpool.memory.arena import NO_POSITIONS, Frontier
+from distpool.memory.errors import NeedsCompaction
 
 
 class Growth:

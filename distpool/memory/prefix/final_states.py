@@ -25,12 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from distpool.memory.allocator import Allocator
-from distpool.memory.arena import Arena
-from distpool.memory.band import require
-from distpool.memory.pool import DoesNotFit
-from distpool.memory.prefix_index import PrefixIndex, PrefixMatch
-from distpool.memory.prefix_keys import PrefixKeys
+from distpool.memory.alloc import Allocator
+from distpool.memory.arena import Arena, require
+from distpool.memory.errors import DoesNotFit
+from distpool.memory.prefix.prefix_index import PrefixIndex, PrefixMatch
+from distpool.memory.prefix.prefix_keys import PrefixKeys
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distpool.memory.sizing import PoolArgs, PoolSizes, size_pools
+from distpool.memory.sizing.sizing import PoolArgs, PoolSizes, size_pools
 from distpool.model.shard import RankShard, shard
 from distpool.model.spec import ModelSpec
 

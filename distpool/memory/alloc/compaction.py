@@ -20,18 +20,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.claims import GrowthClaims
-from distpool.memory.evacuate import Evacuation, evacuation_moves
-from distpool.memory.free_runs import FreeRuns
-from distpool.memory.frontier import CompactionMoves, Frontier, lowest_free_top
-from distpool.memory.layout import ceil_div
-from distpool.memory.move_cost import MoveCost
-from distpool.memory.placement import Placement
-from distpool.memory.pool import DoesNotFit, NeedsCompaction
-from distpool.memory.requests import RequestTable
-from distpool.memory.runs import num_runs
-from distpool.memory.sharing import SharedPages
-from distpool.memory.slide import cheapest_slide, slide_moves
+from distpool.memory.alloc.claims import GrowthClaims
+from distpool.memory.alloc.evacuate import Evacuation, evacuation_moves
+from distpool.memory.alloc.move_cost import MoveCost
+from distpool.memory.alloc.placement import Placement
+from distpool.memory.alloc.requests import RequestTable
+from distpool.memory.alloc.sharing import SharedPages
+from distpool.memory.alloc.slide import cheapest_slide, slide_moves
+from distpool.memory.arena import CompactionMoves, FreeRuns, Frontier, lowest_free_top, num_runs
+from distpool.memory.errors import DoesNotFit, NeedsCompaction
+from distpool.memory.sizing import ceil_div
 
 
 class CompactionPlanner:

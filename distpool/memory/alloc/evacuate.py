@@ -25,10 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distpool.memory.band import Band
-from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
-from distpool.memory.move_cost import MoveCost
-from distpool.memory.runs import num_runs
+from distpool.memory.alloc.move_cost import MoveCost
+from distpool.memory.arena import NO_POSITIONS, Band, FreeRuns, num_runs
 
 WINDOW_TRIES = 8  # cheapest windows (by pages in them) whose evacuations are planned and compared
 

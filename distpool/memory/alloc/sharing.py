@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distpool.memory.band import Band, require
-from distpool.memory.requests import RequestTable
+from distpool.memory.alloc.requests import RequestTable
+from distpool.memory.arena import Band, require
 
 
 class SharedPages:

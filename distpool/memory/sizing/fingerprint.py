@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from distpool.memory.layout import ALIGN_BYTES
-from distpool.memory.sizing import PoolSizes
+from distpool.memory.sizing.layout import ALIGN_BYTES
+from distpool.memory.sizing.sizing import PoolSizes
 
 
 def layout_description(sizes: PoolSizes) -> dict[str, object]:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.band import Band
-from distpool.memory.free_runs import NO_POSITIONS
+from distpool.memory.arena import NO_POSITIONS, Band
 
 PLACEMENTS = ("extent", "first_fit")
 # Extent placement leaves this many low units' worth of the gap between the bands free while holes

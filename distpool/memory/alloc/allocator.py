@@ -20,19 +20,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from distpool.memory.arena import BandGeometry
-from distpool.memory.band import Band, require
-from distpool.memory.claims import GrowthClaims
-from distpool.memory.compaction import CompactionPlanner
-from distpool.memory.footprint import Footprint
-from distpool.memory.frontier import CompactionMoves, Frontier
-from distpool.memory.growth import Growth
-from distpool.memory.layout import ceil_div
-from distpool.memory.move_cost import MoveCost
-from distpool.memory.placement import GAP_KEEP_LOW_UNITS, Placement
-from distpool.memory.pool import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
-from distpool.memory.requests import RequestTable, checked_batch, concat_ids
-from distpool.memory.sharing import SharedPages
+from distpool.memory.alloc.claims import GrowthClaims
+from distpool.memory.alloc.compaction import CompactionPlanner
+from distpool.memory.alloc.footprint import Footprint
+from distpool.memory.alloc.growth import Growth
+from distpool.memory.alloc.move_cost import MoveCost
+from distpool.memory.alloc.placement import GAP_KEEP_LOW_UNITS, Placement
+from distpool.memory.alloc.requests import RequestTable, checked_batch, concat_ids
+from distpool.memory.alloc.sharing import SharedPages
+from distpool.memory.arena import Band, BandGeometry, CompactionMoves, Frontier, require
+from distpool.memory.errors import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
+from distpool.memory.sizing import ceil_div
 
 
 class Allocator:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distpool.memory.layout import ALIGN_BYTES, align_up, ceil_div, slot_stride_bytes
+from distpool.memory.sizing.layout import ALIGN_BYTES, align_up, ceil_div, slot_stride_bytes
 from distpool.model.dtypes import canonical_dtype
 from distpool.model.spec import DEEPSEEK_V4, HYBRID_MAMBA, HYBRID_SWA, ModelSpec
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distpool.memory.arena import BandGeometry
-from distpool.memory.band import Band
-from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
-from distpool.memory.layout import ceil_div
-from distpool.memory.runs import NO_RUNS, merge_runs
+from distpool.memory.arena.arena import BandGeometry
+from distpool.memory.arena.band import Band
+from distpool.memory.arena.free_runs import NO_POSITIONS, FreeRuns
+from distpool.memory.arena.runs import NO_RUNS, merge_runs
+from distpool.memory.sizing import ceil_div
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distpool.memory.band import Band
+from distpool.memory.arena import Band
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distpool.memory.band import require
-from distpool.memory.layout import ceil_div
-from distpool.memory.requests import RequestTable, checked_batch
+from distpool.memory.alloc.requests import RequestTable, checked_batch
+from distpool.memory.arena import require
+from distpool.memory.sizing import ceil_div
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from distpool.memory.layout import ALIGN_BYTES, TensorPlace, page_places, slot_places
-from distpool.memory.sizing import PoolSizes
+from distpool.memory.sizing import ALIGN_BYTES, PoolSizes, TensorPlace, page_places, slot_places
 from distpool.model.dtypes import torch_dtype
 from distpool.model.spec import AttentionSpec
 

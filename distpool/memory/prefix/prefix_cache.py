@@ -21,11 +21,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from distpool.memory.band import require
-from distpool.memory.final_states import FinalStates
-from distpool.memory.pool import DoesNotFit
-from distpool.memory.prefix_index import Handles, PrefixIndex, PrefixMatch
-from distpool.memory.sharing import SharedPages
+from distpool.memory.alloc import SharedPages
+from distpool.memory.arena import require
+from distpool.memory.errors import DoesNotFit
+from distpool.memory.prefix.final_states import FinalStates
+from distpool.memory.prefix.prefix_index import Handles, PrefixIndex, PrefixMatch
 
 
 class PrefixCache:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.free_runs import NO_POSITIONS, FreeRuns
+from distpool.memory.arena.free_runs import NO_POSITIONS, FreeRuns
 
 
 class Band:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distpool.memory.band import Band, require
-from distpool.memory.requests import RequestTable
+from distpool.memory.alloc.requests import RequestTable
+from distpool.memory.arena import Band, require
 
 
 class GrowthClaims:

@@ -1,0 +1,42 @@
+"""Pool sizing and byte layout: pure functions from a model and a budget to sizes and places.
+
+`sizing.py`: (ModelSpec, PoolArgs, budget) -> frozen PoolSizes, with its refusals; `layout.py`: the
+byte layout of one page envelope and one slot envelope (alignment, strides, places); `fingerprint.py`:
+the layout fingerprint two pools must share; `tp_sizes.py`: one TP rank's sizes; `tp_layout.py`: what
+one end of a channel tells the other about its TP group; `describe.py`: sizes as `check` prints them.
+Nothing here allocates.
+"""
+
+from distpool.memory.sizing.describe import format_sizes
+from distpool.memory.sizing.fingerprint import layout_description, layout_fingerprint
+from distpool.memory.sizing.layout import (
+    ALIGN_BYTES,
+    TensorPlace,
+    align_up,
+    ceil_div,
+    page_places,
+    slot_places,
+    slot_stride_bytes,
+)
+from distpool.memory.sizing.sizing import GIB, PoolArgs, PoolSizes, size_pools
+from distpool.memory.sizing.tp_layout import TpEnd
+from distpool.memory.sizing.tp_sizes import size_tp_pools
+
+__all__ = [
+    "ALIGN_BYTES",
+    "GIB",
+    "PoolArgs",
+    "PoolSizes",
+    "TensorPlace",
+    "TpEnd",
+    "align_up",
+    "ceil_div",
+    "format_sizes",
+    "layout_description",
+    "layout_fingerprint",
+    "page_places",
+    "size_pools",
+    "size_tp_pools",
+    "slot_places",
+    "slot_stride_bytes",
+]

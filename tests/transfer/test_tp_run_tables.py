@@ -1,0 +1,100 @@
+"""Random TP run tables, byte-exact through the data path the engines take, for every TP test config
+and both directions (A:B and B:A).
+
+Each example places one request's units anew on every rank (a random number of other requests
+reserved first, a random prompt length: the last page partly filled), takes every channel's runs
+from `plan_pair` and moves them as the pipelines do (`plan_messages` with a random chunk size, so
+runs straddle chunk boundaries, and a random zero-copy threshold; each message sent from the arena
+where it lies contiguous at the source, else gathered; landed in place where contiguous at the
+destination, else scattered). Every destination arena must then equal what a copy per run gives,
+byte for byte, outside the envelope as well. No channel is needed: the engines' own exchanges are
+covered by test_tp_transfer and test_run_tables; this covers the plans and copies they run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.factories import TP_CONFIGS, make_rank_pool, tp_spec
+from tests.transfer.test_reshard import PAGE_SIZE, layout, units_of
+from transfer.plan import DST, NBYTES, SRC, plan_messages
+from transfer.reshard import plan_pair, source_ranks
+from transfer.staging import gather, scatter
+
+DIRECTIONS = [(1, 2), (2, 1), (2, 4), (4, 2)]
+
+
+def placed_pools(shards, others: list[int], tokens: int, seed: int) -> list:
+    """Each rank's pool: `others[r]` requests of varying length first, then the request "r", and
+    random bytes in every arena."""
+    pools = []
+    for shard_, count in zip(shards, others, strict=True):
+        pool = make_rank_pool(shard_, unified=True)
+        for i in range(count):
+            pool.reserve(f"other{i}", 1 + 3 * i)
+        pool.reserve("r", tokens)
+        generator = torch.Generator().manual_seed(seed + shard_.rank)
+        pool.buffer.copy_(torch.randint(0, 256, pool.buffer.shape, dtype=torch.uint8, generator=generator))
+        pools.append(pool)
+    return pools
+
+
+def move_as_the_pipelines(runs, src: torch.Tensor, dst: torch.Tensor, chunk_bytes: int, direct: int) -> None:
+    for chunk in plan_messages(runs, chunk_bytes=chunk_bytes, direct_min_bytes=direct):
+        assert sum(m.in_place_at(SRC) is None for m in chunk.messages) <= 1, "one staged message a chunk"
+        for message in chunk.messages:
+            pieces, nbytes = message.pieces, message.nbytes
+            at_src, at_dst = message.in_place_at(SRC), message.in_place_at(DST)
+            if at_src is not None:
+                payload = src[at_src : at_src + nbytes].clone()  # what goes on the wire
+            else:
+                payload = torch.empty(nbytes, dtype=torch.uint8)
+                gather(src, pieces[:, SRC], pieces[:, NBYTES], payload)
+            if at_dst is not None:
+                dst[at_dst : at_dst + nbytes] = payload
+            else:
+                scatter(payload, pieces[:, DST], pieces[:, NBYTES], dst)
+
+
+@pytest.mark.parametrize("src_tp,dst_tp", DIRECTIONS, ids=[f"{a}to{b}" for a, b in DIRECTIONS])
+@pytest.mark.parametrize("model", list(TP_CONFIGS))
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    tokens=st.integers(1, 13),
+    chunk_bytes=st.sampled_from([64, 200, 1024, 4096, 1 << 20]),
+    direct=st.sampled_from([1, 64, 512, 1 << 30]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_tp_run_tables_land_byte_exact_through_the_staged_and_direct_path(
+    model, src_tp, dst_tp, data, tokens, chunk_bytes, direct, seed
+):
+    spec = tp_spec(model)
+    src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+    others = st.lists(st.integers(0, 3), min_size=src_tp + dst_tp, max_size=src_tp + dst_tp)
+    counts = data.draw(others)
+    src_pools = placed_pools(src_shards, counts[:src_tp], tokens, seed)
+    dst_pools = placed_pools(dst_shards, counts[src_tp:], tokens, seed + 100)
+    moved = 0
+    for d, dst_pool in enumerate(dst_pools):
+        expected, actual = dst_pool.buffer.clone(), dst_pool.buffer.clone()
+        for s in source_ranks(src_shards, dst_shards, d):
+            runs = plan_pair(
+                src_shards,
+                units_of(src_pools[s], "r"),
+                dst_shards,
+                units_of(dst_pool, "r"),
+                src_rank=s,
+                dst_rank=d,
+                page_size=PAGE_SIZE,
+            )
+            src = src_pools[s].buffer
+            for s_off, d_off, n in runs.tolist():  # the reference: one copy per run
+                expected[d_off : d_off + n] = src[s_off : s_off + n]
+            move_as_the_pipelines(runs, src, actual, chunk_bytes, direct)
+            moved += int(runs[:, NBYTES].sum())
+        assert torch.equal(actual, expected), f"destination rank {d} differs from a copy per run"
+    assert moved > 0
