@@ -2,7 +2,7 @@
 # Both create (or reuse) .venv and install torch==2.13.0 first when torch is missing, so the range in
 # pyproject.toml never pulls a newer torch (TORCH_INDEX_URL picks where the pin comes from; README).
 # `make bench` adds the plots' extra and runs the quick benchmarks into out/; `make bench-serve` runs
-# the serving comparison (PD 1P1D against colocated on 2 workers, one seeded workload, three rates)
+# the serving comparison (PD 1P1D against colocated on 2 workers, one seeded workload, four rates)
 # on the Bamba-style benchmark model, into out/bench_serve.json and out/bench_serve.png (README).
 VENV ?= .venv
 PY := $(VENV)/bin/python

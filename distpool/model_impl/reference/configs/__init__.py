@@ -1,4 +1,4 @@
-"""Bundled model configs: the reference models the main job and the tests run."""
+"""Bundled model configs: the reference models the main job and the tests run; the serving benchmark's."""
 
 from pathlib import Path
 
