@@ -115,7 +115,7 @@ class ScriptedServer(Server):
         deployment = SimpleNamespace(
             prefill={"prefill-0": None},
             decode={"decode-0": _NoResults()},
-            spec=SimpleNamespace(worker=worker),
+            spec=SimpleNamespace(worker=worker, colocated=False),
         )
         super().__init__(deployment, ServeOptions(queue_bound=queue_bound, progress=False))
         self.fail = fail
