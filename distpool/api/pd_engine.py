@@ -34,7 +34,7 @@ from distpool.serving.deployment import Deployment, DeploymentSpec
 from distpool.serving.driver import ServeOptions, Server, ServerClosed
 from distpool.serving.outcome import Outcome
 from distpool.serving.recovery import PING_TIMEOUT_S
-from distpool.serving.report import leak_counts
+from distpool.serving.report import TTFT_PARTS, leak_counts, percentile
 from distpool.serving.run import drop_prefix_caches, worker_stats
 from distpool.serving.workload import Request
 
@@ -65,6 +65,16 @@ def _finish_reason(outcome: Outcome) -> tuple[FinishReason, int | None]:
     if finish is not None and finish.reason == "stop":
         return FinishReason.STOP, finish.stop_token
     return FinishReason.LENGTH, None
+
+
+def ttft_parts_ms(outcomes: list[Outcome]) -> dict[str, float]:
+    """Where the served requests' time to first token went, as the driver measured it: the median
+    of each part (queue, reserve, prefill, transfer, first_token) in ms, and their count."""
+    done = [o for o in outcomes if o.tokens is not None]
+    parts = {
+        part: round(percentile([getattr(o, f"{part}_s") * 1e3 for o in done], 50), 1) for part in TTFT_PARTS
+    }
+    return {**parts, "requests": len(done)}
 
 
 def _holding(stats) -> str:
@@ -239,6 +249,7 @@ class PdEngine:
             "held_by": held,
             "retried": server.retried,
             "errors": sorted({o.error for o in server.outcomes if o.tokens is None and not o.cancelled})[:5],
+            "ttft_parts_ms": ttft_parts_ms(server.outcomes),
         }
 
     async def stop_workers(self) -> None:

@@ -84,6 +84,12 @@ def wait_until_answering(url: str, timeout_s: float, stop: threading.Event) -> N
     raise TimeoutError(f"{url} did not answer within {timeout_s:g} s ({last})")
 
 
+def ttft_parts_line(parts: dict[str, float]) -> str:
+    """Where the served requests' time to first token went (medians, as the driver measured it)."""
+    shown = ", ".join(f"{name.replace('_', ' ')} {ms:g}" for name, ms in parts.items() if name != "requests")
+    return f"distpool: TTFT p50 parts (ms) over {parts['requests']} served: {shown}"
+
+
 def summary_line(summary: dict) -> str:
     """The server's last line: what it served, and what its workers still hold (by whom, and in
     which state a decode worker holds its requests) when something leaked."""
@@ -132,5 +138,6 @@ def serve_until_signal(app, run: ServeRun, served_name: str) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+    print(ttft_parts_line(summary["ttft_parts_ms"]), flush=True)
     print(summary_line(summary), flush=True)
     return 0 if summary["leaked_pages"] == 0 and summary["leaked_slots"] == 0 else 1

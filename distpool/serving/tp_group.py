@@ -40,6 +40,14 @@ from transfer.failure import FailureKind
 # Calls that run the model: the ranks must run them in the same order (every all-reduce pairs up by
 # call order, worker/lockstep.py), so the group makes them one at a time.
 IN_TURN = frozenset({"prefill_and_send"})
+# Every call the driver makes of a worker that may be a group (`TpGroup.settles` says how each is
+# settled; the ranks must answer the others alike, `_agree`).
+CALLS = frozenset(
+    {
+        "reserve", "cancel", "prefill_and_send", "next_events", "next_finished", "progress",
+        "local_prefill", "plan_fault", "channel_broken", "peer_lost", "ping",
+    }
+)  # fmt: skip
 Settle = Callable[..., Awaitable[Any]]  # (refs, *the call's arguments) -> the group's answer
 
 
@@ -67,7 +75,7 @@ class _Method:
         self.group, self.name = group, name
 
     def remote(self, *args, **kwargs) -> GroupCall:
-        settle: Settle = getattr(self.group, f"_settle_{self.name}", self.group._agree)
+        settle: Settle = self.group.settles.get(self.name, self.group._agree)
         if self.name in IN_TURN:
             call = functools.partial(self._call, args, kwargs)  # made once its turn comes
             life = self.group.life
@@ -100,6 +108,17 @@ class TpGroup:
         self._turn_loop: asyncio.AbstractEventLoop | None = None  # the event loop `_turn` serves
         self.life = 0  # how often the group was taken down
         self.formed = True  # False from `down` until `up`
+        # How each call's answers become the group's (the others: `_agree`).
+        self.settles: dict[str, Settle] = {
+            "ping": self._settle_ping,
+            "reserve": self._settle_reserve,
+            "cancel": self._settle_cancel,
+            "channel_broken": self._settle_channel_broken,
+            "prefill_and_send": self._settle_prefill_and_send,
+            "next_finished": self._settle_next_finished,
+            "next_events": self._settle_next_events,
+            "progress": self._settle_progress,
+        }
 
     def down(self) -> None:
         """The group is being taken down (a rank died): IN_TURN calls not made yet never will be."""
@@ -124,8 +143,9 @@ class TpGroup:
             return await settle(call(), *args, **kwargs)
 
     def __getattr__(self, method: str) -> _Method:
-        if method.startswith("_"):
-            raise AttributeError(method)
+        if method not in CALLS:
+            known = ", ".join(sorted(CALLS))
+            raise AttributeError(f"{self.name} is a TP group: it makes the calls {known}, not {method!r}")
         return _Method(self, method)
 
     async def _agree(self, refs: list[ray.ObjectRef], *_, **__) -> Any:

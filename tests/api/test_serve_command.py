@@ -6,8 +6,10 @@ import socket
 
 import pytest
 
-from distpool.api.serve_app import summary_line
+from distpool.api.pd_engine import ttft_parts_ms
+from distpool.api.serve_app import summary_line, ttft_parts_line
 from distpool.cli import main
+from distpool.serving.outcome import Outcome
 
 
 @pytest.mark.parametrize(
@@ -50,3 +52,24 @@ def test_the_summary_line_names_who_holds_leaked_memory_and_why_requests_failed(
     assert clean.endswith("leaked 0 pages, 0 slots")
     unknown = summary_line({**summary, "failed": 0, "leaked_pages": None, "held_by": {}})
     assert "leaked unknown pages" in unknown
+
+
+def test_the_ttft_parts_line_gives_each_part_s_median_over_served_requests():
+    served = [
+        Outcome("a", tokens=[1], queue_s=0.010, prefill_s=0.100),
+        Outcome("b", tokens=[1], queue_s=0.030),
+    ]
+    parts = ttft_parts_ms([*served, Outcome("c", error="lost", queue_s=9.0)])
+    assert parts == {
+        "queue": 10.0,
+        "reserve": 0.0,
+        "prefill": 0.0,
+        "transfer": 0.0,
+        "first_token": 0.0,
+        "requests": 2,
+    }
+    line = ttft_parts_line(parts)
+    assert line == (
+        "distpool: TTFT p50 parts (ms) over 2 served: "
+        "queue 10, reserve 0, prefill 0, transfer 0, first token 0"
+    )

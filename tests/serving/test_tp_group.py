@@ -13,7 +13,7 @@ from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
 from distpool.serving.local_path import LocalPath
 from distpool.serving.router import Router
-from distpool.serving.tp_group import GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
@@ -162,3 +162,12 @@ def test_a_group_taken_down_makes_no_call_that_waited_for_its_turn_until_its_ran
     assert set(a) == {"a"} and set(d) == {"d"}  # made before the group went down, and after it came back
     assert isinstance(b, GroupDown) and isinstance(c, GroupDown)
     assert {entry[2] for entry in log} == {"a", "d"}  # b and c reached no rank
+
+
+def test_a_group_makes_only_the_calls_it_knows():
+    group = TpGroup("decode-0", [object(), object()])
+    with pytest.raises(
+        AttributeError, match="decode-0 is a TP group: it makes the calls .*reserve.*not 'stats'"
+    ):
+        group.stats.remote()
+    assert set(group.settles) <= CALLS
