@@ -22,6 +22,7 @@ from distpool.bench.plot import plot_runs, require_matplotlib
 from distpool.bench.report import format_run, format_side_by_side
 from distpool.bench.runner import Target, probe_request, run_at_rate
 from distpool.bench.sessions import Session, num_requests
+from distpool.bench.unloaded import UnloadedSlos, measure_unloaded_slos
 
 ENDPOINT_NAME = "endpoint"  # the one deployment of --base-url or --launch
 
@@ -51,7 +52,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     for path in (ns.json, ns.plot):
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise ValueError(f"{path}: its folder does not exist; create it or write elsewhere")
+    if ns.slo_from_unloaded is not None and ns.goodput:
+        raise ValueError("--slo-from-unloaded chooses the SLOs that --goodput gives; give one of them")
     slos = dict(ns.goodput)
+    unloaded: UnloadedSlos | None = None
     runs: dict[str, dict[float, dict]] = {}
     # a file's sessions do not depend on the server: read (and checked) before any is launched
     sessions: list[Session] | None = build_sessions(dataset, None) if ns.dataset_path else None
@@ -74,6 +78,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
                         f"the test request to {base_url} failed ({probe.error}). Fix: check --endpoint, "
                         "--model, --vocab-size and the dataset's lengths against the server"
                     )
+                if ns.slo_from_unloaded is not None and unloaded is None:
+                    unloaded = measure_unloaded_slos(target, sessions, ns.slo_from_unloaded)
+                    slos = unloaded.slos_ms
+                    print(f"{name}: {unloaded.describe()}", flush=True)
                 runs[name] = {}
                 for rate in ns.request_rate:
                     offsets = arrival_offsets(len(sessions), rate, ns.burstiness, ns.seed)
@@ -91,7 +99,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     for name, found in at_target.items():
         print(f"{name}: highest rate at {TARGET_ATTAINMENT:.0%} SLO attainment: {found.describe()}")
     if ns.json is not None:
-        Path(ns.json).write_text(json.dumps(_document(ns, deployments, runs, at_target), indent=2) + "\n")
+        document = _document(ns, deployments, runs, at_target, slos, unloaded)
+        Path(ns.json).write_text(json.dumps(document, indent=2) + "\n")
     if ns.plot is not None:
         plot_runs(runs, ns.plot, f"{ns.dataset}, SLOs {_slo_words(slos) or 'none'}")
     return 0
@@ -109,10 +118,10 @@ def deployments_from(ns: argparse.Namespace) -> dict[str, list[str] | None]:
         return {ENDPOINT_NAME: None}
     if ns.launch is not None:
         return {ENDPOINT_NAME: deployment_flags(ns.launch_args, ns.launch)}
-    if not ns.goodput:
+    if not ns.goodput and ns.slo_from_unloaded is None:
         raise ValueError(
             "--compare finds each deployment's highest rate meeting the SLOs: give them, e.g. "
-            "--goodput ttft:2000 tpot:200"
+            "--goodput ttft:2000 tpot:200, or --slo-from-unloaded 3"
         )
     deployments: dict[str, list[str] | None] = {}
     for spec in ns.compare:
@@ -174,6 +183,8 @@ def _document(
     deployments: dict[str, list[str] | None],
     runs: dict[str, dict[float, dict]],
     at_target: dict,
+    slos: dict[str, float],
+    unloaded: UnloadedSlos | None,
 ) -> dict:
     config = {
         key: getattr(ns, key)
@@ -182,7 +193,19 @@ def _document(
             "max_concurrency", "input_len", "output_len", "percentiles", "launch_args",
         )
     }  # fmt: skip
-    config["goodput"] = dict(ns.goodput)
+    config["goodput"] = slos
+    # the rule that chose them: K x the first deployment's unloaded medians (None: --goodput's)
+    config["slo_from_unloaded"] = (
+        None
+        if unloaded is None
+        else {
+            "k": unloaded.k,
+            "deployment": next(iter(deployments)),
+            "requests": unloaded.requests,
+            "median_ttft_ms": unloaded.median_ttft_ms,
+            "median_tpot_ms": unloaded.median_tpot_ms,
+        }
+    )
     config["request_rate"] = [_rate_json(r) for r in ns.request_rate]
     # what each deployment was: the flags it was launched with, or the URL measured
     config["deployments"] = {

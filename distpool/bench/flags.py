@@ -9,6 +9,7 @@ import math
 from distpool.bench.client import ENDPOINTS
 from distpool.bench.datasets import DATASETS, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 from distpool.bench.metrics import SLO_KEYS
+from distpool.bench.unloaded import UNLOADED_REQUESTS
 from distpool.serving.conversation import DEFAULT_TURNS
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
@@ -156,6 +157,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         default=[],
         metavar="KEY:MS",
         help="SLOs in ms (ttft, tpot, e2el): goodput and SLO attainment count requests meeting all",
+    )
+    serve.add_argument(
+        "--slo-from-unloaded",
+        type=_positive_float,
+        default=None,
+        metavar="K",
+        help="instead of --goodput: before the rated runs the first deployment serves "
+        f"{UNLOADED_REQUESTS} of the workload's requests (prompts reversed) one at a time, and the SLOs "
+        "are K x their median TTFT and K x their median TPOT, for every deployment (e.g. 3)",
     )
     serve.add_argument(
         "--percentiles", type=parse_percentiles, default=list(DEFAULT_PERCENTILES), metavar="P[,P...]"

@@ -44,15 +44,20 @@ def probe_request(target: Target, session: Session) -> RequestResult:
     """A test request before the runs (not counted), as `vllm bench serve` sends: it checks the flags
     against the server and warms it up. It is `session`'s first turn reversed, of the same length,
     so that a prefix cache holds nothing of the workload afterwards."""
-    turn = session.turns[0]
-    if turn.prompt_ids is not None:
-        reversed_turn = Turn.of_ids(turn.prompt_ids[::-1], turn.output_len)
-    else:
-        reversed_turn = Turn(
-            prompt_ids=None, text=" ".join(turn.text.split()[::-1]), output_len=turn.output_len
-        )
-    probe = Session(session_id=f"{session.session_id}-test", turns=(reversed_turn,))
+    first = Session(session_id=session.session_id, turns=session.turns[:1])
+    probe = reversed_session(first, f"{session.session_id}-test")
     return asyncio.run(_run(target, [probe], [0.0])).results[0]
+
+
+def reversed_session(session: Session, session_id: str) -> Session:
+    """`session` with every turn's prompt reversed: the same lengths, other tokens."""
+    turns = tuple(
+        Turn.of_ids(t.prompt_ids[::-1], t.output_len)
+        if t.prompt_ids is not None
+        else Turn(prompt_ids=None, text=" ".join(t.text.split()[::-1]), output_len=t.output_len)
+        for t in session.turns
+    )
+    return Session(session_id=session_id, turns=turns)
 
 
 async def _run(target: Target, sessions: list[Session], offsets: list[float]) -> RateRun:

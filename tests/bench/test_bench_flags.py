@@ -44,6 +44,8 @@ def refused(capsys, *argv: str) -> str:
         (["--compare", "pd:--prefill 1 --decode 1", "colocated:--prefill 0 --decode 2"], "--goodput ttft:"),
         (["--compare", "--prefill 1 --decode 1", "--goodput", "ttft:9"], "NAME:DEPLOYMENT_FLAGS"),
         (["--compare", "a:--decode 1", "a:--decode 2", "--goodput", "ttft:9"], "names 'a' twice"),
+        ([*URL, "--goodput", "ttft:9", "--slo-from-unloaded", "3"], "give one of them"),
+        ([*URL, "--slo-from-unloaded", "0"], "--slo-from-unloaded: must be > 0"),
         ([*URL, "--dataset", "sharegpt"], "--dataset sharegpt reads --dataset-path"),
         ([*URL, "--dataset-path", "x.json"], "Fix: drop --dataset-path"),
         ([*URL, "--input-len", "8"], "Fix: drop --input-len, or use --dataset random"),

@@ -98,6 +98,24 @@ def test_tight_slos_lower_attainment_and_goodput(ids_server, tmp_path):
     assert "p99_ttft_ms" not in run and "p25_ttft_ms" in run
 
 
+def test_slos_from_unloaded_are_k_times_its_medians_and_recorded(ids_server, tmp_path, capsys):
+    url, _ = ids_server
+    doc = bench(
+        url, tmp_path,
+        "--dataset", "random", "--input-len", "8", "--output-len", "4", "--num-prompts", "6",
+        "--request-rate", "inf", "--slo-from-unloaded", "2.5",
+    )  # fmt: skip
+    rule = doc["config"]["slo_from_unloaded"]
+    assert rule["k"] == 2.5 and rule["requests"] == 5 and rule["deployment"] == "endpoint"
+    assert rule["median_ttft_ms"] > 0 and rule["median_tpot_ms"] > 0
+    assert doc["config"]["goodput"] == pytest.approx(
+        {"ttft": 2.5 * rule["median_ttft_ms"], "tpot": 2.5 * rule["median_tpot_ms"]}
+    )
+    (run,) = doc["runs"]
+    assert_consistent(run, 6)
+    assert "SLOs 2.5 x the unloaded medians of 5 requests" in capsys.readouterr().out
+
+
 def test_multi_turn_sends_each_turn_after_the_previous_reply(ids_server, tmp_path):
     url, engine = ids_server
     before = set(engine.prompts)
