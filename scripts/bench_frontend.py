@@ -89,24 +89,6 @@ def serve_namespace(serve_flags: list[str]):
     return parser.parse_args(["serve", *serve_flags]), parser.parse_args(["serve"])
 
 
-def engine_setup(ns, plan, name: str):
-    """The `EngineSetup` that `serve_command.build` gives the engine deployment, for the direct run."""
-    from distpool.api.pd_engine import EngineSetup
-    from distpool.model_impl.hf.tokenizer import holds_tokenizer
-    from distpool.serving.driver import ServeOptions
-    from transfer.faults import SENDER_ABORT
-
-    folder = str(plan.model_folder) if holds_tokenizer(plan.config_path) else None
-    options = ServeOptions(
-        faults={SENDER_ABORT: ns.fault_rate},
-        seed=ns.seed,
-        progress=False,
-        overlap_reservation=not ns.reserve_first,
-        conditional=plan.conditional,
-    )
-    return EngineSetup(plan.spec, options, name, folder)
-
-
 def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(count)]
@@ -304,7 +286,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args, serve_flags = parse_args(argv)  # before the imports: a bad count answers at once
-        from distpool.cli.serve_command import build
+        from distpool.cli.serve_command import build, engine_setup
 
         ns, defaults = serve_namespace(serve_flags)
         app, plan, name, _ = build(ns, defaults)

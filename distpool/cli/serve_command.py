@@ -97,12 +97,26 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def build(ns: argparse.Namespace, defaults: argparse.Namespace):
-    """(the application, its plan, the served name, the API settings) from parsed flags, checked."""
+def engine_setup(ns: argparse.Namespace, plan: DeploymentPlan, name: str):
+    """The engine deployment's `EngineSetup` from the flags and their checked plan."""
     from distpool.api.pd_engine import EngineSetup
-    from distpool.api.serve_app import serve_application
     from distpool.model_impl.hf.tokenizer import holds_tokenizer
     from distpool.serving.driver import ServeOptions
+
+    folder = str(plan.model_folder) if holds_tokenizer(plan.config_path) else None
+    options = ServeOptions(
+        faults={SENDER_ABORT: ns.fault_rate},
+        seed=ns.seed,
+        progress=False,
+        overlap_reservation=not ns.reserve_first,
+        conditional=plan.conditional,
+    )
+    return EngineSetup(plan.spec, options, name, folder)
+
+
+def build(ns: argparse.Namespace, defaults: argparse.Namespace):
+    """(the application, its plan, the served name, the API settings) from parsed flags, checked."""
+    from distpool.api.serve_app import serve_application
 
     refuse_run_only(ns, defaults)
     if ns.drain_timeout < 0:
@@ -117,15 +131,7 @@ def build(ns: argparse.Namespace, defaults: argparse.Namespace):
         raise ValueError(f"--max-waiting-requests / --api-key: {exc}") from None
     plan = plan_deployment(ns, {})
     name = served_name_of(ns, plan)
-    folder = str(plan.model_folder) if holds_tokenizer(plan.config_path) else None
-    options = ServeOptions(
-        faults={SENDER_ABORT: ns.fault_rate},
-        seed=ns.seed,
-        progress=False,
-        overlap_reservation=not ns.reserve_first,
-        conditional=plan.conditional,
-    )
-    setup = EngineSetup(plan.spec, options, name, folder)
+    setup = engine_setup(ns, plan, name)
     return serve_application(setup, api, ingress_replicas=ns.ingress_replicas), plan, name, api
 
 
