@@ -7,8 +7,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from distpool.bench.command import deployments_from
 from distpool.cli import build_parser
 from distpool.model.hf_config import spec_from_hf
@@ -19,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bench_serve_argv() -> list[str]:
     """The arguments `make bench-serve` passes to `distpool bench serve`."""
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+    assert shutil.which("make") is not None, "the README's set-up runs through make: install it"
     # VENV points at a folder that cannot exist, so `make -n` prints setup's commands without running them
     printed = subprocess.run(
         ["make", "-n", "--no-print-directory", "bench-serve", "VENV=/nonexistent-venv"],
