@@ -354,12 +354,6 @@ class DecodeWorker(WorkerBase):
         self.pool.extend_batch([(rid, 1) for rid in rids], compact=True)
         self._note_peak()
 
-    def poll(self, request_ids: list[str]) -> dict[str, list[int]]:
-        """Tokens produced so far for admitted requests among `request_ids` (streaming; removes nothing)."""
-        with self.lock:
-            live = {**self.running, **self.finished}
-            return {rid: list(live[rid].tokens) for rid in request_ids if rid in live}
-
     def progress(self, request_ids: list[str]) -> dict[str, int]:
         """For each of `request_ids` held here, a count that grows as it is served: prompt tokens
         prefilled here and tokens generated (what the driver's deadline on its result watches)."""

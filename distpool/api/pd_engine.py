@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -51,13 +50,16 @@ class EngineSetup:
     tokenizer_folder: str | None = None  # the checkpoint folder with its tokenizer, if it has one
 
 
-@dataclass
-class _Served:
-    """The engine's counts, for the summary at shutdown."""
+STOPPED = "stopped"  # why a request cancelled for a stop string matched in its text (it was served)
 
-    served: int = 0
-    cancelled: int = 0  # by their clients (a closed stream) or by the drain
-    failed: int = 0
+
+def served_counts(outcomes: list[Outcome]) -> dict[str, int]:
+    """Served (a stop string's cancellation included), cancelled (a client left, or the drain) and
+    failed requests, from the driver's outcomes."""
+    stopped = sum(o.cancelled and o.error == STOPPED for o in outcomes)
+    cancelled = sum(o.cancelled for o in outcomes) - stopped
+    served = sum(o.tokens is not None for o in outcomes) + stopped
+    return {"served": served, "cancelled": cancelled, "failed": len(outcomes) - served - cancelled}
 
 
 def _finish_reason(outcome: Outcome) -> tuple[FinishReason, int | None]:
@@ -100,7 +102,6 @@ class PdEngine:
     def __init__(self, setup: EngineSetup) -> None:
         self.setup = setup
         self.deployment = Deployment.start(setup.spec)  # the workers, their channels built
-        self.counts = _Served()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="distpool-driver", daemon=True)
         self._thread.start()
@@ -155,7 +156,7 @@ class PdEngine:
                 return
         finally:
             if not ended:  # the client left, or a stop string matched (`abort` came first)
-                self._soon(self._cancel, request_id, "cancelled")
+                self._soon(self.server.cancel, request_id, "cancelled")
 
     async def _pump(self, request: Request, put) -> None:
         """On the driver's loop: submit `request` and hand its deltas to `put` (a failure, or a
@@ -174,29 +175,18 @@ class PdEngine:
             last_at = now if delta.tokens else last_at
             outcome = delta.outcome
             if outcome is not None and outcome.tokens is None:
-                if not outcome.cancelled:
-                    self.counts.failed += 1
-                elif outcome.error == "drained":  # else counted where it was cancelled
-                    self.counts.cancelled += 1
                 why = "the server is shutting down" if outcome.cancelled else outcome.error or "failed"
                 put(_Failed(RequestFailed(rid, why)))
                 break
             if outcome is not None:
-                self.counts.served += 1
                 ttft = stream.first_token_at - stream.submitted_at if stream.first_token_at else None
                 server.metrics.observe_stream(ttft, gaps, now - stream.submitted_at)
             put(delta)
         server.metrics.set_load(server.admitted, server.waiting_count)
 
-    def _cancel(self, request_id: str, why: str) -> None:
-        """On the driver's loop: cancel the request, counted as `why` ("cancelled", or "served" for
-        a stop string matched) when it was still in flight."""
-        if self.server.cancel(request_id):
-            setattr(self.counts, why, getattr(self.counts, why) + 1)
-
     async def abort(self, request_id: str) -> None:
         """A stop string matched in its text: the request ends there, served."""
-        self._soon(self._cancel, request_id, "served")
+        self._soon(self.server.cancel, request_id, STOPPED)
 
     async def health(self) -> Health:
         """Every worker's rank pinged at once; one that does not answer within PING_TIMEOUT_S, or is
@@ -243,7 +233,7 @@ class PdEngine:
             if r.stats is not None and (r.stats.pages_used or r.stats.slots_used)
         }
         return {
-            **dataclasses.asdict(self.counts),
+            **served_counts(server.outcomes),
             "leaked_pages": leaks["leaked_pages"],
             "leaked_slots": leaks["leaked_slots"],
             "held_by": held,

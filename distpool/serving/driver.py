@@ -122,7 +122,6 @@ class Server:
         self.admitted = 0  # requests past the waiting room (holding a slot) now
         self.retried = 0
         self.done = 0
-        self.cancelled = 0
         self.total = 0  # requests submitted (a conversation's follow-ups included)
         self.metrics = DriverMetrics()  # Prometheus, through Ray
 
@@ -255,7 +254,6 @@ class Server:
     def _record(self, out: Outcome) -> None:
         self.done += 1
         if out.cancelled:
-            self.cancelled += 1
             self.metrics.count("cancelled")
             return
         if self.local is not None and out.tokens is not None:

@@ -73,3 +73,16 @@ def test_the_ttft_parts_line_gives_each_part_s_median_over_served_requests():
         "distpool: TTFT p50 parts (ms) over 2 served: "
         "queue 10, reserve 0, prefill 0, transfer 0, first token 0"
     )
+
+
+def test_counts_come_from_the_outcomes_a_stop_string_s_cancellation_served():
+    from distpool.api.pd_engine import STOPPED, served_counts
+
+    def cancelled(why: str) -> Outcome:
+        out = Outcome("x", error=why)
+        out.cancelled = True
+        return out
+
+    outcomes = [Outcome("a", tokens=[1]), cancelled(STOPPED), cancelled("cancelled"), cancelled("drained")]
+    outcomes.append(Outcome("e", error="lost"))
+    assert served_counts(outcomes) == {"served": 2, "cancelled": 2, "failed": 1}

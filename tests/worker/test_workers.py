@@ -88,10 +88,7 @@ def test_prefill_transfer_decode_matches_the_oracle(pair):
     assert {type(r) for r in sent.values()} == {PrefillSent}
     # the rate counts only the time bytes were moving, not the wait for the peer
     assert all(r.transfer_bytes > 0 and 0 < r.transfer_s < wall_s for r in sent.values())
-    streamed = d.poll(list(prompts))  # tokens as they are produced: a prefix of the final answer
-    assert all(1 <= len(t) <= 5 for t in streamed.values())
-    done = wait_finished(d, list(prompts))
-    assert all(done[rid].tokens[: len(t)] == t for rid, t in streamed.items())
+    done = wait_finished(d, list(prompts))  # streaming as they run: tests/worker/test_streaming.py
     oracle = ReferenceModel(SPEC)
     assert {rid: r.tokens for rid, r in done.items()} == {
         rid: oracle.generate_nocache(prompt, 5) for rid, prompt in prompts.items()
