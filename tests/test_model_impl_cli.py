@@ -13,8 +13,8 @@ import pytest
 
 from distpool.cli import main
 from distpool.memory.sizing import GIB
-from distpool.serving.preflight import check_fits_this_machine
-from distpool.serving.run_memory import RunMemory
+from distpool.serving.job.preflight import check_fits_this_machine
+from distpool.serving.job.run_memory import RunMemory
 from distpool.worker.config import WorkerConfig
 from tests.factories import FIXTURES
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
-from transfer.failure import FailureKind
+from transfer.wire import FailureKind
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
-from distpool.serving.router import AFFINITY_SLACK, Router
+from distpool.serving.routing.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
+from distpool.serving.routing.router import AFFINITY_SLACK, Router
 
 MIB = 1 << 20
 SIZES = Sizes(slot_bytes=100 * MIB, page_bytes=MIB // 4, page_size=16)

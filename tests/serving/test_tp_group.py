@@ -9,16 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from distpool.serving.conditional import ConditionalOptions
-from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
-from distpool.serving.local_path import LocalPath
-from distpool.serving.router import Router
-from distpool.serving.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.deploy.deployment import DeploymentSpec, check_tensor_parallel
+from distpool.serving.deploy.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.path.local_path import LocalPath
+from distpool.serving.routing.conditional import ConditionalOptions
+from distpool.serving.routing.router import Router
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
 from tests.serving import helpers
-from transfer.failure import FailureKind
+from transfer.wire.failure import FailureKind
 
 
 def finished(

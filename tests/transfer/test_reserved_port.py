@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from transfer.auth import ControlAuth
-from transfer.rendezvous import RendezvousPort, hold_socket, join_peer, reserve_port, reserve_socket
+from transfer.connect.auth import ControlAuth
+from transfer.connect.rendezvous import RendezvousPort, hold_socket, join_peer, reserve_port, reserve_socket
 
 SECRET = b"s" * 32
 

@@ -18,7 +18,7 @@ from distpool.memory.envelope import Envelope
 from tests.transfer.conftest import connected_pair
 from tests.transfer.transfer_peer import make_arena
 from transfer import TransferOptions, TransferState
-from transfer.control import FRAME_BYTES, frames
+from transfer.pair.control import FRAME_BYTES, frames
 
 ARENA_BYTES = 1 << 20
 # Row sizes: KV-head slices (small, some odd), pages, and long runs such as halves of a state.

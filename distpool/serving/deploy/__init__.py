@@ -1,0 +1,17 @@
+"""The deployment on Ray and its recovery: actors, placement, channels; lost and restarted workers.
+
+`deployment.py`: prefill and decode actors, placement and channels (none when colocated), with what
+a deployment refuses before Ray starts (`deployment_checks.py`); `tp_group.py`: the driver's handle
+on a worker that is a TP group of ranks; `recovery.py`: lost and restarted workers.
+"""
+
+from distpool.serving.deploy.deployment import Deployment, DeploymentSpec
+from distpool.serving.deploy.recovery import PING_TIMEOUT_S, Recovery, WorkerLost
+
+__all__ = [
+    "Deployment",
+    "DeploymentSpec",
+    "PING_TIMEOUT_S",
+    "Recovery",
+    "WorkerLost",
+]

@@ -1,0 +1,194 @@
+"""The driver's side of a disaggregated attempt (README, "How one request moves"): a destination
+reserved on a decode worker (`serving.path.reservations`), batched prefill and the whole-envelope send on
+a prefill worker (the transfer header carries the first token), and the result through that decode
+worker's `next_finished` stream. The attempt's injected fault, if any, is planned on the workers it
+strikes; after a failure the destination is given up and a broken channel rebuilt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from distpool.serving.deploy import Deployment
+from distpool.serving.outcome import Outcome
+from distpool.serving.path.attempt_errors import Busy, GiveUp, Retry, decode_failure
+from distpool.serving.path.batcher import Batcher
+from distpool.serving.path.faults import CORRUPT_ONE_RANK, RECEIVER_CANCEL, FaultPlan
+from distpool.serving.path.local_path import Call, Quiet, Waiting
+from distpool.serving.path.reservations import Reservations
+from distpool.serving.path.result_deadline import await_result
+from distpool.serving.routing import Router
+from distpool.serving.workloads import Request
+from distpool.worker.messages import (
+    DecodeFailed,
+    DecodeResult,
+    PrefillBusy,
+    PrefillFailed,
+    PrefillItem,
+    PrefillResult,
+)
+from transfer.faults import CORRUPT_PAYLOAD, RECEIVER_FAULTS, SENDER_FAULTS
+from transfer.wire import FailureKind
+
+Remember = Callable[[str, Request, Outcome], None]  # a decode worker finished a request: what it caches
+# Runs a coroutine beside the requests; it is cancelled when `serve` ends.
+InBackground = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class RemotePath:
+    """The disaggregated attempts of one `Server`: its prefill batchers and channel rebuilds."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        router: Router,
+        reservations: Reservations,
+        faults: FaultPlan,
+        call: Call,
+        quiet: Quiet,
+        waiting: Waiting,
+        *,
+        remember: Remember,
+        in_background: InBackground,
+        silence_s: float,
+    ) -> None:
+        self.dep, self.router, self.reservations, self.faults = deployment, router, reservations, faults
+        self.call, self.quiet, self.waiting = call, quiet, waiting
+        self.remember, self.in_background, self.silence_s = remember, in_background, silence_s
+        self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
+        self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> None:
+        """Serve `req` through a prefill worker and a decode worker, filling `out`; Busy, Retry or
+        GiveUp when it did not (both sides freed), and a decode worker that failed it in `avoid`."""
+        rid = req.request_id
+        prefill_name = self.router.pick_prefill()
+        self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
+        fault = self.faults.draw()
+        try:
+            planned_on = await self._plan_fault(rid, fault, prefill_name)
+        except BaseException:
+            self.router.end(prefill_name)
+            raise
+        asked = time.monotonic()
+        reserving: asyncio.Task | None = None
+        try:
+            decode_name = self.reservations.overlap_candidate(req, prefill_name, avoid)
+            if decode_name is not None:  # reserved while prefill computes
+                reserving = asyncio.ensure_future(
+                    self.reservations.reserve_on(decode_name, req, prefill_name)
+                )
+            else:
+                decode_name = await self.reservations.reserve_first(req, prefill_name, avoid)
+        except BaseException:
+            self.router.end(prefill_name)
+            await self._forget_fault(rid, planned_on)
+            raise
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = (decode_name, future)
+        item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name, params=req.params)
+        sending: asyncio.Future | None = None
+        try:
+            if reserving is not None:
+                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+                await self.reservations.settle(reserving, sending, decode_name, avoid)
+            prefill_asked = asked if sending is not None else time.monotonic()
+            if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
+                cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
+                self.in_background(self.quiet(cancel))
+            if sending is None:
+                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+            sent = await sending
+            sent_at = time.monotonic()
+            if isinstance(
+                sent, PrefillBusy
+            ):  # the prefill pool is full: give the destination back, try again
+                raise Busy(sent.reason)
+            if isinstance(sent, PrefillFailed):
+                avoid.add(decode_name)
+                raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
+            result = await self._result(decode_name, rid, future)
+            if isinstance(result, DecodeFailed):  # retried where decode says another try may succeed
+                raise decode_failure(result)
+            times = (submitted, asked, prefill_asked, sent_at)
+            out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
+            self.remember(decode_name, req, out)
+        except BaseException:
+            if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
+                sending.cancel()
+            await self._after_failure(rid, prefill_name, decode_name)
+            raise
+        finally:
+            self.waiting.pop(rid, None)
+            self.router.end(prefill_name, decode_name)
+            await self._forget_fault(rid, planned_on)
+            if future.done() and not future.cancelled():
+                future.exception()  # a result that failed while nobody awaited it: seen, not lost
+
+    def lost(self, name: str) -> None:
+        """Worker `name` was lost: its requests not yet sent to it are retried elsewhere."""
+        if name in self.batchers:
+            self.batchers[name].fail_pending(Retry(FailureKind.WORKER_LOST, f"{name} was lost"))
+
+    async def _plan_fault(self, rid: str, fault: str | None, prefill_name: str) -> list[str]:
+        """Plan the attempt's injected transfer fault (if any) where it strikes, through each worker's
+        one seam (`plan_fault`): a sender fault on its prefill worker, a receiver fault on every live
+        decode worker (the one that expects the transfer takes it; `corrupt_one_rank`: on its last
+        rank only). The workers planned on."""
+        handles: dict = self.dep.handles()
+        if fault in SENDER_FAULTS:
+            names = [prefill_name]
+        elif fault in RECEIVER_FAULTS:
+            names = self.router.alive(list(self.dep.decode))
+        elif fault == CORRUPT_ONE_RANK:  # each decode worker's last rank only
+            names = self.router.alive(list(self.dep.decode))
+            handles, fault = {n: self.dep.ranks[n][-1] for n in names}, CORRUPT_PAYLOAD
+        else:
+            return []
+        try:
+            await asyncio.gather(*(self.call(n, handles[n].plan_fault.remote(rid, fault)) for n in names))
+        except BaseException:
+            await self._forget_fault(rid, names)
+            raise
+        return names
+
+    async def _forget_fault(self, rid: str, names: list[str]) -> None:
+        """After the attempt: no plan it did not take is left for the next one."""
+        handles = self.dep.handles()
+        await asyncio.gather(*(self.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
+
+    async def _result(self, decode_name: str, rid: str, future: asyncio.Future) -> DecodeResult:
+        """The request's result from `decode_name`, awaited while decode makes progress on it."""
+        handle = self.dep.decode[decode_name]
+        return await await_result(
+            future,
+            lambda: self.call(decode_name, handle.progress.remote([rid])),
+            rid,
+            worker=decode_name,
+            silence_s=self.silence_s,
+        )
+
+    async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
+        """Prefill and send one request on prefill worker `name` (batched with others)."""
+        return await self.call(name, self.batchers[name].submit(item))
+
+    async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:
+        """The destination is given up (the source was freed by prefill); a broken channel is rebuilt."""
+        p, d = self.dep.prefill[prefill_name], self.dep.decode[decode_name]
+        await self.quiet(d.cancel.remote(rid))
+        if {prefill_name, decode_name} & self.router.dead:
+            return
+        lock = self.rebuild_locks.setdefault((prefill_name, decode_name), asyncio.Lock())
+        async with lock:
+            try:
+                asked = (p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name))
+                broken = await asyncio.wait_for(asyncio.gather(*asked), self.silence_s)
+                if any(broken):
+                    await self.dep.connect_async(prefill_name, decode_name)
+            except Exception as exc:
+                # Not fatal: a pair that cannot reconnect fails its next transfer within its deadline,
+                # and that request is retried on another pair. Say so, since it costs throughput.
+                pair = f"{prefill_name}->{decode_name}"
+                print(f"distpool: warning: channel {pair} not rebuilt: {exc}", flush=True)
