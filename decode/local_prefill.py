@@ -25,7 +25,7 @@ from distpool.memory.pool import DoesNotFit, Pool
 from distpool.model.sampling import SamplingParams, pick_for
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.prefill_job import PrefillJob
-from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, LocalPrefillStarted
+from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, LocalPrefillStarted, Refusal
 
 
 class LocalPrefills:
@@ -59,20 +59,22 @@ class LocalPrefills:
         if entry is None:
             if fresh:
                 return self._start_fresh(request_id, prompt, params, can_admit)
-            return LocalPrefillRefused("no kept state that the prompt extends (evicted, or never here)")
+            return LocalPrefillRefused(
+                Refusal.NO_STATE, "no kept state that the prompt extends (evicted, or never here)"
+            )
         match, max_new_tokens = entry.prefix_match(self.pool.page_size), params.max_tokens
         with cache.holding(match):  # making room may evict states, never these pages
             fits = can_admit(len(prompt), max_new_tokens, match.num_tokens)
         if not fits:
-            return LocalPrefillRefused("no room with headroom for running requests")
+            return LocalPrefillRefused(Refusal.NO_ROOM, "no room with headroom for running requests")
         if states.find(prompt) is not entry:  # making room evicted it
-            return LocalPrefillRefused("its kept state was evicted to make room")
+            return LocalPrefillRefused(Refusal.EVICTED, "its kept state was evicted to make room")
         first_stop = min(len(prompt), entry.num_tokens + self.chunk_tokens)
         final = len(prompt) + max_new_tokens
         try:
             self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final, prefix=match)
         except DoesNotFit as exc:  # holds nothing
-            return LocalPrefillRefused(f"no room: {exc.reason}")
+            return LocalPrefillRefused(Refusal.NO_ROOM, f"no room: {exc.reason}")
         copying = time.monotonic()
         try:
             states.restore(entry, request_id)
@@ -94,12 +96,12 @@ class LocalPrefills:
         and queue its chunks from token 0; or refuse, holding nothing."""
         accepted = time.monotonic()
         if not can_admit(len(prompt), params.max_tokens, 0):
-            return LocalPrefillRefused("no room with headroom for running requests")
+            return LocalPrefillRefused(Refusal.NO_ROOM, "no room with headroom for running requests")
         first_stop, final = min(len(prompt), self.chunk_tokens), len(prompt) + params.max_tokens
         try:
             self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final)
         except DoesNotFit as exc:  # holds nothing
-            return LocalPrefillRefused(f"no room: {exc.reason}")
+            return LocalPrefillRefused(Refusal.NO_ROOM, f"no room: {exc.reason}")
         self._queue(request_id, prompt, params, 0, accepted_at=accepted, compute_s=0.0)
         return LocalPrefillStarted(held_tokens=0)
 

@@ -19,7 +19,7 @@ from distpool.serving.outcome import Outcome
 from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
-from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused
+from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused, Refusal
 
 Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
 Quiet = Callable[[Any], Awaitable[None]]  # await a call whose outcome does not matter
@@ -71,12 +71,6 @@ class LocalPath:
         )
         return cls(deployment, policy, call, quiet, waiting, silence_s=silence_s)
 
-    def remember(self, decode_name: str, held: list[int]) -> None:
-        """`decode_name` finished a request holding KV for `held`: it caches their full pages (the
-        router's affinity) and keeps the state after them (the policy's)."""
-        self.router.remember(decode_name, held)
-        self.policy.remember(decode_name, held)
-
     def record(self, out: Outcome) -> None:
         """A completed request's figures, for the cost model (a local one's costs: `attempt`)."""
         assert out.tokens is not None
@@ -108,12 +102,11 @@ class LocalPath:
         finally:
             self.policy.queued_tokens[decode_name] -= new_tokens
         if isinstance(result, LocalPrefillRefused):
-            self.policy.forget(decode_name, req.prompt)
             out.local_refused += 1
+            out.stale_view_refusals += result.kind is Refusal.NO_STATE  # the view said it kept one
             return None
         if not isinstance(result, DecodeFailed):
             self.policy.measured_locally(result.local_computed_tokens, result.local_compute_s, result.admit_s)
-            self.remember(decode_name, [*req.prompt, *result.tokens[:-1]])
         return result
 
     async def prefill_on(
@@ -183,16 +176,9 @@ class ColocatedPath(LocalPath):
         for name in self.router.decode_candidates(avoid, req.prompt if self.cache_affinity else None):
             result = await self.prefill_on(name, req, out, submitted, avoid, fresh=True)
             if not isinstance(result, LocalPrefillRefused):
-                if not isinstance(result, DecodeFailed) and self.cache_affinity:
-                    self.remember(name, [*req.prompt, *result.tokens[:-1]])
                 return result
             refusals.append(f"{name}: {result.reason}")
         raise Busy("; ".join(refusals))
-
-    def remember(self, decode_name: str, held: list[int]) -> None:
-        """`decode_name` finished a request holding KV for `held`: it caches their full pages and
-        keeps the state after them (the router's affinity)."""
-        self.router.remember(decode_name, held)
 
     def record(self, out: Outcome) -> None:
         """No cost model: every request takes this path."""

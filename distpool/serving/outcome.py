@@ -41,6 +41,9 @@ class Outcome:
     pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
     path: str = "remote"  # remote: prefilled on a prefill worker and transferred; local: on decode
     local_refused: int = 0  # local prefills decode refused (state gone, no room): then disaggregated
+    # Of which decode kept no state the prompt extends although the driver's view of its cache said
+    # it did: 0 while every report of decode's cache reaches the driver before it chooses.
+    stale_view_refusals: int = 0
 
     def succeeded(
         self,

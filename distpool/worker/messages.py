@@ -10,9 +10,11 @@ in words (`reason`, which a person reads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import ClassVar
 
+from distpool.memory.prefix import CacheNews
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
 from transfer.failure import FailureKind
 
@@ -109,11 +111,20 @@ class LocalPrefillStarted:
     held_tokens: int
 
 
+class Refusal(Enum):
+    """Why decode refused a local prefill."""
+
+    NO_STATE = "no_state"  # it keeps no state the prompt extends (the driver's view was stale)
+    NO_ROOM = "no_room"  # no room with headroom for the running requests
+    EVICTED = "evicted"  # making room for it evicted the state it extends
+
+
 @dataclass(frozen=True)
 class LocalPrefillRefused:
-    """Decode holds no state the prompt extends (evicted, restarted) or has no room; it holds
-    nothing for the request: take the disaggregated path."""
+    """Decode keeps no state the prompt extends or has no room; it holds nothing for the request:
+    take the disaggregated path."""
 
+    kind: Refusal
     reason: str
 
 
@@ -126,7 +137,10 @@ class DecodeEvents:
     """What one `DecodeWorker.next_events` call hands out: each request that ended since the last call
     (`finished`, once), and, when streaming, each live request's tokens made since the last call
     (`tokens`: request id -> (index of the first, the tokens)). A request's first token is there as
-    soon as its transfer header landed, before its envelope moved."""
+    soon as its transfer header landed, before its envelope moved. `cache`: what its prefix cache
+    cached and evicted since the last call (taken with `finished`, so that the driver's view of its
+    cache equals its own once the driver applied them)."""
 
     finished: dict[str, DecodeResult]
     tokens: dict[str, tuple[int, list[int]]]
+    cache: CacheNews = field(default_factory=CacheNews)

@@ -1,0 +1,121 @@
+"""Decode's cache keys as the driver sees them: decode journals what its prefix cache cached and
+evicted (`CacheJournal`), hands the journal out with the results it sends (`CacheNews`), and the
+driver applies it to its copy (`CacheView`), so that the copy equals decode's keys (`CacheKeys`)
+after every result.
+
+    decode:  index inserts / evicts a page  ─┐
+             final states keep / drop one   ─┴─> CacheJournal ──take()──> CacheNews ──> driver
+    driver:  CacheView.apply(news)  ==  decode's PrefixCache.keys()
+
+A journal keeps, per key, only whether it is cached now (the last thing that happened to it since
+the last report): news lists each key once, and applying it in any order gives decode's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distpool.memory.prefix.block_keys import ROOT_KEY, StateKey, chained_block_keys, tail_key
+
+
+@dataclass(frozen=True)
+class CacheKeys:
+    """Every key a decode worker's prefix cache holds: its cached full pages (the chained key of the
+    prefix through each) and its kept final states."""
+
+    pages: frozenset[bytes] = frozenset()
+    states: frozenset[StateKey] = frozenset()
+
+
+@dataclass(frozen=True)
+class CacheNews:
+    """What a decode worker's cache changed since its last report, each key once."""
+
+    cached_pages: tuple[bytes, ...] = ()
+    evicted_pages: tuple[bytes, ...] = ()
+    kept_states: tuple[StateKey, ...] = ()
+    dropped_states: tuple[StateKey, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.cached_pages or self.evicted_pages or self.kept_states or self.dropped_states)
+
+
+class CacheJournal:
+    """Decode's side: whether each key that changed since the last `take` is cached now."""
+
+    def __init__(self) -> None:
+        self._pages: dict[bytes, bool] = {}
+        self._states: dict[StateKey, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pages or self._states)
+
+    def page(self, key: bytes, *, cached: bool) -> None:
+        self._pages[key] = cached
+
+    def state(self, key: StateKey, *, kept: bool) -> None:
+        self._states[key] = kept
+
+    def take(self) -> CacheNews:
+        """The news since the last `take`; the journal starts empty again."""
+        pages, states, self._pages, self._states = self._pages, self._states, {}, {}
+        return CacheNews(
+            cached_pages=tuple(k for k, cached in pages.items() if cached),
+            evicted_pages=tuple(k for k, cached in pages.items() if not cached),
+            kept_states=tuple(k for k, kept in states.items() if kept),
+            dropped_states=tuple(k for k, kept in states.items() if not kept),
+        )
+
+
+class CacheView:
+    """The driver's copy of one decode worker's cache keys, kept equal by `apply`ing its news."""
+
+    def __init__(self, block: int) -> None:
+        if block < 1:
+            raise ValueError(f"a block holds at least one token; got {block}")
+        self.block = block
+        self.pages: set[bytes] = set()
+        self._states: dict[bytes, dict[int, StateKey]] = {}  # blocks_key -> num_tokens -> state
+
+    def apply(self, news: CacheNews) -> None:
+        self.pages.difference_update(news.evicted_pages)
+        self.pages.update(news.cached_pages)
+        for state in news.dropped_states:
+            filed = self._states.get(state.blocks_key)
+            if filed is not None and filed.get(state.num_tokens) == state:
+                del filed[state.num_tokens]
+                if not filed:
+                    del self._states[state.blocks_key]
+        for state in news.kept_states:
+            self._states.setdefault(state.blocks_key, {})[state.num_tokens] = state
+
+    def clear(self) -> None:
+        """The worker is gone: its cache with it."""
+        self.pages.clear()
+        self._states.clear()
+
+    def keys(self) -> CacheKeys:
+        states = frozenset(s for filed in self._states.values() for s in filed.values())
+        return CacheKeys(pages=frozenset(self.pages), states=states)
+
+    def matched_blocks(self, keys: Sequence[bytes]) -> int:
+        """How many leading blocks of a prompt (its `chained_block_keys`) are cached."""
+        for i, key in enumerate(keys):
+            if key not in self.pages:
+                return i
+        return len(keys)
+
+    def longest_state(self, prompt: Sequence[int]) -> int | None:
+        """The tokens of the longest kept state whose tokens are a proper prefix of `prompt` (None:
+        no such state). One key per block of the prompt, and one more per candidate state."""
+        if not self._states or len(prompt) < 2:
+            return None
+        chain = [ROOT_KEY, *chained_block_keys(prompt, self.block, (len(prompt) - 1) // self.block)]
+        for blocks in reversed(range(len(chain))):  # deepest first: the longest state wins
+            filed = self._states.get(chain[blocks], {})
+            for num_tokens in sorted(filed, reverse=True):
+                if num_tokens < len(prompt) and num_tokens // self.block == blocks:
+                    if tail_key(chain[blocks], prompt[:num_tokens], self.block) == filed[num_tokens].key:
+                        return num_tokens
+        return None
