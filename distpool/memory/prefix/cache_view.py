@@ -76,19 +76,22 @@ class CacheView:
             raise ValueError(f"a block holds at least one token; got {block}")
         self.block = block
         self.pages: set[bytes] = set()
-        self._states: dict[bytes, dict[int, StateKey]] = {}  # blocks_key -> num_tokens -> state
+        # blocks_key -> num_tokens -> key -> state: states of equal full blocks and length differ
+        # in their partial block alone
+        self._states: dict[bytes, dict[int, dict[bytes, StateKey]]] = {}
 
     def apply(self, news: CacheNews) -> None:
         self.pages.difference_update(news.evicted_pages)
         self.pages.update(news.cached_pages)
         for state in news.dropped_states:
-            filed = self._states.get(state.blocks_key)
-            if filed is not None and filed.get(state.num_tokens) == state:
+            filed = self._states.get(state.blocks_key, {})
+            same_length = filed.get(state.num_tokens, {})
+            if same_length.pop(state.key, None) is not None and not same_length:
                 del filed[state.num_tokens]
                 if not filed:
                     del self._states[state.blocks_key]
         for state in news.kept_states:
-            self._states.setdefault(state.blocks_key, {})[state.num_tokens] = state
+            self._states.setdefault(state.blocks_key, {}).setdefault(state.num_tokens, {})[state.key] = state
 
     def clear(self) -> None:
         """The worker is gone: its cache with it."""
@@ -96,7 +99,12 @@ class CacheView:
         self._states.clear()
 
     def keys(self) -> CacheKeys:
-        states = frozenset(s for filed in self._states.values() for s in filed.values())
+        states = frozenset(
+            s
+            for filed in self._states.values()
+            for same_length in filed.values()
+            for s in same_length.values()
+        )
         return CacheKeys(pages=frozenset(self.pages), states=states)
 
     def matched_blocks(self, keys: Sequence[bytes]) -> int:
@@ -116,6 +124,6 @@ class CacheView:
             filed = self._states.get(chain[blocks], {})
             for num_tokens in sorted(filed, reverse=True):
                 if num_tokens < len(prompt) and num_tokens // self.block == blocks:
-                    if tail_key(chain[blocks], prompt[:num_tokens], self.block) == filed[num_tokens].key:
+                    if tail_key(chain[blocks], prompt[:num_tokens], self.block) in filed[num_tokens]:
                         return num_tokens
         return None
