@@ -37,7 +37,7 @@ from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix import CacheKeys, CacheNews
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
 from distpool.worker.base import WorkerBase, byte_runs
-from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer
+from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer, ViewedState
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Parts, TransferError
 
@@ -163,15 +163,23 @@ class DecodeWorker(WorkerBase):
             raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
 
     def local_prefill(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, fresh: bool = False
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        fresh: bool = False,
+        viewed: ViewedState | None = None,
     ) -> LocalPrefillAnswer:
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
         transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room).
-        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here."""
+        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here.
+        `viewed`: the state the driver's view of this cache said is here (its refusal says whether
+        that view was stale or this cache's news was on its way)."""
         check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
         with self.lock:
             self._check_new(request_id)
-            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh)
+            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh, viewed=viewed)
             self._note_peak()
             self.wake.notify_all()
             return answer

@@ -19,7 +19,7 @@ from distpool.serving.outcome import Outcome
 from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
-from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused, Refusal
+from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused, Refusal, ViewedState
 
 Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
 Quiet = Callable[[Any], Awaitable[None]]  # await a call whose outcome does not matter
@@ -97,13 +97,15 @@ class LocalPath:
         decode_name, held = chosen
         new_tokens = len(req.prompt) - held
         self.policy.queued_tokens[decode_name] += new_tokens
+        viewed = ViewedState(held_tokens=held, report=self.router.views[decode_name].report)
         try:
-            result = await self.prefill_on(decode_name, req, out, submitted, avoid)
+            result = await self.prefill_on(decode_name, req, out, submitted, avoid, viewed=viewed)
         finally:
             self.policy.queued_tokens[decode_name] -= new_tokens
         if isinstance(result, LocalPrefillRefused):
             out.local_refused += 1
             out.stale_view_refusals += result.kind is Refusal.NO_STATE  # the view said it kept one
+            out.refusals_news_in_flight += result.kind is Refusal.NEWS_IN_FLIGHT  # its drop unheard yet
             return None
         if not isinstance(result, DecodeFailed):
             self.policy.measured_locally(result.local_computed_tokens, result.local_compute_s, result.admit_s)
@@ -118,6 +120,7 @@ class LocalPath:
         avoid: set[str],
         *,
         fresh: bool = False,
+        viewed: ViewedState | None = None,
     ) -> DecodeResult | LocalPrefillRefused:
         """Ask `decode_name` to prefill `req` itself (`fresh`: from nothing where it keeps no state the
         prompt extends) and wait for its result, filled into `out` when it finished; or its refusal
@@ -129,7 +132,7 @@ class LocalPath:
         self.waiting[rid] = (decode_name, future)
         handle = self.deployment.decode[decode_name]
         try:
-            asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh)
+            asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh, viewed=viewed)
             answer = await self.call(decode_name, asked)
             if isinstance(answer, LocalPrefillRefused):
                 return answer

@@ -111,10 +111,24 @@ class LocalPrefillStarted:
     held_tokens: int
 
 
+@dataclass(frozen=True)
+class ViewedState:
+    """Why the driver asks a decode worker for a local prefill: its view of that worker's cache,
+    with the worker's reports applied up to `report`, holds the state after `held_tokens` of the
+    prompt."""
+
+    held_tokens: int
+    report: int
+
+
 class Refusal(Enum):
     """Why decode refused a local prefill."""
 
-    NO_STATE = "no_state"  # it keeps no state the prompt extends (the driver's view was stale)
+    # It keeps no state the prompt extends, and had reported the state gone before the driver chose
+    # (or never kept it): the driver's view was stale.
+    NO_STATE = "no_state"
+    # The state went in a report that had not reached the driver when it chose (or is not sent yet).
+    NEWS_IN_FLIGHT = "news_in_flight"
     NO_ROOM = "no_room"  # no room with headroom for the running requests
     EVICTED = "evicted"  # making room for it evicted the state it extends
 

@@ -38,8 +38,26 @@ def test_the_journal_reports_each_key_once_as_it_is_now():
     state = StateKey.of([1, 2, 3], 2)
     journal.state(state, kept=False)
     journal.state(state, kept=True)  # dropped, then kept again: kept
-    assert journal.take() == CacheNews(cached_pages=(b"b",), evicted_pages=(b"a",), kept_states=(state,))
-    assert not journal and journal.take() == CacheNews()
+    news = CacheNews(cached_pages=(b"b",), evicted_pages=(b"a",), kept_states=(state,), report=1)
+    assert journal.take() == news
+    assert not journal and journal.take() == CacheNews()  # nothing new: no report
+
+
+def test_a_dropped_state_is_known_stale_only_once_its_report_was_seen():
+    journal = CacheJournal()
+    a, b = StateKey.of([1, 2, 3], 2), StateKey.of([4, 5], 2)
+    journal.state(a, kept=True)
+    journal.state(b, kept=True)
+    assert journal.take().report == 1
+    journal.state(a, kept=False)
+    assert not journal.drop_reported(a, seen=1)  # not sent yet: in flight
+    assert journal.take() == CacheNews(dropped_states=(a,), report=2)
+    assert not journal.drop_reported(a, seen=1) and journal.drop_reported(a, seen=2)
+    assert journal.drop_reported(StateKey.of([7], 2), seen=0)  # never kept here: a stale view
+    view = CacheView(2)
+    view.apply(CacheNews(kept_states=(a, b), report=1))
+    view.apply(CacheNews())
+    assert view.report == 1
 
 
 prompts = st.lists(st.integers(0, 3), min_size=1, max_size=14)

@@ -15,7 +15,13 @@ from decode.worker import DecodeWorker
 from distpool.model.sampling import SamplingParams
 from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
 from distpool.serving.router import Router
-from distpool.worker.messages import DecodeFinished, LocalPrefillRefused, LocalPrefillStarted, Refusal
+from distpool.worker.messages import (
+    DecodeFinished,
+    LocalPrefillRefused,
+    LocalPrefillStarted,
+    Refusal,
+    ViewedState,
+)
 from tests.worker.test_decode_prefix_reuse import PAGE_SIZE, reference_config
 
 NAME = "decode-0"
@@ -71,7 +77,10 @@ def serve_conversations(d: DecodeWorker, router: Router, count: int, seed: int) 
         rid = f"c{c}t{turn}"
         params = SamplingParams(max_tokens=MAX_NEW)
         chosen = policy.choose(prompt, MAX_NEW, set())
-        answer = d.local_prefill(rid, prompt, params) if chosen is not None else None
+        answer = None
+        if chosen is not None:
+            viewed = ViewedState(held_tokens=chosen[1], report=router.views[NAME].report)
+            answer = d.local_prefill(rid, prompt, params, viewed=viewed)
         if isinstance(answer, LocalPrefillRefused):
             refused += 1
             stale += answer.kind is Refusal.NO_STATE
@@ -102,5 +111,33 @@ def test_the_drivers_view_equals_decodes_cache_after_every_result_under_eviction
         d.drop_prefix_cache()  # the end of a run is reported too: an empty cache, an empty view
         router.learned(NAME, d.next_events(0.1).cache)
         assert router.views[NAME].keys() == d.cache_keys() and not d.cache_keys().pages
+    finally:
+        d.shutdown()
+
+
+def test_a_refusal_says_whether_the_driver_had_heard_that_the_state_was_gone():
+    config = dataclasses.replace(reference_config(), local_prefill_chunk=8)
+    d = DecodeWorker(name=NAME, config=config)
+    router = Router([], [NAME], page_size=PAGE_SIZE)
+    try:
+        first = [*SYSTEM, 7, 8, 9]
+        assert isinstance(
+            d.local_prefill("t1", first, SamplingParams(max_tokens=MAX_NEW), fresh=True), LocalPrefillStarted
+        )
+        held = [*first, *served(d, router, "t1").tokens[:-1]]
+        assert router.views[NAME].longest_state([*held, 1]) == len(held)
+        viewed = ViewedState(held_tokens=len(held), report=router.views[NAME].report)
+        with d.lock:
+            assert d.pool.prefix_cache.final_states.evict(1)[1] == 1  # gone, not reported yet
+        second = SamplingParams(max_tokens=MAX_NEW)
+        assert d.local_prefill("t2", [*held, 1], second, viewed=viewed).kind is Refusal.NEWS_IN_FLIGHT
+        router.learned(NAME, d.next_events(0.1).cache)  # the report comes at once, with no result
+        assert (
+            router.views[NAME].keys() == d.cache_keys()
+            and router.views[NAME].longest_state([*held, 1]) is None
+        )
+        # A driver that chose from the view it had before that report, though it applied it: stale.
+        late = ViewedState(held_tokens=len(held), report=router.views[NAME].report)
+        assert d.local_prefill("t3", [*held, 1], second, viewed=late).kind is Refusal.NO_STATE
     finally:
         d.shutdown()

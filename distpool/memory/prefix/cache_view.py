@@ -9,10 +9,15 @@ after every result.
 
 A journal keeps, per key, only whether it is cached now (the last thing that happened to it since
 the last report): news lists each key once, and applying it in any order gives decode's keys.
+
+Reports are numbered; a view knows the last it applied. A refusal for a state that is gone is then
+told apart: its drop went out in a report the driver had applied when it chose (its view was stale:
+a bug) or it had not reached the driver yet (news in flight: the one delay a report has).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,9 +41,14 @@ class CacheNews:
     evicted_pages: tuple[bytes, ...] = ()
     kept_states: tuple[StateKey, ...] = ()
     dropped_states: tuple[StateKey, ...] = ()
+    report: int = 0  # its number among the worker's reports, from 1 (0: no report, nothing changed)
 
     def __bool__(self) -> bool:
         return bool(self.cached_pages or self.evicted_pages or self.kept_states or self.dropped_states)
+
+
+# Dropped states whose report number a journal remembers (a refusal asks for one): the newest.
+REMEMBERED_DROPS = 4096
 
 
 class CacheJournal:
@@ -47,6 +57,8 @@ class CacheJournal:
     def __init__(self) -> None:
         self._pages: dict[bytes, bool] = {}
         self._states: dict[StateKey, bool] = {}
+        self.reports = 0  # reports taken so far (those with news)
+        self._dropped_in: OrderedDict[StateKey, int] = OrderedDict()  # state -> the report that said so
 
     def __bool__(self) -> bool:
         return bool(self._pages or self._states)
@@ -58,14 +70,33 @@ class CacheJournal:
         self._states[key] = kept
 
     def take(self) -> CacheNews:
-        """The news since the last `take`; the journal starts empty again."""
+        """The news since the last `take`, numbered; the journal starts empty again."""
+        if not self:
+            return CacheNews()
         pages, states, self._pages, self._states = self._pages, self._states, {}, {}
+        self.reports += 1
+        for key, kept in states.items():
+            self._dropped_in.pop(key, None)
+            if not kept:
+                self._dropped_in[key] = self.reports
+        while len(self._dropped_in) > REMEMBERED_DROPS:
+            self._dropped_in.popitem(last=False)
         return CacheNews(
             cached_pages=tuple(k for k, cached in pages.items() if cached),
             evicted_pages=tuple(k for k, cached in pages.items() if not cached),
             kept_states=tuple(k for k, kept in states.items() if kept),
             dropped_states=tuple(k for k, kept in states.items() if not kept),
+            report=self.reports,
         )
+
+    def drop_reported(self, key: StateKey, seen: int) -> bool:
+        """Whether state `key`, gone, was reported gone in one of the first `seen` reports (or was
+        never kept since the newest REMEMBERED_DROPS drops): False while its drop is unreported or
+        in a later report."""
+        if self._states.get(key) is False:
+            return False
+        report = self._dropped_in.get(key)
+        return report is None or report <= seen
 
 
 class CacheView:
@@ -76,11 +107,13 @@ class CacheView:
             raise ValueError(f"a block holds at least one token; got {block}")
         self.block = block
         self.pages: set[bytes] = set()
+        self.report = 0  # the last report applied
         # blocks_key -> num_tokens -> key -> state: states of equal full blocks and length differ
         # in their partial block alone
         self._states: dict[bytes, dict[int, dict[bytes, StateKey]]] = {}
 
     def apply(self, news: CacheNews) -> None:
+        self.report = news.report or self.report
         self.pages.difference_update(news.evicted_pages)
         self.pages.update(news.cached_pages)
         for state in news.dropped_states:
@@ -97,6 +130,7 @@ class CacheView:
         """The worker is gone: its cache with it."""
         self.pages.clear()
         self._states.clear()
+        self.report = 0  # a restarted worker numbers its reports anew
 
     def keys(self) -> CacheKeys:
         states = frozenset(
