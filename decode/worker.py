@@ -383,7 +383,9 @@ class DecodeWorker(WorkerBase):
             return {rid: req.prefilled + len(req.tokens) for rid, req in held if rid in wanted}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
-        """`next_events` without streaming: the requests that ended, each handed out once."""
+        """`next_events` without streaming: the requests that ended, each handed out once (and the
+        cache's news taken with them dropped: a driver keeping a view of this cache reads
+        `next_events`)."""
         return self.next_events(timeout_s).finished
 
     def next_events(self, timeout_s: float = 1.0, stream: bool = False) -> DecodeEvents:

@@ -233,8 +233,10 @@ class LocalPrefillPolicy:
         if not live:
             return None
         best: tuple[str, int] | None = None
+        views = self.router.views
+        chain = views[live[0]].state_chain(prompt)  # hashed once: every view has the same block
         for name in live:
-            held = self.router.views[name].longest_state(prompt)
+            held = views[name].longest_state(prompt, chain)
             if held is not None and (best is None or held > best[1]):
                 best = (name, held)
         if best is None:

@@ -148,12 +148,17 @@ class CacheView:
                 return i
         return len(keys)
 
-    def longest_state(self, prompt: Sequence[int]) -> int | None:
+    def state_chain(self, prompt: Sequence[int]) -> list[bytes]:
+        """The keys `longest_state` looks `prompt` up by (the same for every view of one block)."""
+        return [ROOT_KEY, *chained_block_keys(prompt, self.block, max(len(prompt) - 1, 0) // self.block)]
+
+    def longest_state(self, prompt: Sequence[int], chain: Sequence[bytes] | None = None) -> int | None:
         """The tokens of the longest kept state whose tokens are a proper prefix of `prompt` (None:
-        no such state). One key per block of the prompt, and one more per candidate state."""
+        no such state). One key per block of the prompt (`chain`: `state_chain(prompt)`, if known),
+        and one more per candidate state."""
         if not self._states or len(prompt) < 2:
             return None
-        chain = [ROOT_KEY, *chained_block_keys(prompt, self.block, (len(prompt) - 1) // self.block)]
+        chain = self.state_chain(prompt) if chain is None else chain
         for blocks in reversed(range(len(chain))):  # deepest first: the longest state wins
             filed = self._states.get(chain[blocks], {})
             for num_tokens in sorted(filed, reverse=True):
