@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
+from distpool.memory.pool import Pool
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int, what: str) -> None:

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ by `model_impl.sampling` in float64.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
@@ -44,9 +44,6 @@ from distpool.model_impl.hf.transformers_internals import cache_argument
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.sampling import pick_tokens
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 
 class TransformersRunner(PoolModel):

@@ -13,10 +13,10 @@ attention function (`paged_attention.py`), which keeps them in pages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.transformers_internals import (
     Cache,
@@ -26,9 +26,6 @@ from distpool.model_impl.hf.transformers_internals import (
     paged_layer,
     state_layer,
 )
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 # A segment is rounded up to this many bytes, so typed views over a gathered batch stay aligned: it
 # never reaches past the next tensor, which starts at least this aligned (memory/layout.py).

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
@@ -31,8 +32,6 @@ from distpool.model_impl.sampling import pick_tokens
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-
-    from distpool.memory.pool import Pool
 
 _LOGIT_STD = 4.0  # wide logits keep greedy argmax far from ties between equivalent computations
 

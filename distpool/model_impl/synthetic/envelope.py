@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.pool_model import Mismatch
@@ -28,9 +28,6 @@ from distpool.model_impl.synthetic.pattern import (
     stripe_writers,
 )
 from distpool.model_impl.synthetic.row_map import RowMap
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 CHUNK_POSITIONS = 4096  # KV rows generated at once: bounds the temporary memory of a long prompt
 KV_KINDS = ("kv", "swa_kv")  # full attention, sliding window

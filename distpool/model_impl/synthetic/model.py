@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
@@ -30,9 +30,6 @@ from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.synthetic.envelope import EnvelopePattern
 from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, token_after
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
 
