@@ -180,7 +180,8 @@ def _tensor_shard(tensor: TensorRule, tp: int, rank: int) -> TensorShard:
         axis = 0 if rule is None else rule.axis
         pieces = ((0, tensor.shape[axis]),)
     else:
-        assert rule is not None and rule.axis_length == tensor.shape[rule.axis], f"{tensor} breaks its rule"
+        if rule is None or rule.axis_length != tensor.shape[rule.axis]:
+            raise ValueError(f"{tensor} breaks its shard rule: its shard axis is not the rule's length")
         axis, pieces = rule.axis, rule.pieces(tp, rank)
     return TensorShard(name=tensor.name, shape=tensor.shape, dtype=tensor.dtype, axis=axis, pieces=pieces)
 

@@ -56,9 +56,11 @@ def plan_decode(
         )
     tables = [pool.page_ids(r).cpu() for r in request_ids]
     lengths = [t.shape[0] for t in tables]  # (ints: len() of a tensor costs a call into torch)
-    assert all(
-        n_pages * pool.page_size >= n for n_pages, n in zip(lengths, num_tokens.tolist(), strict=True)
-    ), "pool gave too few pages"
+    for request_id, n_pages, n in zip(request_ids, lengths, num_tokens.tolist(), strict=True):
+        if n_pages * pool.page_size < n:
+            raise ValueError(
+                f"request {request_id!r} holds {n} tokens in {n_pages} pages of {pool.page_size}"
+            )
     width = max(lengths)
     if any(n < width for n in lengths):
         tables = [torch.cat([t, t[:1].expand(width - n)]) for t, n in zip(tables, lengths, strict=True)]

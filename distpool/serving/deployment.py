@@ -187,7 +187,8 @@ class Deployment:
 
     def _group(self, name: str) -> TpGroup:
         group = self.handles()[name]
-        assert isinstance(group, TpGroup), f"{name} is a worker of one rank"
+        if not isinstance(group, TpGroup):
+            raise ValueError(f"{name} is a worker of one rank, not a TP group")
         return group
 
     def handles(self) -> dict[str, Handle]:

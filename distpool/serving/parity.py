@@ -70,7 +70,8 @@ def compare(request_id: str, served: list[int], expected: Expected) -> tuple[str
 def _transformers_expected(worker: WorkerConfig, requests: list[Request]) -> dict[str, Expected]:
     from distpool.model_impl.hf.oracle import greedy_generate, load_oracle  # imports transformers
 
-    assert worker.hf is not None
+    if worker.hf is None:
+        raise ValueError("the transformers oracle needs the worker's transformers source (worker.hf)")
     model = load_oracle(worker.hf, seed=worker.seed)
     out = {}
     for req in requests:

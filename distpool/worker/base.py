@@ -133,7 +133,8 @@ class WorkerBase:
         the same time (rank 0 holds the rendezvous port `host:port`); the ranks step as one from then
         on. Collectives on it time out after the transfer timeout. Returns this rank's `life`: the
         driver takes the group down by the lives it formed in (`Deployment.take_down`)."""
-        assert self.lockstep is not None, f"{self.name} is a TP group of one"
+        if self.lockstep is None:
+            raise ValueError(f"{self.name} is a TP group of one: it has no group to join")
         group = form_rank_group(
             name=f"{self.group}/tp",
             rank=self.rank,

@@ -10,9 +10,10 @@ import json
 import pytest
 import torch
 
+from distpool.model.convention import RECURRENT_DTYPE
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import StateTensorSpec
-from distpool.model_impl.hf.layout import check_allocation
+from distpool.model_impl.hf.layout import _RECURRENT_SHAPE, check_allocation
 from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.runner import TransformersRunner
 from distpool.model_impl.hf.source import resolve_source
@@ -129,3 +130,7 @@ def test_other_architectures_are_refused_with_the_supported_list_and_the_alterna
     assert "LlamaForCausalLM is not one of them" in message and "--model-impl synthetic" in message
     for name in ("Bamba", "NemotronH", "Qwen3Next", "FalconH1", "Jamba", "GraniteMoeHybrid"):
         assert f"{name}ForCausalLM" in message
+
+
+def test_every_state_family_has_its_recurrent_shape_and_dtype():
+    assert set(_RECURRENT_SHAPE) == set(RECURRENT_DTYPE) == {"mamba2", "gated_delta_net", "mamba1"}

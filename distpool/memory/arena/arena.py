@@ -59,7 +59,8 @@ def band_geometry(sizes: PoolSizes) -> tuple[BandGeometry | None, BandGeometry |
             "Fix: serve this model with a pool that supports three kinds of per-request memory."
         )
     usable = sizes.arena_bytes
-    assert usable % ALIGN_BYTES == 0
+    if usable % ALIGN_BYTES:
+        raise ValueError(f"the arena's {usable} bytes are not a multiple of {ALIGN_BYTES}")
     low_name, low_stride, low_count = None, 0, 0
     if spec.mamba is not None:
         low_name, low_stride, low_count = "slots", sizes.slot_stride_bytes, sizes.num_slots
@@ -115,7 +116,11 @@ class Arena:
         """(band.num_positions, *shape) in `dtype_name`: dim 0 steps one unit, the rest contiguous."""
         dtype = torch_dtype(dtype_name)
         item = dtype.itemsize
-        assert band.stride_bytes % item == 0 and (band.base_bytes + place.offset) % item == 0
+        if band.stride_bytes % item or (band.base_bytes + place.offset) % item:
+            raise ValueError(
+                f"a {dtype_name} tensor at byte {band.base_bytes + place.offset}, stride "
+                f"{band.stride_bytes}, is not aligned to its {item}-byte elements"
+            )
         inner, stride = [], 1
         for dim in reversed(shape):  # contiguous strides of one unit's tensor
             inner.insert(0, stride)

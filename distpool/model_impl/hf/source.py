@@ -30,8 +30,12 @@ class HFSource:
     weight_bytes: int = 0  # one copy of the weights in `dtype` (what each process that loads it holds)
 
     def __post_init__(self) -> None:
-        assert self.load_format in LOAD_FORMATS[1:], self.load_format
-        assert self.dtype in DTYPES[1:], self.dtype
+        if self.load_format not in LOAD_FORMATS[1:]:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS[1:])}; got {self.load_format!r}"
+            )
+        if self.dtype not in DTYPES[1:]:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES[1:])}; got {self.dtype!r}")
 
 
 def model_folder(config_path: Path) -> Path:

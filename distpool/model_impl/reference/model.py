@@ -58,9 +58,11 @@ class ReferenceModel(PoolModel):
     ) -> None:
         if (reason := unsupported_reason(spec)) is not None:
             raise ValueError(reason)
-        assert spec.full_attention is not None and spec.mamba is not None
         self.tp = tp if tp is not None else TPRank.of(spec, tp=1, rank=0, group=None)
-        assert self.tp.shard.model == spec, "the rank's shard is of another spec"
+        if self.tp.shard.model != spec:
+            raise ValueError(
+                f"rank {self.tp.shard.rank}'s shard is of {self.tp.shard.model.source}, not {spec.source}"
+            )
         self.spec = self.tp.shard.spec  # what the rank's pool stores (the spec itself at TP 1)
         self.seed = seed
         self.device = torch.device(device)
@@ -134,7 +136,8 @@ class ReferenceModel(PoolModel):
         """What the job's suffix starts from, read from the pool: None without a cached prefix."""
         if not job.cached:
             return None
-        assert job.checkpoint_slot is not None  # check_jobs insists on one for a Mamba model
+        if job.checkpoint_slot is None:  # check_jobs insists on one for a Mamba model
+            raise ValueError(f"request {job.request_id!r}: {job.cached} cached tokens without a checkpoint")
         return Past.read(
             pool,
             job.request_id,
@@ -200,8 +203,7 @@ class ReferenceModel(PoolModel):
                 kv_parts.setdefault(layer, []).append(pair)
             for layer, state in states.items():
                 state_parts.setdefault(layer, []).append(state)
-            if job.snapshot is not None:
-                assert snapshot is not None
+            if job.snapshot is not None and snapshot is not None:  # (one exactly when the other)
                 taken.append((job.snapshot[1], snapshot))
         for slot, snapshot in taken:
             slots.append(slot)

@@ -28,8 +28,7 @@ def unsupported_reason(spec: ModelSpec) -> str | None:
             + (f" with {spec.mamba.family} state" if spec.mamba is not None else "")
             + f". Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config"
         )
-    attention = spec.full_attention
-    assert attention is not None
+    attention = spec.needs_full_attention()
     dims = {
         "hidden_size": spec.hidden_size,
         "vocab_size": spec.vocab_size,

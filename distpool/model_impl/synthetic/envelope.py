@@ -100,8 +100,12 @@ class EnvelopePattern:
                         f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} of "
                         f"TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's spec"
                     )
-        assert self._row_maps[name].nbytes == row_bytes, f"rows of {name} resized"
-        return self._row_maps[name]
+        row_map = self._row_maps[name]
+        if row_map.nbytes != row_bytes:
+            raise ValueError(
+                f"rows of {name} hold {row_bytes} bytes in this pool, {row_map.nbytes} in the last one"
+            )
+        return row_map
 
     def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
         if view.device != self.device:
