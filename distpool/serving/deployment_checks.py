@@ -4,8 +4,32 @@ refusals: TP sizes the model implementation or the placement cannot run, and a c
 
 from __future__ import annotations
 
-from distpool.memory.sizing import size_pools
+from distpool.memory.sizing import size_pools, size_tp_pools
 from distpool.worker.config import WorkerConfig
+
+
+class RankPoolRefused(ValueError):
+    """Sizing refused one rank's pool of a `role` worker at TP `tp` (`tp` > 1): `refusal` says why."""
+
+    def __init__(self, role: str, tp: int, refusal: ValueError) -> None:
+        super().__init__(f"{role} at TP {tp}: {refusal}")
+        self.role, self.tp, self.refusal = role, tp, refusal
+
+    def __reduce__(self):
+        return type(self), (self.role, self.tp, self.refusal)
+
+
+def check_rank_pools(worker: WorkerConfig, roles: tuple[str, ...]) -> None:
+    """Size each role's rank pool as its workers will: the shapes a rank stores, within the per-rank
+    budget. A refusal at TP 1 is sizing's own; past TP 1, a `RankPoolRefused` naming the role."""
+    for role in roles:
+        tp = worker.tp_of(role)
+        try:
+            size_tp_pools(worker.spec, worker.for_role(role), worker.budget_bytes, tp)
+        except ValueError as exc:
+            if tp == 1:
+                raise
+            raise RankPoolRefused(role, tp, exc) from exc
 
 
 def check_colocated(worker: WorkerConfig) -> None:

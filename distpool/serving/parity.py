@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.sizing import PoolSizes, size_pools
+from distpool.memory.sizing import BudgetTooSmall, PoolSizes, size_pools
 from distpool.model.sampling import truncated
 from distpool.model_impl.select import build_model_impl
 from distpool.serving.deployment import DeploymentSpec
@@ -133,7 +133,7 @@ def parity_pool_sizes(worker: WorkerConfig, longest_tokens: int) -> PoolSizes:
     while budget < worker.budget_bytes:
         try:
             return size_pools(worker.spec, args, budget)
-        except ValueError:  # a static split that cannot hold one request yet
+        except BudgetTooSmall:  # a static split that cannot hold one request yet
             budget *= 2
     return size_pools(worker.spec, args, worker.budget_bytes)
 

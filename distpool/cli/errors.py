@@ -1,0 +1,91 @@
+"""The one line `distpool` prints for a refusal: a lower layer's typed error, its facts put in the
+command line's words (the flag that set the value, what is supported, the fix). An error of no type
+named here prints as it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from distpool.memory.sizing import (
+    DEEPSEEK_V4_POOLS,
+    GIB,
+    NOT_HYBRID,
+    SWA_UNDER_PD,
+    BudgetTooSmall,
+    PoolArgInvalid,
+    UnifiedMemoryRefused,
+)
+from distpool.serving.deployment_checks import RankPoolRefused
+
+UNIFIED_FLAG = "--enable-unified-memory"
+UNIFIED_SUPPORTED = (
+    "supported: hybrid Mamba / linear-attention models (colocated or PD) and hybrid sliding-window "
+    "models (colocated only)"
+)
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets a `PoolArgs` field (`context_len` -> `--context-len`)."""
+    return "--" + field.replace("_", "-")
+
+
+def _pool_arg(exc: PoolArgInvalid) -> str:
+    return f"{flag_of(exc.field)} must be {exc.expected}; got {exc.value!r}"
+
+
+def _unified(exc: UnifiedMemoryRefused) -> str:
+    arch, flag = exc.architectures, UNIFIED_FLAG
+    if exc.reason == DEEPSEEK_V4_POOLS:
+        return (
+            f"{flag} is not supported for {arch}: DeepSeek-V4 keeps its own compressed and sliding-window "
+            f"pools, which are never unified; {UNIFIED_SUPPORTED}. Fix: drop {flag}."
+        )
+    if exc.reason == NOT_HYBRID:
+        return (
+            f"{flag} does nothing for {arch}: the model is {exc.kind}, not hybrid (it has no second kind "
+            f"of per-request memory to share an arena with); {UNIFIED_SUPPORTED}. Fix: drop {flag}."
+        )
+    if exc.reason == SWA_UNDER_PD:
+        return (
+            f"{flag} is not supported for {arch} (hybrid sliding-window) with --disaggregation-mode "
+            f"{exc.disaggregation_mode}: there is no whole-envelope transfer scheme for the sliding-window "
+            f"band; {UNIFIED_SUPPORTED}. Fix: drop {flag}, or run without PD (--disaggregation-mode null)."
+        )
+    return str(exc)
+
+
+def _budget(exc: BudgetTooSmall) -> str:
+    needs = exc.needs
+    if exc.split is None:
+        return (
+            f"the memory budget of {exc.budget_bytes / GIB:.3f} GiB ({exc.budget_bytes} bytes) cannot hold "
+            f"one request of {needs.architectures} at --context-len {needs.context_len}: it needs "
+            f"{needs.needed_bytes} bytes (state slot {needs.slot_bytes} bytes, {needs.kv_bytes_per_token} KV "
+            f"bytes per token). Fix: raise --memory-gib to at least {needs.needed_bytes / GIB:.3f}, or lower "
+            "--context-len."
+        )
+    return (
+        f"the static {exc.split} split of the budget cannot hold one request of {needs.architectures} at "
+        f"--context-len {needs.context_len} (one request needs {needs.needed_bytes} bytes in all). Fix: "
+        "raise --memory-gib, lower --context-len, change the split ratio, or use "
+        f"{UNIFIED_FLAG} for a hybrid model."
+    )
+
+
+def _rank_pool(exc: RankPoolRefused) -> str:
+    return f"--{exc.role}-tp {exc.tp}: {error_text(exc.refusal)}"
+
+
+_TEXTS: dict[type, Callable] = {
+    PoolArgInvalid: _pool_arg,
+    UnifiedMemoryRefused: _unified,
+    BudgetTooSmall: _budget,
+    RankPoolRefused: _rank_pool,
+}
+
+
+def error_text(exc: BaseException) -> str:
+    """What the command line prints for `exc` (after "distpool: error: ")."""
+    text = _TEXTS.get(type(exc))
+    return str(exc) if text is None else text(exc)
