@@ -16,6 +16,12 @@ from distpool.memory.sizing import (
     PoolArgInvalid,
     UnifiedMemoryRefused,
 )
+from distpool.model_impl.errors import (
+    CheckpointDtypeUnsupported,
+    ImplCannotRun,
+    NoWeights,
+    WeightOptionsUnused,
+)
 from distpool.serving.deployment_checks import RankPoolRefused
 
 UNIFIED_FLAG = "--enable-unified-memory"
@@ -73,6 +79,34 @@ def _budget(exc: BudgetTooSmall) -> str:
     )
 
 
+def _impl(exc: ImplCannotRun) -> str:
+    if exc.impl == "reference":
+        return f"{exc.reason}; or run it with the synthetic cache (--model-impl synthetic)"
+    return f"{exc.reason}. Fix: run it at its true sizes without weights (--model-impl synthetic)"
+
+
+def _weight_options(exc: WeightOptionsUnused) -> str:
+    kept = "model" if exc.impl == "reference" else "cache"
+    return (
+        f"--dtype and --load-format set the transformers runner's weights; the {exc.impl} {kept} keeps "
+        "--kv-dtype / --ssm-dtype. Fix: drop them, or add --model-impl transformers"
+    )
+
+
+def _no_weights(exc: NoWeights) -> str:
+    return (
+        f"{exc.folder} holds no *.safetensors weights beside a config.json, so --load-format "
+        f"{exc.load_format} has nothing to load. Fix: pass the checkpoint's folder, or --load-format dummy "
+        "for seeded random weights from the config alone"
+    )
+
+
+def _checkpoint_dtype(exc: CheckpointDtypeUnsupported) -> str:
+    return (
+        f"the checkpoint is stored in {exc.dtype}, which the runner does not compute in. Fix: --dtype float32"
+    )
+
+
 def _rank_pool(exc: RankPoolRefused) -> str:
     return f"--{exc.role}-tp {exc.tp}: {error_text(exc.refusal)}"
 
@@ -82,6 +116,10 @@ _TEXTS: dict[type, Callable] = {
     UnifiedMemoryRefused: _unified,
     BudgetTooSmall: _budget,
     RankPoolRefused: _rank_pool,
+    ImplCannotRun: _impl,
+    WeightOptionsUnused: _weight_options,
+    NoWeights: _no_weights,
+    CheckpointDtypeUnsupported: _checkpoint_dtype,
 }
 
 

@@ -12,6 +12,7 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
+from distpool.model_impl.errors import ImplCannotRun
 from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
     REFERENCE_DENSE_CONFIG,
@@ -19,7 +20,8 @@ from distpool.model_impl.reference.configs import (
     REFERENCE_SWA_CONFIG,
 )
 from distpool.model_impl.reference.mamba2 import Mamba2Layer
-from distpool.model_impl.reference.model import ReferenceModel, unsupported_reason
+from distpool.model_impl.reference.model import ReferenceModel
+from distpool.model_impl.reference.support import unsupported_reason
 from tests.factories import FIXTURES, free_units, prefill_tokens
 from tests.fake_pool import FakePool
 
@@ -80,10 +82,11 @@ def test_bundled_hybrid_config_follows_the_mamba2_state_convention(model: Refere
 @pytest.mark.parametrize("path", [REFERENCE_DENSE_CONFIG, REFERENCE_SWA_CONFIG])
 def test_non_hybrid_mamba_configs_are_refused_with_the_fix(path) -> None:
     architecture = json.loads(path.read_text())["architectures"][0]
-    with pytest.raises(ValueError, match="hybrid Mamba2 models only") as excinfo:
-        ReferenceModel(spec_from_hf(path))
-    assert architecture in str(excinfo.value)
-    assert "reference-hybrid.json" in str(excinfo.value)
+    spec = spec_from_hf(path)
+    with pytest.raises(ImplCannotRun) as excinfo:
+        ReferenceModel(spec)
+    assert (excinfo.value.impl, excinfo.value.source) == ("reference", spec.source)
+    assert excinfo.value.reason == unsupported_reason(spec) and architecture in excinfo.value.reason
 
 
 def test_oracle_generations_differ_across_prompts(oracle: list[list[int]]) -> None:

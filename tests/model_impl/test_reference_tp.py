@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from distpool.model.shard import check_tp, shard
+from distpool.model_impl.errors import ImplCannotRun
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from distpool.model_impl.select import build_model_impl
@@ -158,8 +159,9 @@ def test_the_selection_builds_each_implementation_for_its_rank() -> None:
     assert cache.pattern.shard == rank_shard  # writes and verifies rank 1's shard, no group needed
     with pytest.raises(ValueError, match="TP 2 needs its process group"):
         build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
-    with pytest.raises(ValueError, match="the transformers runner runs at TP 1 only"):
+    with pytest.raises(ImplCannotRun) as refused:
         build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
+    assert (refused.value.impl, refused.value.source) == ("transformers", SPEC.source)
 
 
 class _GroupOf:

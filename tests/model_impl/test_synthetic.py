@@ -13,6 +13,7 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.memory.pool import DoesNotFit
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import AttentionSpec, ModelSpec
+from distpool.model_impl.errors import ImplCannotRun
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
@@ -285,8 +286,9 @@ def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
     auto = (choose_model_impl(hybrid, "auto"), choose_model_impl(dense, "auto"))
     assert auto == ("reference", "synthetic")
     assert choose_model_impl(hybrid, "synthetic") == choose_model_impl(dense, "synthetic") == "synthetic"
-    with pytest.raises(ValueError, match="hybrid Mamba2 models only"):
+    with pytest.raises(ImplCannotRun) as refused:
         choose_model_impl(dense, "reference")
+    assert (refused.value.impl, refused.value.source) == ("reference", dense.source)
     with pytest.raises(ValueError, match=", ".join(MODEL_IMPLS)):
         choose_model_impl(hybrid, "real")
     reference = build_model_impl(hybrid, model_impl="auto", seed=0, device="cpu")

@@ -39,7 +39,7 @@ from distpool.model_impl.hf.state_cache import (
     check_states_kept,
     pooled_cache,
 )
-from distpool.model_impl.hf.support import architecture_of, unsupported_reason
+from distpool.model_impl.hf.support import check_supported
 from distpool.model_impl.hf.transformers_internals import cache_argument
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
@@ -60,9 +60,7 @@ class TransformersRunner(PoolModel):
     def __init__(
         self, spec: ModelSpec, source: HFSource, *, seed: int = 0, device: str | torch.device = "cpu"
     ):
-        architecture = architecture_of(spec)
-        if architecture is None:
-            raise ValueError(unsupported_reason(spec))
+        architecture = check_supported(spec)
         self.continues_in_one_pass = architecture.continues_in_one_pass
         self.device = torch.device(device)
         self.model = load_model(source, device=self.device, seed=seed, attention=PAGED_ATTENTION)

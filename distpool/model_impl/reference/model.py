@@ -26,7 +26,7 @@ from distpool.model_impl.reference.layer_stack import build_layers
 from distpool.model_impl.reference.layers import COMPUTE_DTYPE, WeightFactory, rms_norm
 from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.past import Pair, Past
-from distpool.model_impl.reference.support import unsupported_reason
+from distpool.model_impl.reference.support import check_supported
 from distpool.model_impl.reference.tensor_parallel import TPRank
 from distpool.model_impl.sampling import pick_tokens
 
@@ -41,7 +41,7 @@ class ReferenceModel(PoolModel):
 
     Built from a `ModelSpec` alone: full-attention layers are GQA attention, Mamba layers Mamba2,
     every other layer a relu^2 MLP. Weights depend only on the spec's dimensions and `seed`, whatever
-    the device. Raises ValueError (with the fix) for specs `unsupported_reason` refuses.
+    the device. Raises `ImplCannotRun` for specs `unsupported_reason` refuses.
     It keeps no record of requests, so `admit` and `check` have nothing to verify.
 
     Tensor parallel: `ReferenceModel.for_rank(spec, tp=N, rank=r, group=pg)` is rank r of the same
@@ -56,8 +56,7 @@ class ReferenceModel(PoolModel):
     def __init__(
         self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu", tp: TPRank | None = None
     ) -> None:
-        if (reason := unsupported_reason(spec)) is not None:
-            raise ValueError(reason)
+        check_supported(spec)
         self.tp = tp if tp is not None else TPRank.of(spec, tp=1, rank=0, group=None)
         if self.tp.shard.model != spec:
             raise ValueError(
@@ -90,8 +89,7 @@ class ReferenceModel(PoolModel):
         """Rank `rank` of the model split over `tp` ranks, all-reducing over `group`: the process
         group of exactly those ranks in rank order (Gloo on CPU, NCCL on CUDA; None at TP 1), on
         `device`. ValueError (the shard rules') for a TP size `spec` cannot shard, or a wrong group."""
-        if (reason := unsupported_reason(spec)) is not None:
-            raise ValueError(reason)
+        check_supported(spec)
         return cls(spec, seed=seed, device=device, tp=TPRank.of(spec, tp=tp, rank=rank, group=group))
 
     # ---- forward passes ------------------------------------------------------------------
