@@ -16,6 +16,7 @@ from distpool.memory.sizing import (
     PoolArgInvalid,
     UnifiedMemoryRefused,
 )
+from distpool.model.shard import MAX_LISTED_TP, TpUnshardable
 from distpool.model_impl.errors import (
     CheckpointDtypeUnsupported,
     ImplCannotRun,
@@ -107,6 +108,11 @@ def _checkpoint_dtype(exc: CheckpointDtypeUnsupported) -> str:
     )
 
 
+def _tp_unshardable(exc: TpUnshardable) -> str:
+    sizes = ", ".join(map(str, exc.valid_sizes)) or "none"
+    return f"{exc}. Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
+
+
 def _rank_pool(exc: RankPoolRefused) -> str:
     return f"--{exc.role}-tp {exc.tp}: {error_text(exc.refusal)}"
 
@@ -120,6 +126,7 @@ _TEXTS: dict[type, Callable] = {
     WeightOptionsUnused: _weight_options,
     NoWeights: _no_weights,
     CheckpointDtypeUnsupported: _checkpoint_dtype,
+    TpUnshardable: _tp_unshardable,
 }
 
 

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from distpool.model.shard import TpUnshardable
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
+from distpool.serving.deployment_checks import RankPoolRefused
 from distpool.serving.local_path import LocalPath
 from distpool.serving.router import Router
 from distpool.serving.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
@@ -87,8 +89,10 @@ def test_what_tensor_parallelism_cannot_run_is_refused_with_the_fix(sizes, model
 
 
 def test_a_tp_size_the_model_cannot_shard_is_refused_naming_the_flag():
-    with pytest.raises(ValueError, match=r"^--decode-tp 3: tensor parallelism of 3 ranks cannot shard"):
+    with pytest.raises(RankPoolRefused) as refused:
         DeploymentSpec.build(tp_worker(1, 3))
+    assert (refused.value.role, refused.value.tp) == ("decode", 3)
+    assert isinstance(refused.value.refusal, TpUnshardable) and refused.value.refusal.tp == 3
 
 
 def test_decode_at_tp_2_takes_the_disaggregated_path_for_every_request():
