@@ -55,8 +55,7 @@ def band_geometry(sizes: PoolSizes) -> tuple[BandGeometry | None, BandGeometry |
     if spec.mamba is not None and spec.sliding_attention is not None:
         raise ValueError(
             f"{spec.architectures or spec.model_type} has both Mamba and sliding-window layers; the arena "
-            "holds two bands (state or sliding-window pages below, full-attention pages above), not three. "
-            "Fix: serve this model with a pool that supports three kinds of per-request memory."
+            "holds two bands (state or sliding-window pages below, full-attention pages above), not three"
         )
     usable = sizes.arena_bytes
     if usable % ALIGN_BYTES:
