@@ -53,3 +53,33 @@ class CheckpointDtypeUnsupported(ValueError):
 
     def __reduce__(self):
         return type(self), (self.dtype, self.supported)
+
+
+# What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`).
+DUPLICATE_REQUEST = "duplicate_request"  # a batch names a request twice
+EMPTY_PROMPT = "empty_prompt"
+TOKENS_NOT_RESERVED = "tokens_not_reserved"  # the pool holds another number of tokens than the prompt
+CACHED_OUT_OF_RANGE = "cached_out_of_range"  # cached tokens not whole pages below the prompt's length
+CACHED_NOT_AS_RESERVED = "cached_not_as_reserved"  # cached tokens other than the shared pages reserved
+NO_CHECKPOINT = "no_checkpoint"  # cached tokens of a model with recurrent state, and no state to start from
+SNAPSHOT_OUT_OF_RANGE = "snapshot_out_of_range"  # not a page boundary after the cached tokens
+SLOT_OUT_OF_RANGE = "slot_out_of_range"  # a checkpoint or snapshot slot outside the pool's
+SLOTS_OVERLAP = "slots_overlap"  # a snapshot would overwrite a slot the batch writes or reads
+NOT_EXTENDED = "not_extended"  # a decode step of a request not extended by the token it is fed
+# the synthetic cache's own records of what it wrote
+NOT_REGISTERED = "not_registered"  # a request the cache neither prefilled nor admitted
+ALREADY_REGISTERED = "already_registered"  # an admit of a request the cache holds
+WRONG_TOKEN = "wrong_token"  # a decode step fed another token than the cache generated
+
+
+class BatchRefused(ValueError):
+    """A prefill or decode batch refused before anything was written: `problem` (one of the names
+    above) for `request_id` (None: the batch as a whole); the message says the numbers and the fix
+    in the pool's terms."""
+
+    def __init__(self, problem: str, request_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.problem, self.request_id = problem, request_id
+
+    def __reduce__(self):
+        return type(self), (self.problem, self.request_id, str(self))
