@@ -83,3 +83,16 @@ class BatchRefused(ValueError):
 
     def __reduce__(self):
         return type(self), (self.problem, self.request_id, str(self))
+
+
+class ShardMismatch(ValueError):
+    """A TP rank's shard disagrees with what it was given: `field` is "model" (the shard is of another
+    spec: `expected` and `got` are their sources) or a tensor's name (the pool's bytes per row of it:
+    `expected` the rank's, `got` the pool's)."""
+
+    def __init__(self, field: str, expected: object, got: object, message: str) -> None:
+        super().__init__(message)
+        self.field, self.expected, self.got = field, expected, got
+
+    def __reduce__(self):
+        return type(self), (self.field, self.expected, self.got, str(self))

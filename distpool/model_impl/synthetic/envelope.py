@@ -18,6 +18,7 @@ import torch
 from distpool.memory.pool import Pool
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import ShardMismatch
 from distpool.model_impl.pool_model import Mismatch
 from distpool.model_impl.synthetic.pattern import (
     as_words,
@@ -51,9 +52,12 @@ class EnvelopePattern:
         self, spec: ModelSpec, *, seed: int, device: torch.device, shard: RankShard | None = None
     ) -> None:
         if shard is not None and shard.model != spec:
-            raise ValueError(
+            raise ShardMismatch(
+                "model",
+                spec.source,
+                shard.model.source,
                 f"the shard is of another model than the cache's ({shard.model.source}, {spec.source}). "
-                "Fix: shard the spec the cache runs"
+                "Fix: shard the spec the cache runs",
             )
         self.spec = spec
         self.seed = seed
@@ -96,9 +100,13 @@ class EnvelopePattern:
                 tensor = self.shard.tensor(name)
                 self._row_maps[name] = RowMap(row_bytes=tensor.row_bytes, pieces=tensor.byte_pieces())
                 if self._row_maps[name].nbytes != row_bytes:
-                    raise ValueError(
-                        f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} of "
-                        f"TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's spec"
+                    raise ShardMismatch(
+                        name,
+                        tensor.nbytes,
+                        row_bytes,
+                        f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} "
+                        f"of TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's "
+                        "spec",
                     )
         row_map = self._row_maps[name]
         if row_map.nbytes != row_bytes:
