@@ -1,7 +1,7 @@
 """The pool: an arena (bytes) plus an allocator (ids), behind the `Pool` interface.
 
 One class serves both modes, so the rest of the system and the benchmarks swap one for the other:
-- unified (`--enable-unified-memory`): the frontier between the low band (Mamba slots, or
+- unified (`PoolArgs.enable_unified_memory`): the frontier between the low band (Mamba slots, or
   sliding-window pages) and the high band (full-attention pages) moves; compaction closes holes.
 - static (the baseline): a fixed state pool (or SWA pool) and a fixed KV pool, split at boot by the
   sizes' ratio; each band has its planned size and compaction moves nothing.
