@@ -23,7 +23,15 @@ from distpool.model_impl.errors import (
     NoWeights,
     WeightOptionsUnused,
 )
-from distpool.serving.deployment_checks import RankPoolRefused
+from distpool.serving.deployment_checks import (
+    COLOCATED_DECODE_TP,
+    COLOCATED_WITHOUT_STATE,
+    PREFILL_TP_WITHOUT_PREFILL,
+    TP_WITH_SPREAD,
+    TP_WITH_TRANSFORMERS,
+    DeploymentRefused,
+    RankPoolRefused,
+)
 
 UNIFIED_FLAG = "--enable-unified-memory"
 UNIFIED_SUPPORTED = (
@@ -113,6 +121,26 @@ def _tp_unshardable(exc: TpUnshardable) -> str:
     return f"{exc}. Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
 
 
+def _deployment(exc: DeploymentRefused) -> str:
+    sizes = f"--prefill-tp {exc.prefill_tp} --decode-tp {exc.decode_tp}"
+    texts = {
+        PREFILL_TP_WITHOUT_PREFILL: f"--prefill-tp {exc.prefill_tp} sizes prefill workers, and --prefill 0 "
+        "starts none. Fix: drop --prefill-tp, or run prefill workers (--prefill 1)",
+        COLOCATED_DECODE_TP: f"--decode-tp {exc.decode_tp} with --prefill 0: a decode worker of TP > 1 "
+        "prefills nothing itself, so a colocated deployment serves at TP 1 only. Fix: --decode-tp 1, or run "
+        "prefill workers (--prefill 1)",
+        COLOCATED_WITHOUT_STATE: "--prefill 0: a colocated worker prefills in chunks, each continuing the "
+        f"request's recurrent state in place, and {exc.architectures} ({exc.kind}) keeps no recurrent state "
+        "beside KV pages. Fix: run prefill workers (--prefill 1), or serve a hybrid Mamba model",
+        TP_WITH_TRANSFORMERS: f"{sizes}: the transformers runner has no TP (transformers has no "
+        "tensor-parallel plan for Mamba or gated delta net mixers). Fix: --prefill-tp 1 --decode-tp 1, or "
+        "use --model-impl synthetic or reference",
+        TP_WITH_SPREAD: f"{sizes}: a TP group is packed on one node; --spread is for TP 1. "
+        "Fix: drop --spread",
+    }
+    return texts.get(exc.problem, str(exc))
+
+
 def _rank_pool(exc: RankPoolRefused) -> str:
     return f"--{exc.role}-tp {exc.tp}: {error_text(exc.refusal)}"
 
@@ -122,6 +150,7 @@ _TEXTS: dict[type, Callable] = {
     UnifiedMemoryRefused: _unified,
     BudgetTooSmall: _budget,
     RankPoolRefused: _rank_pool,
+    DeploymentRefused: _deployment,
     ImplCannotRun: _impl,
     WeightOptionsUnused: _weight_options,
     NoWeights: _no_weights,
