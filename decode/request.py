@@ -62,7 +62,8 @@ class DecodeRequest:
     def result(self) -> DecodeResult:
         """What `next_finished` hands out for this request once it finished or failed."""
         if self.error is not None:
-            assert self.failure is not None, "a request given up says what kind of failure it was"
+            if self.failure is None:
+                raise ValueError(f"a request given up ({self.error}) without a kind of failure")
             return DecodeFailed(kind=self.failure, reason=self.error, retry=self.retry)
         return DecodeFinished(
             tokens=self.tokens,

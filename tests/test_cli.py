@@ -7,7 +7,10 @@ import sys
 import pytest
 
 from distpool.cli import main
+from distpool.cli.errors import error_text
+from distpool.memory.sizing import BudgetTooSmall, RequestNeeds
 from distpool.model.presets import preset_names
+from distpool.serving.deploy.deployment_checks import RankPoolRefused
 from tests.factories import FIXTURES
 
 GIB = 1 << 30
@@ -188,3 +191,79 @@ def test_the_prefix_cache_is_on_by_default_and_the_flag_turns_it_off(flag, expec
 
     ns = build_parser().parse_args(["run", *flag])
     assert pool_args_from(ns, None).prefix_cache is expected
+
+
+UNIFIED_SUPPORTED = (
+    "supported: hybrid Mamba / linear-attention models (colocated or PD) and hybrid sliding-window "
+    "models (colocated only)"
+)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "flags", "printed"),
+    [
+        (
+            "llama3.json",
+            ["--enable-unified-memory"],
+            "--enable-unified-memory does nothing for LlamaForCausalLM: the model is dense, not hybrid "
+            "(it has no second kind of per-request memory to share an arena with); "
+            f"{UNIFIED_SUPPORTED}. Fix: drop --enable-unified-memory.",
+        ),
+        (
+            "deepseek_v4.json",
+            ["--enable-unified-memory"],
+            "--enable-unified-memory is not supported for DeepseekV4ForCausalLM: DeepSeek-V4 keeps its own "
+            f"compressed and sliding-window pools, which are never unified; {UNIFIED_SUPPORTED}. Fix: drop "
+            "--enable-unified-memory.",
+        ),
+        (
+            "gpt_oss.json",
+            ["--enable-unified-memory", "--disaggregation-mode", "decode"],
+            "--enable-unified-memory is not supported for GptOssForCausalLM (hybrid sliding-window) with "
+            "--disaggregation-mode decode: there is no whole-envelope transfer scheme for the sliding-window "
+            f"band; {UNIFIED_SUPPORTED}. Fix: drop --enable-unified-memory, or run without PD "
+            "(--disaggregation-mode null).",
+        ),
+        (
+            "bamba.json",
+            ["--memory-gib", "0.1"],
+            "the memory budget of 0.100 GiB (107374182 bytes) cannot hold one request of BambaForCausalLM at "
+            "--context-len 4096: it needs 173436416 bytes (state slot 123104768 bytes, 12288 KV bytes per "
+            "token). Fix: raise --memory-gib to at least 0.162, or lower --context-len.",
+        ),
+        (
+            "bamba.json",
+            ["--memory-gib", "0.2", "--mamba-state-ratio", "0.1"],
+            "the static state/KV split of the budget cannot hold one request of BambaForCausalLM at "
+            "--context-len 4096 (one request needs 173436416 bytes in all). Fix: raise --memory-gib, lower "
+            "--context-len, change the split ratio, or use --enable-unified-memory for a hybrid model.",
+        ),
+        ("llama3.json", ["--page-size", "0"], "--page-size must be >= 1; got 0"),
+        ("bamba.json", ["--mamba-state-ratio", "1.5"], "--mamba-state-ratio must be in (0, 1); got 1.5"),
+        (
+            "llama3.json",
+            ["--kv-dtype", "int4"],
+            "--kv-dtype must be one of bfloat16, float16, float32, float64, float8_e4m3fn, float8_e5m2 (or "
+            "bf16, fp16, fp32, fp8_e4m3); got 'int4'",
+        ),
+    ],
+)
+def test_check_prints_sizing_refusals_with_the_flag_and_the_fix(capsys, fixture, flags, printed):
+    assert main(["check", str(FIXTURES / fixture), *flags]) == 2
+    assert capsys.readouterr().err == f"distpool: error: {printed}\n"
+
+
+def test_a_rank_pool_refusal_names_the_role_s_tp_flag():
+    needs = RequestNeeds(
+        architectures="BambaForCausalLM",
+        context_len=16,
+        needed_bytes=4096,
+        slot_bytes=2048,
+        kv_bytes_per_token=8,
+    )
+    refusal = RankPoolRefused("prefill", 2, BudgetTooSmall(needs, 1024, "state/KV"))
+    assert error_text(refusal) == (
+        "--prefill-tp 2: the static state/KV split of the budget cannot hold one request of BambaForCausalLM "
+        "at --context-len 16 (one request needs 4096 bytes in all). Fix: raise --memory-gib, lower "
+        "--context-len, change the split ratio, or use --enable-unified-memory for a hybrid model."
+    )

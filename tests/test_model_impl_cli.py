@@ -12,7 +12,14 @@ import sys
 import pytest
 
 from distpool.cli import main
+from distpool.cli.errors import error_text
 from distpool.memory.sizing import GIB
+from distpool.model_impl.errors import (
+    CheckpointDtypeUnsupported,
+    ImplCannotRun,
+    NoWeights,
+    WeightOptionsUnused,
+)
 from distpool.serving.job.preflight import check_fits_this_machine
 from distpool.serving.job.run_memory import RunMemory
 from distpool.worker.config import WorkerConfig
@@ -108,3 +115,37 @@ def test_outputs_is_checked_before_the_run_and_never_replaces_an_input(capsys, t
     assert prompts.read_text() == '{"prompt_ids": [1, 2, 3]}\n'
     assert main(["run", "--prompts", str(prompts), "--outputs", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("refusal", "printed"),
+    [
+        (
+            ImplCannotRun("reference", "m.json", "m.json is dense"),
+            "m.json is dense; or run it with the synthetic cache (--model-impl synthetic)",
+        ),
+        (
+            ImplCannotRun("transformers", "m.json", "m.json: LlamaForCausalLM is not one of them"),
+            "m.json: LlamaForCausalLM is not one of them. Fix: run it at its true sizes without weights "
+            "(--model-impl synthetic)",
+        ),
+        (
+            WeightOptionsUnused("synthetic", "float32", "auto"),
+            "--dtype and --load-format set the transformers runner's weights; the synthetic cache keeps "
+            "--kv-dtype / --ssm-dtype. Fix: drop them, or add --model-impl transformers",
+        ),
+        (
+            NoWeights("/models/bamba", "safetensors"),
+            "/models/bamba holds no *.safetensors weights beside a config.json, so --load-format "
+            "safetensors has nothing to load. Fix: pass the checkpoint's folder, or --load-format dummy for "
+            "seeded random weights from the config alone",
+        ),
+        (
+            CheckpointDtypeUnsupported("float8_e4m3fn", ("float64", "float32")),
+            "the checkpoint is stored in float8_e4m3fn, which the runner does not compute in. "
+            "Fix: --dtype float32",
+        ),
+    ],
+)
+def test_implementation_refusals_are_worded_with_the_flag_and_the_fix(refusal, printed):
+    assert error_text(refusal) == printed

@@ -45,7 +45,8 @@ class WaitingRoom:
 
     def leave(self) -> None:
         """One choice got its first token, or ended before it."""
-        assert self.num_waiting > 0, "a choice left the waiting room twice"
+        if self.num_waiting <= 0:
+            raise RuntimeError("a choice left the waiting room twice")
         self.num_waiting -= 1
 
 

@@ -36,7 +36,8 @@ class RateRun:
 
 
 def run_at_rate(target: Target, sessions: list[Session], offsets: list[float]) -> RateRun:
-    assert len(offsets) == len(sessions)
+    if len(offsets) != len(sessions):
+        raise ValueError(f"{len(offsets)} arrival offsets for {len(sessions)} sessions")
     return asyncio.run(_run(target, sessions, offsets))
 
 

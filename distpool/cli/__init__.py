@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from distpool.bench import add_bench_parser, cmd_bench
 from distpool.cli.commands import cmd_check, cmd_presets, cmd_run
+from distpool.cli.errors import error_text
 from distpool.cli.flags import add_check_parser, add_presets_parser, add_run_parser
 from distpool.cli.serve_command import add_serve_arguments, cmd_serve
 from distpool.serving.interrupt import INTERRUPTED_STATUS, exit_status_of
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return ns.handler(ns)
     except ValueError as exc:  # refusals and bad input: the message is the whole story
-        print(f"distpool: error: {exc}", file=sys.stderr)
+        print(f"distpool: error: {error_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # before a run started (a run writes its own summary, then exits)
         status = exit_status_of(exc)  # 130 after Ctrl-C, 143 after SIGTERM (`Terminated`)

@@ -15,7 +15,7 @@ from typing import Any
 from distpool.cli.flags import pool_args_from
 from distpool.memory.sizing import GIB, format_sizes, size_tp_pools
 from distpool.model.eos import eos_token_ids
-from distpool.model.presets import format_presets, preset_rows, resolve_model
+from distpool.model.presets import PresetRow, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import implementation_from
 from distpool.model_impl.hf.tokenizer import find_tokenizer
@@ -65,6 +65,30 @@ def cmd_presets(ns: argparse.Namespace) -> int:
     rows = preset_rows()
     print(json.dumps([dataclasses.asdict(r) for r in rows]) if ns.json else format_presets(rows))
     return 0
+
+
+def format_presets(rows: list[PresetRow]) -> str:
+    """The `distpool presets` table: one row per preset, then what its columns mean."""
+    n, a = max(len(r.name) for r in rows), max(len(r.architecture) for r in rows)
+    head = "kind          attention  mamba  slot MiB  transformers  KV KiB/token  dtypes"
+    lines = [f"{'preset':{n}}  {'architecture':{a}}  {head}"]
+    lines += [
+        f"{r.name:{n}}  {r.architecture:{a}}  {r.kind:12}  {r.num_attention_layers:9}  "
+        f"{r.num_mamba_layers:5}  {r.slot_bytes / (1 << 20):8.2f}  {_mib(r.transformers_slot_bytes):>12}  "
+        f"{r.kv_bytes_per_token / (1 << 10):12.2f}  KV {r.kv_dtype}, SSM {r.ssm_dtype or '-'}"
+        for r in rows
+    ]
+    lines += [
+        "slot: one request's recurrent state, in the engine convention (a conv state of kernel - 1",
+        "columns, as SGLang and vLLM keep it; see --kv-dtype, --ssm-dtype); transformers: the slot the",
+        "transformers runner keeps in the same dtype (conv of kernel columns). KV: every attention layer.",
+        "Pass the preset name to `distpool check NAME` or `distpool run --model NAME`.",
+    ]
+    return "\n".join(lines)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / (1 << 20):.2f}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The pool: an arena (bytes) plus an allocator (ids), behind the `Pool` interface.
 
 One class serves both modes, so the rest of the system and the benchmarks swap one for the other:
-- unified (`--enable-unified-memory`): the frontier between the low band (Mamba slots, or
+- unified (`PoolArgs.enable_unified_memory`): the frontier between the low band (Mamba slots, or
   sliding-window pages) and the high band (full-attention pages) moves; compaction closes holes.
 - static (the baseline): a fixed state pool (or SWA pool) and a fixed KV pool, split at boot by the
   sizes' ratio; each band has its planned size and compaction moves nothing.
@@ -262,18 +262,18 @@ def build_pool(
     device: torch.device | str = "cpu",
     *,
     placement: str = "extent",
-    final_states: bool = True,
+    checkpoints: bool = True,
+    final_states: bool = False,
 ) -> ArenaPool:
     """The pool `sizes` describes, its arena allocated on `device` (with a prefix cache when
-    `sizes.args.prefix_cache`). A decode pool's cache keeps no state checkpoints at page boundaries:
-    the requests it serves get their state from prefill, or (`final_states`, a next turn prefilled
-    on decode) from a finished request's final state."""
-    decode = sizes.args.disaggregation_mode == "decode"
+    `sizes.args.prefix_cache`). `checkpoints=False`: the cache keeps no state checkpoints at page
+    boundaries, for a pool whose requests get their state whole from elsewhere, or
+    (`final_states=True`, a next turn prefilled in place) from a finished request's final state."""
     return ArenaPool(
         sizes,
         device,
         placement=placement,
         prefix_cache=sizes.args.prefix_cache,
-        checkpoints=not decode,
-        final_states=decode and final_states,
+        checkpoints=checkpoints,
+        final_states=not checkpoints and final_states,
     )

@@ -28,16 +28,14 @@ _ALIASES = {
     **dict.fromkeys(("float8_e4m3fn", "float8_e4m3", "fp8", "fp8_e4m3"), "float8_e4m3fn"),
     **dict.fromkeys(("float8_e5m2", "fp8_e5m2"), "float8_e5m2"),
 }
+DTYPE_NAMES = f"one of {', '.join(sorted(set(_ALIASES.values())))} (or bf16, fp16, fp32, fp8_e4m3)"
 
 
 def canonical_dtype(value: Any, where: str = "dtype") -> str:
     """The canonical name of the dtype spelled `value`; `where` prefixes the error message."""
     name = value.lower().removeprefix("torch.") if isinstance(value, str) else None
     if name not in _ALIASES:
-        known = ", ".join(sorted(set(_ALIASES.values())))
-        raise ValueError(
-            f"{where}: unknown dtype {value!r}; use one of {known} (or bf16, fp16, fp32, fp8_e4m3)"
-        )
+        raise ValueError(f"{where}: unknown dtype {value!r}; use {DTYPE_NAMES}")
     return _ALIASES[name]
 
 

@@ -1,6 +1,6 @@
 """What one rank of a tensor-parallel group holds: `shard(spec, tp, rank)` from the spec's rules.
 
-`check_tp(spec, tp)` refuses a TP size some rule cannot meet (a ValueError of one line naming the
+`check_tp(spec, tp)` refuses a TP size some rule cannot meet (a `TpUnshardable` naming the
 units, their count and the TP sizes that work). `shard` gives the rank its spec (the shapes its own
 pool stores, so sizing and the arena work unchanged) and, per tensor, the pieces of the unsharded
 tensor it holds: what the transfer plan maps between two TP layouts and what the synthetic cache's
@@ -18,6 +18,18 @@ from distpool.model.shard_rule import ShardTable, TensorRule
 from distpool.model.spec import ModelSpec
 
 MAX_LISTED_TP = 64  # refusals list the TP sizes up to this that would work
+
+
+class TpUnshardable(ValueError):
+    """`tp` ranks cannot each hold a shard of every cached tensor of a model (`architectures`):
+    `reason` names the units and their count; `valid_sizes`: the TP sizes up to MAX_LISTED_TP that can."""
+
+    def __init__(self, tp: int, architectures: str, reason: str, valid_sizes: tuple[int, ...]) -> None:
+        super().__init__(f"tensor parallelism of {tp} ranks cannot shard {architectures}: {reason}")
+        self.tp, self.architectures, self.reason, self.valid_sizes = tp, architectures, reason, valid_sizes
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.architectures, self.reason, self.valid_sizes)
 
 
 @dataclass(frozen=True)
@@ -148,17 +160,13 @@ def valid_tp_sizes(spec: ModelSpec, up_to: int = MAX_LISTED_TP) -> list[int]:
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
-    """Raise ValueError (one line: the units, their count, the TP sizes that work) unless `tp`
-    ranks can each hold a shard of every cached tensor of `spec`."""
+    """Raise `TpUnshardable` (the units, their count, the TP sizes that work) unless `tp` ranks can
+    each hold a shard of every cached tensor of `spec`."""
     if type(tp) is not int or tp < 1:
         raise ValueError(f"a TP size must be a positive integer; got {tp!r}")
     reason = _refusal(spec.shard_table, tp)
     if reason is not None:
-        sizes = ", ".join(map(str, valid_tp_sizes(spec))) or "none"
-        raise ValueError(
-            f"tensor parallelism of {tp} ranks cannot shard {_arch(spec)}: {reason}. "
-            f"Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
-        )
+        raise TpUnshardable(tp, _arch(spec), reason, tuple(valid_tp_sizes(spec)))
 
 
 def replicated_parts(spec: ModelSpec, tp: int) -> tuple[str, ...]:
@@ -180,7 +188,8 @@ def _tensor_shard(tensor: TensorRule, tp: int, rank: int) -> TensorShard:
         axis = 0 if rule is None else rule.axis
         pieces = ((0, tensor.shape[axis]),)
     else:
-        assert rule is not None and rule.axis_length == tensor.shape[rule.axis], f"{tensor} breaks its rule"
+        if rule is None or rule.axis_length != tensor.shape[rule.axis]:
+            raise ValueError(f"{tensor} breaks its shard rule: its shard axis is not the rule's length")
         axis, pieces = rule.axis, rule.pieces(tp, rank)
     return TensorShard(name=tensor.name, shape=tensor.shape, dtype=tensor.dtype, axis=axis, pieces=pieces)
 

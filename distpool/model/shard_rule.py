@@ -42,7 +42,11 @@ class Segment:
 
     def units_of(self, tp: int, rank: int) -> tuple[int, int]:
         """[first, last) unit rank `rank` of `tp` holds; `splits(tp)` must hold."""
-        assert self.splits(tp), (self, tp)
+        if not self.splits(tp):
+            raise ValueError(
+                f"TP {tp} cannot hold {self.count} units of {self.width} "
+                f"({'replicable' if self.replicable else 'not replicable'})"
+            )
         if self.count % tp == 0:
             per_rank = self.count // tp
             return rank * per_rank, (rank + 1) * per_rank

@@ -32,6 +32,22 @@ STATE_CONVENTIONS = (ENGINE_CONVENTION, TRANSFORMERS_CONVENTION)
 COMPUTE_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "norm_eps")
 
 
+class SpecInvalid(ValueError):
+    """A `ModelSpec` whose fields contradict each other: `field` holds `value`, and must be `expected`."""
+
+    def __init__(self, source: str, field: str, value: object, expected: str) -> None:
+        super().__init__(f"{source}: ModelSpec.{field} is {value!r}; it must be {expected}")
+        self.source, self.field, self.value, self.expected = source, field, value, expected
+
+
+class SpecLacks(ValueError):
+    """Code that serves only models with `layer_kind` ("full_attention", "mamba") got a spec without it."""
+
+    def __init__(self, source: str, layer_kind: str) -> None:
+        super().__init__(f"{source} has no {layer_kind} layers")
+        self.source, self.layer_kind = source, layer_kind
+
+
 def _prod(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -133,12 +149,36 @@ class ModelSpec:
     # people and checks, outside the layout fingerprint.
     state_convention: str = ENGINE_CONVENTION
 
+    def needs_full_attention(self) -> AttentionSpec:
+        """The full-attention KV, for code that serves only models with it (`SpecLacks` otherwise)."""
+        if self.full_attention is None:
+            raise SpecLacks(self.source, "full_attention")
+        return self.full_attention
+
+    def needs_mamba(self) -> MambaSpec:
+        """The recurrent state, for code that serves only models with it (`SpecLacks` otherwise)."""
+        if self.mamba is None:
+            raise SpecLacks(self.source, "mamba")
+        return self.mamba
+
     def __post_init__(self) -> None:
-        assert self.kind in MODEL_KINDS, self.kind
-        assert self.state_convention in STATE_CONVENTIONS, self.state_convention
-        assert (self.full_attention is None) == (not self.full_attention_layers)
-        assert (self.sliding_attention is None) == (not self.sliding_window_layers)
-        assert (self.mamba is None) == (not self.mamba_layers)
+        if self.kind not in MODEL_KINDS:
+            raise SpecInvalid(self.source, "kind", self.kind, f"one of {', '.join(MODEL_KINDS)}")
+        if self.state_convention not in STATE_CONVENTIONS:
+            raise SpecInvalid(
+                self.source,
+                "state_convention",
+                self.state_convention,
+                f"one of {', '.join(STATE_CONVENTIONS)}",
+            )
+        for field, layers, field_of_layers in (
+            ("full_attention", self.full_attention_layers, self.full_attention),
+            ("sliding_attention", self.sliding_window_layers, self.sliding_attention),
+            ("mamba", self.mamba_layers, self.mamba),
+        ):
+            if (field_of_layers is None) != (not layers):
+                given = "none" if field_of_layers is None else "one"
+                raise SpecInvalid(self.source, field, given, f"one exactly when the spec has {field} layers")
 
     # ---- layer counts ------------------------------------------------------------------
     @property
@@ -187,11 +227,9 @@ class ModelSpec:
             ("", self.full_attention_layers, self.full_attention),
             ("swa_", self.sliding_window_layers, self.sliding_attention),
         ):
-            if layer in layers:
-                assert attention is not None
+            if layer in layers and attention is not None:  # (one exactly when there are layers)
                 out += [StateTensorSpec(prefix + n, s, d) for n, s, d in _kv_tensors(attention)]
-        if layer in self.mamba_layers:
-            assert self.mamba is not None
+        if layer in self.mamba_layers and self.mamba is not None:
             out += self.mamba.tensors
         return tuple(out)
 

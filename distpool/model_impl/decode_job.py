@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
+from distpool.memory.pool import Pool
+from distpool.model_impl.errors import DUPLICATE_REQUEST, NOT_EXTENDED, BatchRefused
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int, what: str) -> None:
@@ -46,21 +45,27 @@ def plan_decode(
     if len(request_ids) != len(last_tokens):
         raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
     if len(set(request_ids)) != len(request_ids):
-        raise ValueError(f"a decode batch names a request twice: {list(request_ids)}")
+        raise BatchRefused(
+            DUPLICATE_REQUEST, None, f"a decode batch names a request twice: {list(request_ids)}"
+        )
     if not request_ids:
         return None
     check_token_ids(last_tokens, vocab_size, "last_tokens")
     num_tokens = torch.tensor([pool.num_tokens(r) for r in request_ids])
     if bool((num_tokens < 2).any()):
-        raise ValueError(
+        raise BatchRefused(
+            NOT_EXTENDED,
+            None,
             f"decode_step needs prefilled requests extended by one token; {list(request_ids)} hold"
-            f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step"
+            f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step",
         )
     tables = [pool.page_ids(r).cpu() for r in request_ids]
     lengths = [t.shape[0] for t in tables]  # (ints: len() of a tensor costs a call into torch)
-    assert all(
-        n_pages * pool.page_size >= n for n_pages, n in zip(lengths, num_tokens.tolist(), strict=True)
-    ), "pool gave too few pages"
+    for request_id, n_pages, n in zip(request_ids, lengths, num_tokens.tolist(), strict=True):
+        if n_pages * pool.page_size < n:
+            raise ValueError(
+                f"request {request_id!r} holds {n} tokens in {n_pages} pages of {pool.page_size}"
+            )
     width = max(lengths)
     if any(n < width for n in lengths):
         tables = [torch.cat([t, t[:1].expand(width - n)]) for t, n in zip(tables, lengths, strict=True)]

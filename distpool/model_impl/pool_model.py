@@ -6,13 +6,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import SamplingParams, TokenPick, finish_after, pick_for
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 _KIND_WORDS = {"kv": "", "swa_kv": "sliding-window ", "state": ""}
 

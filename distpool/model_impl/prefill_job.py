@@ -25,12 +25,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
+from distpool.model_impl.errors import (
+    CACHED_NOT_AS_RESERVED,
+    CACHED_OUT_OF_RANGE,
+    DUPLICATE_REQUEST,
+    EMPTY_PROMPT,
+    NO_CHECKPOINT,
+    SLOT_OUT_OF_RANGE,
+    SLOTS_OVERLAP,
+    SNAPSHOT_OUT_OF_RANGE,
+    TOKENS_NOT_RESERVED,
+    BatchRefused,
+)
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,12 @@ def prefilled(jobs: Sequence[PrefillJob], first_tokens: Sequence[int]) -> list[P
 
 
 def check_jobs(pool: Pool, jobs: Sequence[PrefillJob], *, num_slots: int | None) -> list[PrefillJob]:
-    """The jobs as a model runs them, or a ValueError naming the fix. `num_slots`: slot positions of
-    the pool's state views; None for a model without recurrent state, whose checkpoints and
-    snapshots are dropped."""
+    """The jobs as a model runs them, or a `BatchRefused` naming the problem and the fix.
+    `num_slots`: slot positions of the pool's state views; None for a model without recurrent
+    state, whose checkpoints and snapshots are dropped."""
     ids = [job.request_id for job in jobs]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"a batch names a request twice: {ids}")
+        raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {ids}")
     checked = [_check_job(pool, job, num_slots) for job in jobs]
     _check_slots_apart(pool, checked)
     return checked
@@ -83,48 +92,60 @@ def check_jobs(pool: Pool, jobs: Sequence[PrefillJob], *, num_slots: int | None)
 def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob:
     request_id, n, cached, page_size = job.request_id, len(job.prompt), job.cached, pool.page_size
     if n == 0:
-        raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
+        raise BatchRefused(
+            EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token"
+        )
     if pool.num_tokens(request_id) != n:
-        raise ValueError(
+        raise BatchRefused(
+            TOKENS_NOT_RESERVED,
+            request_id,
             f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-            f"prompt has {n}. Fix: reserve it with len(prompt) tokens before prefill"
+            f"prompt has {n}. Fix: reserve it with len(prompt) tokens before prefill",
         )
     in_place = num_slots is not None and cached > 0 and job.checkpoint_slot == pool.slot_id(request_id)
     if not 0 <= cached < n or (cached % page_size and not in_place):
-        raise ValueError(
+        raise BatchRefused(
+            CACHED_OUT_OF_RANGE,
+            request_id,
             f"request {request_id!r}: cached={cached} must be a multiple of page_size ({page_size}) "
             f"below the prompt's {n} tokens. Fix: pass the match's num_tokens "
-            "(pool.prefix_cache.match(prompt) never covers the whole prompt)"
+            "(pool.prefix_cache.match(prompt) never covers the whole prompt)",
         )
     prefix_cache = getattr(pool, "prefix_cache", None)  # test pools may lack the attribute
     if prefix_cache is not None:
         shared = len(prefix_cache.users.get(request_id, ())) * page_size
         if cached < shared or (cached > shared and not in_place):
             harm = "overwrite shared cached pages" if cached < shared else "read pages nobody wrote"
-            raise ValueError(
+            raise BatchRefused(
+                CACHED_NOT_AS_RESERVED,
+                request_id,
                 f"request {request_id!r} was reserved with {shared} cached tokens (shared pages) but "
                 f"prefill was told cached={cached}, so it would {harm}. Fix: pass "
-                "cached=match.num_tokens of the match it was reserved with"
+                "cached=match.num_tokens of the match it was reserved with",
             )
     if num_slots is None:  # no recurrent state: nothing to start from or to snapshot
         return replace(job, checkpoint_slot=None, snapshot=None)
     if cached == 0:
         job = replace(job, checkpoint_slot=None)
     elif job.checkpoint_slot is None:
-        raise ValueError(
+        raise BatchRefused(
+            NO_CHECKPOINT,
+            request_id,
             f"request {request_id!r}: {cached} cached tokens but no checkpoint; the model's Mamba state "
             "after them must come from one. Fix: checkpoint_slot = "
-            "pool.prefix_cache.checkpoint_slot(match.checkpoint)"
+            "pool.prefix_cache.checkpoint_slot(match.checkpoint)",
         )
     else:
         _check_slot(job.checkpoint_slot, num_slots, request_id, "checkpoint")
     if job.snapshot is not None:
         num_tokens, slot = job.snapshot
         if num_tokens % page_size or not cached < num_tokens <= n:
-            raise ValueError(
+            raise BatchRefused(
+                SNAPSHOT_OUT_OF_RANGE,
+                request_id,
                 f"request {request_id!r}: a snapshot after {num_tokens} tokens must lie on a page "
                 f"boundary after the {cached} cached tokens and within the prompt's {n}. Fix: a depth "
-                f"in {cached // page_size + 1}..{n // page_size} pages, or no snapshot"
+                f"in {cached // page_size + 1}..{n // page_size} pages, or no snapshot",
             )
         _check_slot(slot, num_slots, request_id, "snapshot")
     return job
@@ -132,9 +153,11 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
 
 def _check_slot(slot: int, num_slots: int, request_id: str, what: str) -> None:
     if not 0 <= slot < num_slots:
-        raise ValueError(
+        raise BatchRefused(
+            SLOT_OUT_OF_RANGE,
+            request_id,
             f"request {request_id!r}: {what} slot {slot} is outside the pool's {num_slots} slot positions. "
-            "Fix: pass a physical slot id from pool.prefix_cache (take_checkpoint / checkpoint_slot)"
+            "Fix: pass a physical slot id from pool.prefix_cache (take_checkpoint / checkpoint_slot)",
         )
 
 
@@ -148,8 +171,10 @@ def _check_slots_apart(pool: Pool, jobs: Sequence[PrefillJob]) -> None:
         return
     written = [*own.values(), *snapshots]
     if len(set(written)) != len(written) or read & set(written):
-        raise ValueError(
+        raise BatchRefused(
+            SLOTS_OVERLAP,
+            None,
             f"a prefill batch writes slots {written} and reads checkpoints {sorted(read)}: a snapshot slot "
             "would overwrite a request's own slot, another snapshot or a checkpoint being read. "
-            "Fix: take a fresh checkpoint unit (pool.prefix_cache.take_checkpoint()) for each snapshot"
+            "Fix: take a fresh checkpoint unit (pool.prefix_cache.take_checkpoint()) for each snapshot",
         )

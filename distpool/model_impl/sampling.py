@@ -39,7 +39,8 @@ def pick_tokens(logits: torch.Tensor, picks: Sequence[TokenPick | None] | None) 
     banned. The rows that need nothing but the argmax take it on the logits' own device and dtype."""
     if picks is None or all(p is None or (p.params.greedy and not p.banned) for p in picks):
         return logits.argmax(dim=-1).tolist()
-    assert len(picks) == logits.shape[0], (len(picks), logits.shape)
+    if len(picks) != logits.shape[0]:
+        raise ValueError(f"{len(picks)} picks for {logits.shape[0]} rows of logits")
     rows = logits.detach().to("cpu", torch.float64)
     return [int(rows[b].argmax()) if p is None else pick_one(rows[b], p) for b, p in enumerate(picks)]
 
@@ -53,7 +54,8 @@ def pick_one(logits: torch.Tensor, pick: TokenPick) -> int:
     params = pick.params
     if params.greedy:
         return int(logits.argmax())
-    assert params.seed is not None, "a sampled request's seed is set where it enters"
+    if params.seed is None:
+        raise ValueError("a sampled (temperature > 0) request needs its seed set where it enters")
     logits = logits / params.temperature
     ids: torch.Tensor | None = None  # the kept tokens' ids; None: every token, in id order
     if 0 < params.top_k < logits.shape[0]:

@@ -20,11 +20,14 @@ from distpool.model.dtypes import canonical_dtype
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import shard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import ImplCannotRun, WeightOptionsUnused
 from distpool.model_impl.hf.source import HFSource, holds_weights, resolve_source
+from distpool.model_impl.hf.support import check_supported as check_transformers
 from distpool.model_impl.hf.support import unsupported_reason as transformers_unsupported
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.reference.layers import COMPUTE_DTYPE as REFERENCE_DTYPE
 from distpool.model_impl.reference.model import ReferenceModel
+from distpool.model_impl.reference.support import check_supported as check_reference
 from distpool.model_impl.reference.support import unsupported_reason as reference_unsupported
 from distpool.model_impl.synthetic.model import SyntheticCache
 
@@ -33,17 +36,17 @@ MODEL_IMPLS = ("auto", "transformers", "reference", "synthetic")
 
 def choose_model_impl(spec: ModelSpec, requested: str, *, has_weights: bool = False) -> str:
     """The implementation `requested` resolves to for `spec` (`has_weights`: its folder holds
-    safetensors weights); ValueError with the alternative when it cannot run the spec."""
+    safetensors weights); `ImplCannotRun` when it cannot run the spec."""
     if requested not in MODEL_IMPLS:
-        raise ValueError(f"unknown --model-impl {requested!r}; choose one of {', '.join(MODEL_IMPLS)}")
+        raise ValueError(f"unknown model implementation {requested!r}; one of {', '.join(MODEL_IMPLS)}")
     if requested == "auto":
         if has_weights and transformers_unsupported(spec) is None:
             return "transformers"
         return "reference" if reference_unsupported(spec) is None else "synthetic"
-    if requested == "reference" and (reason := reference_unsupported(spec)) is not None:
-        raise ValueError(f"{reason}; or run it with the synthetic cache (--model-impl synthetic)")
-    if requested == "transformers" and (reason := transformers_unsupported(spec)) is not None:
-        raise ValueError(reason)
+    if requested == "reference":
+        check_reference(spec)
+    if requested == "transformers":
+        check_transformers(spec)
     return requested
 
 
@@ -84,11 +87,7 @@ def resolve_implementation(
     name = choose_model_impl(spec, requested, has_weights=has_weights)
     if name != "transformers":
         if dtype != "auto" or load_format != "auto":
-            raise ValueError(
-                f"--dtype and --load-format set the transformers runner's weights; the {name} "
-                f"{'model' if name == 'reference' else 'cache'} keeps --kv-dtype / --ssm-dtype. Fix: drop "
-                "them, or add --model-impl transformers"
-            )
+            raise WeightOptionsUnused(name, dtype, load_format)
         return Implementation(name=name, spec=spec, hf=None)
     source = resolve_source(
         config_path, load_format=load_format, dtype=dtype, checkpoint_dtype=spec.dtype, on_cpu=on_cpu
@@ -119,10 +118,11 @@ def build_model_impl(
     name = choose_model_impl(spec, model_impl, has_weights=hf is not None)
     if name == "transformers":
         if tp != 1:
-            raise ValueError(
+            raise ImplCannotRun(
+                "transformers",
+                spec.source,
                 f"the transformers runner runs at TP 1 only (transformers has no tensor-parallel plan for "
-                f"Mamba or gated delta net mixers); asked for TP {tp}. Fix: use TP 1, or --model-impl "
-                "reference or synthetic"
+                f"Mamba or gated delta net mixers); asked for TP {tp}",
             )
         if hf is None:
             raise ValueError("the transformers runner needs its weights' source (an HFSource)")

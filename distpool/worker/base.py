@@ -70,8 +70,15 @@ class WorkerBase:
         )
         # One rank's pool, sized for the shapes it stores (at TP 1: the whole model's).
         self.sizes = size_tp_pools(config.spec, config.for_role(self.role), config.budget_bytes, tp).rank
-        # Past TP 1 decode prefills nothing itself (serving.path.local_path): no final state would be read.
-        built = build_pool(self.sizes, self.device, final_states=config.local_prefill and tp == 1)
+        # Decode receives each request's state whole from prefill, so it keeps no checkpoints; past
+        # TP 1 it prefills nothing itself (serving.path.local_path): no final state would be read.
+        receives = self.role == "decode"
+        built = build_pool(
+            self.sizes,
+            self.device,
+            checkpoints=not receives,
+            final_states=receives and config.local_prefill and tp == 1,
+        )
         self.pool: Pool = built
         self.lock = threading.RLock()  # guards the pool and the model; never held across a transfer wait
         self.channels = PeerChannels(
@@ -132,7 +139,8 @@ class WorkerBase:
         the same time (rank 0 holds the rendezvous port `host:port`); the ranks step as one from then
         on. Collectives on it time out after the transfer timeout. Returns this rank's `life`: the
         driver takes the group down by the lives it formed in (`Deployment.take_down`)."""
-        assert self.lockstep is not None, f"{self.name} is a TP group of one"
+        if self.lockstep is None:
+            raise ValueError(f"{self.name} is a TP group of one: it has no group to join")
         group = form_rank_group(
             name=f"{self.group}/tp",
             rank=self.rank,

@@ -41,7 +41,8 @@ class Lockstep:
     """Rank `rank` of a TP group of `tp` ranks; collectives on `device`'s tensors (CPU: Gloo)."""
 
     def __init__(self, *, tp: int, rank: int, device: torch.device) -> None:
-        assert tp > 1 and 0 <= rank < tp, (tp, rank)
+        if tp <= 1 or not 0 <= rank < tp:
+            raise ValueError(f"lockstep needs TP > 1 and a rank in [0, TP); got TP {tp}, rank {rank}")
         self._tp, self._rank, self.device = tp, rank, device
         self._group: dist.ProcessGroup | None = None
 

@@ -22,7 +22,8 @@ from transfer.plans import source_ranks
 
 def rank_name(group: str, rank: int, tp: int) -> str:
     """The name rank `rank` of worker group `group` goes by (its channels' peer name)."""
-    assert 0 <= rank < tp, f"rank {rank} of TP {tp}"
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} of TP {tp}: ranks are 0 to {tp - 1}")
     return group if tp == 1 else f"{group}.{rank}"
 
 

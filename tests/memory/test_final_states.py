@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from distpool.memory.arena_pool import ArenaPool
-from tests.factories import make_pool
+from distpool.memory.arena_pool import ArenaPool, build_pool
+from tests.factories import make_sizes
 
 PAGE = 4
 
 
 def decode_pool(budget_bytes: int = 24576) -> ArenaPool:
-    pool = make_pool(budget_bytes=budget_bytes, prefix_cache=True, disaggregation_mode="decode")
+    sizes = make_sizes(budget_bytes=budget_bytes, prefix_cache=True, disaggregation_mode="decode")
+    pool = build_pool(sizes, "cpu", checkpoints=False, final_states=True)
     assert pool.prefix_cache is not None and pool.prefix_cache.final_states is not None
     return pool
 

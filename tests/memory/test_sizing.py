@@ -1,7 +1,18 @@
 """The configurator's rules and sizes, with every figure worked out by hand."""
 
+import pickle
+
 import pytest
 
+from distpool.memory.sizing.errors import (
+    DEEPSEEK_V4_POOLS,
+    NOT_HYBRID,
+    SWA_UNDER_PD,
+    BudgetTooSmall,
+    PoolArgInvalid,
+    RequestNeeds,
+    UnifiedMemoryRefused,
+)
 from distpool.memory.sizing.layout import align_up, slot_stride_bytes
 from distpool.memory.sizing.sizing import DEFAULT_MAX_RUNNING_REQUESTS, GIB, PoolArgs, size_pools
 from distpool.model.spec import AttentionSpec, MambaSpec, ModelSpec, StateTensorSpec
@@ -94,21 +105,23 @@ def test_static_swa_uses_token_ratio_and_window_pages():
     assert p.swa_pages_per_request == 128 // 16 + 1  # the window can straddle one more page
 
 
-@pytest.mark.parametrize("kind", ["dense", "deepseek_v4"])
-def test_unified_refused_for_non_hybrid(kind):
-    with pytest.raises(ValueError) as err:
+@pytest.mark.parametrize(("kind", "reason"), [("dense", NOT_HYBRID), ("deepseek_v4", DEEPSEEK_V4_POOLS)])
+def test_unified_refused_for_non_hybrid(kind, reason):
+    with pytest.raises(UnifiedMemoryRefused) as err:
         size_pools(make_spec(kind=kind), PoolArgs(enable_unified_memory=True), GIB)
-    text = str(err.value)
-    assert "--enable-unified-memory" in text and "TestForCausalLM" in text
-    assert "drop --enable-unified-memory" in text and "supported" in text
+    assert (err.value.reason, err.value.architectures, err.value.kind) == (reason, "TestForCausalLM", kind)
 
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_unified_swa_refused_under_pd(mode):
     args = PoolArgs(enable_unified_memory=True, disaggregation_mode=mode)
-    with pytest.raises(ValueError, match="sliding-window band.*without PD") as err:
+    with pytest.raises(UnifiedMemoryRefused) as err:
         size_pools(make_spec(kind="hybrid_swa"), args, GIB)
-    assert "TestForCausalLM" in str(err.value)
+    assert (err.value.reason, err.value.architectures, err.value.disaggregation_mode) == (
+        SWA_UNDER_PD,
+        "TestForCausalLM",
+        mode,
+    )
 
 
 def test_allowed_combinations():
@@ -121,16 +134,25 @@ def test_allowed_combinations():
 
 def test_budget_too_small_names_the_numbers():
     needed = SLOT + 256 * 8192
-    with pytest.raises(ValueError, match="--memory-gib") as err:
+    with pytest.raises(BudgetTooSmall) as err:
         size_pools(make_spec(), PoolArgs(enable_unified_memory=True), needed - 64)
-    assert str(needed) in str(err.value) and "--context-len 4096" in str(err.value)
+    spec = make_spec()
+    assert err.value.needs == RequestNeeds(
+        architectures="TestForCausalLM",
+        context_len=4096,
+        needed_bytes=needed,
+        slot_bytes=spec.slot_bytes,
+        kv_bytes_per_token=spec.full_kv_bytes_per_token,
+    )
+    assert (err.value.budget_bytes, err.value.split) == (needed - 64, None)
     assert size_pools(make_spec(), PoolArgs(enable_unified_memory=True), needed).requests_at_full_context == 1
 
 
 def test_static_split_that_starves_one_pool_is_refused():
     # 3 MiB: one request fits overall, but 1% of it cannot hold a single 395 KiB slot.
-    with pytest.raises(ValueError, match="static state/KV split"):
+    with pytest.raises(BudgetTooSmall) as err:
         size_pools(make_spec(), PoolArgs(mamba_state_ratio=0.01), 3 * MIB)
+    assert (err.value.split, err.value.budget_bytes) == ("state/KV", 3 * MIB)
 
 
 def test_dtype_overrides_change_sizes():
@@ -142,11 +164,20 @@ def test_dtype_overrides_change_sizes():
 
 @pytest.mark.parametrize(
     "changes",
-    [dict(page_size=0), dict(context_len=-1), dict(disaggregation_mode="both"), dict(mamba_state_ratio=1.5)],
+    [
+        dict(page_size=0),
+        dict(context_len=-1),
+        dict(max_running_requests=0),
+        dict(disaggregation_mode="both"),
+        dict(kv_dtype="int4"),
+        dict(mamba_state_ratio=1.5),
+        dict(swa_full_tokens_ratio=0.0),
+    ],
 )
-def test_bad_arguments_are_value_errors(changes):
-    with pytest.raises(ValueError):
+def test_bad_arguments_name_their_field_and_value(changes):
+    with pytest.raises(PoolArgInvalid) as err:
         PoolArgs(**changes)
+    assert {err.value.field: err.value.value} == changes
 
 
 def test_unified_swa_keeps_a_whole_window_per_running_request():
@@ -160,3 +191,17 @@ def test_unified_swa_keeps_a_whole_window_per_running_request():
     assert p.num_swa_pages == p.max_running_requests * 9
     assert p.num_pages == (usable - p.num_swa_pages * swa_page) // full_page >= p.max_running_requests
     assert p.max_total_tokens > 0
+
+
+def test_refusals_cross_a_process_boundary_with_their_facts():
+    """Ray pickles what a worker raises: each refusal arrives as itself, its fields intact."""
+    needs = RequestNeeds(
+        architectures="A", context_len=8, needed_bytes=64, slot_bytes=32, kv_bytes_per_token=4
+    )
+    for refusal in (
+        PoolArgInvalid("page_size", 0, ">= 1"),
+        UnifiedMemoryRefused(SWA_UNDER_PD, "A", "hybrid_swa", "decode"),
+        BudgetTooSmall(needs, 32, "full/SWA"),
+    ):
+        back = pickle.loads(pickle.dumps(refusal))
+        assert type(back) is type(refusal) and vars(back) == vars(refusal)

@@ -8,7 +8,7 @@ import pytest
 from distpool.memory.sizing import PoolArgs, layout_fingerprint, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import PRESETS_DIR
-from distpool.model.shard import check_tp, replicated_parts, shard, valid_tp_sizes
+from distpool.model.shard import TpUnshardable, check_tp, replicated_parts, shard, valid_tp_sizes
 from tests.factories import TP_CONFIGS, make_spec, tp_spec
 
 
@@ -96,12 +96,11 @@ def _segments(tensor):
     ],
 )
 def test_presets_that_cannot_shard_are_refused_naming_the_heads(name, tp, message):
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(TpUnshardable) as raised:
         check_tp(preset(name), tp)
-    text = str(raised.value)
-    assert message in text and "\n" not in text
-    assert f"tensor parallelism of {tp} ranks cannot shard" in text
-    assert "Fix: use a TP size that shards every tensor" in text
+    assert raised.value.tp == tp and message in raised.value.reason
+    assert raised.value.valid_sizes == tuple(valid_tp_sizes(preset(name)))
+    assert tp not in raised.value.valid_sizes
 
 
 def _config(**fields):

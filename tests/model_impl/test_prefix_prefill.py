@@ -12,6 +12,17 @@ import torch
 from distpool.memory.arena_pool import ArenaPool
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import DENSE, ModelSpec
+from distpool.model_impl.errors import (
+    CACHED_NOT_AS_RESERVED,
+    CACHED_OUT_OF_RANGE,
+    DUPLICATE_REQUEST,
+    NO_CHECKPOINT,
+    NOT_REGISTERED,
+    SLOT_OUT_OF_RANGE,
+    SLOTS_OVERLAP,
+    SNAPSHOT_OUT_OF_RANGE,
+    BatchRefused,
+)
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
@@ -164,8 +175,9 @@ def test_synthetic_refuses_a_corrupt_checkpoint_and_writes_nothing() -> None:
     wrong = Mismatch(kind="state", layer=layer, tensor="ssm", position=None, byte_offset=20)
     assert failure.value.mismatch == wrong and str(wrong) in str(failure.value)
     assert torch.equal(pool.buffer, before)
-    with pytest.raises(ValueError, match="not registered"):
+    with pytest.raises(BatchRefused) as unknown:
         synthetic.check(pool, "b")
+    assert (unknown.value.problem, unknown.value.request_id) == (NOT_REGISTERED, "b")
 
 
 def test_synthetic_dense_model_needs_no_checkpoint_and_ignores_snapshots() -> None:
@@ -206,20 +218,25 @@ def test_misuse_is_refused_with_the_fix_before_anything_is_written(model: Refere
     c = tokens(8, 11)
     usable = PrefillJob("b", b, cached=8, checkpoint_slot=checkpoint)  # b's cached prefix, as reserved
     refusals = [
-        ([replace(usable, cached=6)], "multiple of page_size"),
-        ([PrefillJob("c", c, cached=8, checkpoint_slot=checkpoint)], "below the prompt's 8 tokens"),
-        ([PrefillJob("b", b)], "would overwrite shared cached pages"),
-        ([PrefillJob("c", c, cached=4, checkpoint_slot=checkpoint)], "would read pages nobody wrote"),
-        ([replace(usable, checkpoint_slot=None)], "no checkpoint.*checkpoint_slot\\(match.checkpoint\\)"),
-        ([replace(usable, checkpoint_slot=num_slots)], "outside the pool's"),
-        ([replace(usable, snapshot=(2 * PAGE, spare_slot))], "depth in 3..3"),
-        ([replace(usable, snapshot=(3 * PAGE - 1, spare_slot))], "on a page boundary"),
-        ([replace(usable, snapshot=(3 * PAGE, checkpoint))], "fresh checkpoint"),
-        ([usable, usable], "names a request twice"),
+        ([replace(usable, cached=6)], CACHED_OUT_OF_RANGE, "b"),
+        ([PrefillJob("c", c, cached=8, checkpoint_slot=checkpoint)], CACHED_OUT_OF_RANGE, "c"),
+        ([PrefillJob("b", b)], CACHED_NOT_AS_RESERVED, "b"),  # would overwrite shared cached pages
+        (
+            [PrefillJob("c", c, cached=4, checkpoint_slot=checkpoint)],
+            CACHED_NOT_AS_RESERVED,
+            "c",
+        ),  # unwritten
+        ([replace(usable, checkpoint_slot=None)], NO_CHECKPOINT, "b"),
+        ([replace(usable, checkpoint_slot=num_slots)], SLOT_OUT_OF_RANGE, "b"),
+        ([replace(usable, snapshot=(2 * PAGE, spare_slot))], SNAPSHOT_OUT_OF_RANGE, "b"),
+        ([replace(usable, snapshot=(3 * PAGE - 1, spare_slot))], SNAPSHOT_OUT_OF_RANGE, "b"),
+        ([replace(usable, snapshot=(3 * PAGE, checkpoint))], SLOTS_OVERLAP, None),
+        ([usable, usable], DUPLICATE_REQUEST, None),
     ]
-    for jobs, message in refusals:
-        with pytest.raises(ValueError, match=message):
+    for jobs, problem, request_id in refusals:
+        with pytest.raises(BatchRefused) as refused:
             cache.prefill(pool, jobs)
+        assert (refused.value.problem, refused.value.request_id) == (problem, request_id)
     assert torch.equal(pool.buffer, before)
     # and used as meant, with a snapshot at b's last full page into the spare unit
     (done,) = cache.prefill(pool, [replace(usable, snapshot=(3 * PAGE, spare_slot))])
@@ -263,8 +280,9 @@ def test_a_request_continues_in_place_from_its_own_slot_with_only_its_new_tokens
     prefill_tokens(model, pool, {"a": turn})
     pool.extend("a", len(more))
     job = PrefillJob("a", turn + more, cached=len(turn), checkpoint_slot=pool.slot_id("a"))
-    with pytest.raises(ValueError, match="multiple of page_size"):  # another slot: only whole cached pages
+    with pytest.raises(BatchRefused) as refused:  # another slot: only whole cached pages
         model.prefill(pool, [replace(job, checkpoint_slot=pool.prefix_cache.take_checkpoint()[1])])
+    assert refused.value.problem == CACHED_OUT_OF_RANGE
     (done,) = model.prefill(pool, [job])
     assert done.computed_tokens == len(more)
     oracle = model.generate_nocache(turn + more, STEPS + 1)

@@ -12,6 +12,13 @@ from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
+from distpool.model_impl.errors import (
+    DUPLICATE_REQUEST,
+    NOT_EXTENDED,
+    TOKENS_NOT_RESERVED,
+    BatchRefused,
+    ImplCannotRun,
+)
 from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
     REFERENCE_DENSE_CONFIG,
@@ -19,7 +26,8 @@ from distpool.model_impl.reference.configs import (
     REFERENCE_SWA_CONFIG,
 )
 from distpool.model_impl.reference.mamba2 import Mamba2Layer
-from distpool.model_impl.reference.model import ReferenceModel, unsupported_reason
+from distpool.model_impl.reference.model import ReferenceModel
+from distpool.model_impl.reference.support import unsupported_reason
 from tests.factories import FIXTURES, free_units, prefill_tokens
 from tests.fake_pool import FakePool
 
@@ -80,10 +88,11 @@ def test_bundled_hybrid_config_follows_the_mamba2_state_convention(model: Refere
 @pytest.mark.parametrize("path", [REFERENCE_DENSE_CONFIG, REFERENCE_SWA_CONFIG])
 def test_non_hybrid_mamba_configs_are_refused_with_the_fix(path) -> None:
     architecture = json.loads(path.read_text())["architectures"][0]
-    with pytest.raises(ValueError, match="hybrid Mamba2 models only") as excinfo:
-        ReferenceModel(spec_from_hf(path))
-    assert architecture in str(excinfo.value)
-    assert "reference-hybrid.json" in str(excinfo.value)
+    spec = spec_from_hf(path)
+    with pytest.raises(ImplCannotRun) as excinfo:
+        ReferenceModel(spec)
+    assert (excinfo.value.impl, excinfo.value.source) == ("reference", spec.source)
+    assert excinfo.value.reason == unsupported_reason(spec) and architecture in excinfo.value.reason
 
 
 def test_oracle_generations_differ_across_prompts(oracle: list[list[int]]) -> None:
@@ -230,15 +239,18 @@ def test_generate_releases_what_it_reserved_when_the_pool_runs_out(
 def test_misuse_is_refused(model: ReferenceModel) -> None:
     pool = make_pool(model, page_size=4)
     pool.reserve("short", 3)
-    with pytest.raises(ValueError, match="reserve it with len\\(prompt\\) tokens"):
+    with pytest.raises(BatchRefused) as refused:
         prefill_tokens(model, pool, {"short": [1, 2, 3, 4]})
+    assert (refused.value.problem, refused.value.request_id) == (TOKENS_NOT_RESERVED, "short")
     pool.reserve("one", 1)
     first = prefill_tokens(model, pool, {"one": [7]})
-    with pytest.raises(ValueError, match="pool.extend"):
+    with pytest.raises(BatchRefused) as refused:
         model.decode_step(pool, ["one"], first)  # not extended: no row for the new token
+    assert refused.value.problem == NOT_EXTENDED
     pool.extend("one", 1)
-    with pytest.raises(ValueError, match="names a request twice"):
+    with pytest.raises(BatchRefused) as refused:
         model.decode_step(pool, ["one", "one"], first * 2)
+    assert refused.value.problem == DUPLICATE_REQUEST
     with pytest.raises(ValueError, match="outside"):
         model.decode_step(pool, ["one"], [model.vocab_size])
     with pytest.raises(ValueError, match="at least one token"):

@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from distpool.model.shard import check_tp, shard
+from distpool.model.shard import TpUnshardable, check_tp, shard
+from distpool.model_impl.errors import ImplCannotRun
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from distpool.model_impl.select import build_model_impl
@@ -127,12 +128,12 @@ def test_state_prefilled_at_tp1_decodes_at_tp_n(ranks, tp1_model: ReferenceModel
 
 @pytest.mark.parametrize("tp", [3, 8])
 def test_a_tp_size_the_config_cannot_shard_is_refused_with_the_shard_rules_error(tp: int) -> None:
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(TpUnshardable) as refused:
         check_tp(SPEC, tp)
-    with pytest.raises(ValueError) as built:
+    with pytest.raises(TpUnshardable) as built:
         ReferenceModel.for_rank(SPEC, tp=tp, rank=0, group=None)
-    assert str(built.value) == str(refused.value)
-    assert "cannot shard NemotronHForCausalLM" in str(built.value) and "1, 2, 4" in str(built.value)
+    assert vars(built.value) == vars(refused.value)
+    assert (built.value.architectures, built.value.valid_sizes) == ("NemotronHForCausalLM", (1, 2, 4))
 
 
 def test_a_rank_without_its_group_is_refused() -> None:
@@ -158,8 +159,9 @@ def test_the_selection_builds_each_implementation_for_its_rank() -> None:
     assert cache.pattern.shard == rank_shard  # writes and verifies rank 1's shard, no group needed
     with pytest.raises(ValueError, match="TP 2 needs its process group"):
         build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
-    with pytest.raises(ValueError, match="the transformers runner runs at TP 1 only"):
+    with pytest.raises(ImplCannotRun) as refused:
         build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
+    assert (refused.value.impl, refused.value.source) == ("transformers", SPEC.source)
 
 
 class _GroupOf:

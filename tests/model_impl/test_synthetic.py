@@ -13,6 +13,16 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.memory.pool import DoesNotFit
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import AttentionSpec, ModelSpec
+from distpool.model_impl.errors import (
+    ALREADY_REGISTERED,
+    DUPLICATE_REQUEST,
+    NOT_EXTENDED,
+    NOT_REGISTERED,
+    TOKENS_NOT_RESERVED,
+    WRONG_TOKEN,
+    BatchRefused,
+    ImplCannotRun,
+)
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
@@ -157,8 +167,9 @@ def refused(decoder: SyntheticCache, dst: ArenaPool, prompt: list[int], first: i
     mismatch = decoder.admit(dst, "r", prompt, first)
     assert isinstance(mismatch, Mismatch)
     assert accounting(dst) == before
-    with pytest.raises(ValueError, match="not registered"):
+    with pytest.raises(BatchRefused) as unknown:
         decoder.check(dst, "r")
+    assert (unknown.value.problem, unknown.value.request_id) == (NOT_REGISTERED, "r")
     return mismatch
 
 
@@ -245,22 +256,30 @@ def test_a_shared_prefix_holds_the_same_kv_bytes() -> None:
 def test_misuse_is_refused_with_the_fix() -> None:
     cache, pool = SyntheticCache(NEMOTRON), pool_for(NEMOTRON)
     pool.reserve("short", 3)
-    with pytest.raises(ValueError, match="reserve it with len\\(prompt\\) tokens"):
-        prefill_tokens(cache, pool, {"short": [1, 2, 3, 4]})
-    with pytest.raises(ValueError, match="not registered"):
-        cache.decode_step(pool, ["short"], [1])
+    misuse = [
+        (lambda: prefill_tokens(cache, pool, {"short": [1, 2, 3, 4]}), TOKENS_NOT_RESERVED),
+        (lambda: cache.decode_step(pool, ["short"], [1]), NOT_REGISTERED),
+    ]
+    for call, problem in misuse:
+        with pytest.raises(BatchRefused) as refused:
+            call()
+        assert (refused.value.problem, refused.value.request_id) == (problem, "short")
     (first,) = prefill_tokens(cache, pool, {"short": [1, 2, 3]})
-    with pytest.raises(ValueError, match="pool.extend"):
+    with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [first])
+    assert refused.value.problem == NOT_EXTENDED
     pool.extend("short", 1)
-    with pytest.raises(ValueError, match="names a request twice"):
+    with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short", "short"], [first, first])
+    assert refused.value.problem == DUPLICATE_REQUEST
     with pytest.raises(ValueError, match="outside"):
         cache.decode_step(pool, ["short"], [NEMOTRON.vocab_size])
-    with pytest.raises(ValueError, match="the token its last step returned"):
+    with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [(first + 1) % NEMOTRON.vocab_size])
-    with pytest.raises(ValueError, match="forget it before admit"):
+    assert refused.value.problem == WRONG_TOKEN
+    with pytest.raises(BatchRefused) as refused:
         cache.admit(pool, "short", [1, 2, 3], first)
+    assert refused.value.problem == ALREADY_REGISTERED
     assert cache.decode_step(pool, [], []) == []
     cache.forget("short")
     cache.forget("short")  # absent: nothing to do
@@ -276,8 +295,9 @@ def test_generate_releases_and_forgets_when_a_step_fails() -> None:
         cache.generate(pool, [PROMPT], STEPS, between_steps=fail)
     assert pool.request_ids == []
     pool.reserve("synthetic-0", len(PROMPT))
-    with pytest.raises(ValueError, match="not registered"):
+    with pytest.raises(BatchRefused) as unknown:
         cache.check(pool, "synthetic-0")
+    assert (unknown.value.problem, unknown.value.request_id) == (NOT_REGISTERED, "synthetic-0")
 
 
 def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
@@ -285,8 +305,9 @@ def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
     auto = (choose_model_impl(hybrid, "auto"), choose_model_impl(dense, "auto"))
     assert auto == ("reference", "synthetic")
     assert choose_model_impl(hybrid, "synthetic") == choose_model_impl(dense, "synthetic") == "synthetic"
-    with pytest.raises(ValueError, match="hybrid Mamba2 models only"):
+    with pytest.raises(ImplCannotRun) as refused:
         choose_model_impl(dense, "reference")
+    assert (refused.value.impl, refused.value.source) == ("reference", dense.source)
     with pytest.raises(ValueError, match=", ".join(MODEL_IMPLS)):
         choose_model_impl(hybrid, "real")
     reference = build_model_impl(hybrid, model_impl="auto", seed=0, device="cpu")

@@ -12,6 +12,7 @@ import torch
 from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import shard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import ShardMismatch
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, make_spec, prefill_tokens, tp_spec
 
@@ -93,7 +94,15 @@ def test_a_pool_that_is_not_the_shards_is_refused_with_the_fix():
     rank_shard = shard(spec, 2, 1)
     whole = make_rank_pool(shard(spec, 1, 0), unified=True)
     whole.reserve("a", len(PROMPT))
-    with pytest.raises(ValueError, match="Fix: build the pool from the shard's spec"):
+    with pytest.raises(ShardMismatch) as refused:
         prefill_tokens(SyntheticCache(spec, seed=5, shard=rank_shard), whole, {"a": PROMPT})
-    with pytest.raises(ValueError, match="Fix: shard the spec the cache runs"):
-        SyntheticCache(tp_spec("mamba2_groups8"), shard=rank_shard)
+    tensor = rank_shard.tensor(refused.value.field)  # the first tensor the prefill wrote
+    assert (refused.value.expected, refused.value.got) == (tensor.nbytes, tensor.row_bytes)
+    other = tp_spec("mamba2_groups8")
+    with pytest.raises(ShardMismatch) as refused:
+        SyntheticCache(other, shard=rank_shard)
+    assert (refused.value.field, refused.value.expected, refused.value.got) == (
+        "model",
+        other.source,
+        spec.source,
+    )

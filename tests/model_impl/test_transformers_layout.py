@@ -10,9 +10,11 @@ import json
 import pytest
 import torch
 
+from distpool.model.convention import RECURRENT_DTYPE
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import StateTensorSpec
-from distpool.model_impl.hf.layout import check_allocation
+from distpool.model_impl.errors import ImplCannotRun, NoWeights
+from distpool.model_impl.hf.layout import _RECURRENT_SHAPE, check_allocation
 from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.runner import TransformersRunner
 from distpool.model_impl.hf.source import resolve_source
@@ -76,8 +78,9 @@ def test_a_sharded_checkpoint_loads_through_its_index(tmp_path):
 def test_dummy_weights_come_from_the_config_and_the_seed(hf_checkpoints, tmp_path):
     loose = tmp_path / "bamba-config.json"  # a config file alone: no folder, no weights
     loose.write_text((hf_checkpoints["bamba"] / "config.json").read_text())
-    with pytest.raises(ValueError, match="--load-format dummy"):
+    with pytest.raises(NoWeights) as refused:
         resolve_implementation(loose, "transformers")
+    assert (refused.value.folder, refused.value.load_format) == (str(loose), "auto")
     impl = resolve_implementation(loose, "transformers", load_format="dummy")
     assert (impl.hf.load_format, impl.hf.dtype) == ("dummy", "float32")
 
@@ -123,9 +126,17 @@ def test_auto_takes_transformers_only_for_weights_of_a_supported_architecture(hf
 
 def test_other_architectures_are_refused_with_the_supported_list_and_the_alternative():
     llama = spec_from_hf(FIXTURES / "llama3.json")
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ImplCannotRun) as refused:
         choose_model_impl(llama, "transformers")
-    message = str(refused.value)
-    assert "LlamaForCausalLM is not one of them" in message and "--model-impl synthetic" in message
-    for name in ("Bamba", "NemotronH", "Qwen3Next", "FalconH1", "Jamba", "GraniteMoeHybrid"):
-        assert f"{name}ForCausalLM" in message
+    assert (refused.value.impl, refused.value.source) == ("transformers", llama.source)
+    served = ", ".join(
+        f"{name}ForCausalLM"
+        for name in ("Bamba", "NemotronH", "Qwen3Next", "FalconH1", "Jamba", "GraniteMoeHybrid")
+    )
+    assert refused.value.reason == (
+        f"{llama.source}: the transformers runner serves {served}; LlamaForCausalLM is not one of them"
+    )
+
+
+def test_every_state_family_has_its_recurrent_shape_and_dtype():
+    assert set(_RECURRENT_SHAPE) == set(RECURRENT_DTYPE) == {"mamba2", "gated_delta_net", "mamba1"}

@@ -9,7 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from distpool.model.shard import TpUnshardable
 from distpool.serving.deploy.deployment import DeploymentSpec, check_tensor_parallel
+from distpool.serving.deploy.deployment_checks import (
+    TP_WITH_SPREAD,
+    TP_WITH_TRANSFORMERS,
+    DeploymentRefused,
+    RankPoolRefused,
+)
 from distpool.serving.deploy.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
 from distpool.serving.path.local_path import LocalPath
 from distpool.serving.routing.conditional import ConditionalOptions
@@ -75,20 +82,25 @@ def tp_worker(prefill_tp: int, decode_tp: int) -> WorkerConfig:
 
 
 @pytest.mark.parametrize(
-    "sizes, model_impl, message",
+    "sizes, model_impl, spread, problem",
     [
-        ((2, 2), "transformers", "no tensor-parallel plan for Mamba or gated delta net"),
-        ((2, 1), "transformers", "Fix: --prefill-tp 1 --decode-tp 1"),
+        ((2, 2), "transformers", False, TP_WITH_TRANSFORMERS),
+        ((2, 1), "transformers", False, TP_WITH_TRANSFORMERS),
+        ((1, 2), "synthetic", True, TP_WITH_SPREAD),
     ],
 )
-def test_what_tensor_parallelism_cannot_run_is_refused_with_the_fix(sizes, model_impl, message):
-    with pytest.raises(ValueError, match=message):
-        check_tensor_parallel(tp_worker(*sizes), model_impl, spread=False)
+def test_what_tensor_parallelism_cannot_run_is_refused(sizes, model_impl, spread, problem):
+    with pytest.raises(DeploymentRefused) as refused:
+        check_tensor_parallel(tp_worker(*sizes), model_impl, spread=spread)
+    assert (refused.value.problem, refused.value.prefill_tp, refused.value.decode_tp) == (problem, *sizes)
+    check_tensor_parallel(tp_worker(1, 1), model_impl, spread=spread)  # TP 1 runs anything
 
 
 def test_a_tp_size_the_model_cannot_shard_is_refused_naming_the_flag():
-    with pytest.raises(ValueError, match=r"^--decode-tp 3: tensor parallelism of 3 ranks cannot shard"):
+    with pytest.raises(RankPoolRefused) as refused:
         DeploymentSpec.build(tp_worker(1, 3))
+    assert (refused.value.role, refused.value.tp) == ("decode", 3)
+    assert isinstance(refused.value.refusal, TpUnshardable) and refused.value.refusal.tp == 3
 
 
 def test_decode_at_tp_2_takes_the_disaggregated_path_for_every_request():

@@ -52,7 +52,8 @@ def make_pools():
     pools = {}
     for mode in ("prefill", "decode"):
         args = PoolArgs(enable_unified_memory=True, disaggregation_mode=mode, page_size=4, context_len=64)
-        pools[mode] = build_pool(size_pools(spec, args, 64 << 10), "cpu")
+        # decode receives whole states, so its prefix cache keeps no checkpoints (as a decode worker's)
+        pools[mode] = build_pool(size_pools(spec, args, 64 << 10), "cpu", checkpoints=mode != "decode")
     return pools["prefill"], pools["decode"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from distpool.model.shard import TpUnshardable
 from distpool.worker.tp_pairing import TpPairing, rank_name
 from tests.factories import tp_spec
 
@@ -39,5 +40,6 @@ def test_each_rank_names_its_peers_in_the_other_group():
 
 
 def test_a_tp_size_the_model_cannot_shard_is_refused():
-    with pytest.raises(ValueError, match="tensor parallelism of 3 ranks cannot shard"):
+    with pytest.raises(TpUnshardable) as refused:
         TpPairing(tp_spec("mamba2_groups8"), 1, 3)
+    assert refused.value.tp == 3

@@ -68,7 +68,8 @@ class SharedPages:
         unique, counts = np.unique(vids, return_counts=True)
         shared_before = self.extra_holders[unique] > 0
         left = self.extra_holders[unique] + 1 - counts  # holders afterwards
-        assert (left >= 0).all(), "a page let go of more often than it was held"
+        if (left < 0).any():
+            raise ValueError(f"pages {unique[left < 0].tolist()} let go of more often than they were held")
         self.extra_holders[unique] = np.maximum(left - 1, 0)
         self.num_shared -= int(np.count_nonzero(shared_before & (left <= 1)))
         return unique[left == 0]

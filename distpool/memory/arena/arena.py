@@ -55,11 +55,11 @@ def band_geometry(sizes: PoolSizes) -> tuple[BandGeometry | None, BandGeometry |
     if spec.mamba is not None and spec.sliding_attention is not None:
         raise ValueError(
             f"{spec.architectures or spec.model_type} has both Mamba and sliding-window layers; the arena "
-            "holds two bands (state or sliding-window pages below, full-attention pages above), not three. "
-            "Fix: serve this model with a pool that supports three kinds of per-request memory."
+            "holds two bands (state or sliding-window pages below, full-attention pages above), not three"
         )
     usable = sizes.arena_bytes
-    assert usable % ALIGN_BYTES == 0
+    if usable % ALIGN_BYTES:
+        raise ValueError(f"the arena's {usable} bytes are not a multiple of {ALIGN_BYTES}")
     low_name, low_stride, low_count = None, 0, 0
     if spec.mamba is not None:
         low_name, low_stride, low_count = "slots", sizes.slot_stride_bytes, sizes.num_slots
@@ -115,7 +115,11 @@ class Arena:
         """(band.num_positions, *shape) in `dtype_name`: dim 0 steps one unit, the rest contiguous."""
         dtype = torch_dtype(dtype_name)
         item = dtype.itemsize
-        assert band.stride_bytes % item == 0 and (band.base_bytes + place.offset) % item == 0
+        if band.stride_bytes % item or (band.base_bytes + place.offset) % item:
+            raise ValueError(
+                f"a {dtype_name} tensor at byte {band.base_bytes + place.offset}, stride "
+                f"{band.stride_bytes}, is not aligned to its {item}-byte elements"
+            )
         inner, stride = [], 1
         for dim in reversed(shape):  # contiguous strides of one unit's tensor
             inner.insert(0, stride)

@@ -67,7 +67,8 @@ class Band:
         if virtual.size == 0:
             return
         physical = self.v2p[virtual]
-        assert (physical >= 0).all(), "free of an unused virtual id"
+        if (physical < 0).any():
+            raise ValueError(f"free of unused virtual ids {virtual[physical < 0].tolist()}")
         self.owned[physical] = False
         self.p2v[physical] = -1
         self.v2p[virtual] = -1
@@ -109,7 +110,8 @@ class Band:
             target_mask[targets] = True
             src = np.flatnonzero(movable & ~target_mask)
             dst = np.flatnonzero(target_mask & ~self.owned)
-            assert src.size == dst.size
+            if src.size != dst.size:
+                raise RuntimeError(f"a compaction plan moves {src.size} units into {dst.size} free places")
             return src, dst  # both ascending
         items_mask = movable if room is None else movable | (room & ~self.owned)
         items = np.flatnonzero(items_mask)

@@ -1,6 +1,7 @@
 """Pool sizing and byte layout: pure functions from a model and a budget to sizes and places.
 
-`sizing.py`: (ModelSpec, PoolArgs, budget) -> frozen PoolSizes, with its refusals; `layout.py`: the
+`sizing.py`: (ModelSpec, PoolArgs, budget) -> frozen PoolSizes; `errors.py`: its refusals as typed
+facts (`PoolArgInvalid`, `UnifiedMemoryRefused`, `BudgetTooSmall`); `layout.py`: the
 byte layout of one page envelope and one slot envelope (alignment, strides, places); `fingerprint.py`:
 the layout fingerprint two pools must share; `tp_sizes.py`: one TP rank's sizes; `tp_layout.py`: what
 one end of a channel tells the other about its TP group; `describe.py`: sizes as `check` prints them.
@@ -8,6 +9,15 @@ Nothing here allocates.
 """
 
 from distpool.memory.sizing.describe import format_sizes
+from distpool.memory.sizing.errors import (
+    DEEPSEEK_V4_POOLS,
+    NOT_HYBRID,
+    SWA_UNDER_PD,
+    BudgetTooSmall,
+    PoolArgInvalid,
+    RequestNeeds,
+    UnifiedMemoryRefused,
+)
 from distpool.memory.sizing.fingerprint import layout_description, layout_fingerprint
 from distpool.memory.sizing.layout import (
     ALIGN_BYTES,
@@ -24,11 +34,18 @@ from distpool.memory.sizing.tp_sizes import size_tp_pools
 
 __all__ = [
     "ALIGN_BYTES",
+    "BudgetTooSmall",
+    "DEEPSEEK_V4_POOLS",
     "GIB",
+    "NOT_HYBRID",
+    "PoolArgInvalid",
     "PoolArgs",
     "PoolSizes",
+    "RequestNeeds",
+    "SWA_UNDER_PD",
     "TensorPlace",
     "TpEnd",
+    "UnifiedMemoryRefused",
     "align_up",
     "ceil_div",
     "format_sizes",

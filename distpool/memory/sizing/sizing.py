@@ -1,10 +1,11 @@
 """Pool sizing: a pure function of (ModelSpec, PoolArgs, budget) returning frozen PoolSizes.
 
-Nothing is allocated here. `size_pools` refuses, with a ValueError that names the flag, the model's
-architectures, what is supported and the fix, before any pool or actor exists:
-1. `--enable-unified-memory` with a model that is not hybrid (or is DeepSeek-V4).
-2. `--enable-unified-memory` with a hybrid-SWA model under PD.
-3. A budget in which one worst-case request (slot + pages for `context_len` tokens) cannot fit.
+Nothing is allocated here. `size_pools` refuses, with a typed error carrying the facts
+(`errors.py`; the command line names its flags and the fix), before any pool or actor exists:
+1. Unified memory with a model that is not hybrid (or is DeepSeek-V4): `UnifiedMemoryRefused`.
+2. Unified memory with a hybrid-SWA model under PD: `UnifiedMemoryRefused`.
+3. A budget in which one worst-case request (slot + pages for `context_len` tokens) cannot fit:
+   `BudgetTooSmall`.
 
 Sizing rules (every size page- or slot-aligned; see `PoolSizes` for the figures):
 - unified: one arena; `max_running_requests` defaults to the number of requests that fit holding one
@@ -21,8 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distpool.memory.sizing.errors import (
+    DEEPSEEK_V4_POOLS,
+    NOT_HYBRID,
+    SWA_UNDER_PD,
+    BudgetTooSmall,
+    PoolArgInvalid,
+    RequestNeeds,
+    UnifiedMemoryRefused,
+)
 from distpool.memory.sizing.layout import ALIGN_BYTES, align_up, ceil_div, slot_stride_bytes
-from distpool.model.dtypes import canonical_dtype
+from distpool.model.dtypes import DTYPE_NAMES, canonical_dtype
 from distpool.model.spec import DEEPSEEK_V4, HYBRID_MAMBA, HYBRID_SWA, ModelSpec
 
 DISAGGREGATION_MODES = (None, "prefill", "decode")
@@ -48,22 +58,23 @@ class PoolArgs:
 
     def __post_init__(self) -> None:
         if self.disaggregation_mode not in DISAGGREGATION_MODES:
-            raise ValueError(
-                "--disaggregation-mode must be one of null, prefill, decode; "
-                f"got {self.disaggregation_mode!r}"
+            raise PoolArgInvalid(
+                "disaggregation_mode", self.disaggregation_mode, "one of null, prefill, decode"
             )
         for name in ("page_size", "context_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+                raise PoolArgInvalid(name, getattr(self, name), ">= 1")
         if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ValueError(f"--max-running-requests must be >= 1; got {self.max_running_requests}")
+            raise PoolArgInvalid("max_running_requests", self.max_running_requests, ">= 1")
         for name in ("kv_dtype", "conv_dtype", "ssm_dtype"):  # one spelling from here on
             if getattr(self, name) is not None:
-                flag = f"--{name.replace('_', '-')}"
-                object.__setattr__(self, name, canonical_dtype(getattr(self, name), flag))
-        for name in ("mamba_state_ratio", "swa_full_tokens_ratio"):
-            if not 0.0 < getattr(self, name) < (1.0 if name == "mamba_state_ratio" else 100.0):
-                raise ValueError(f"{name} is out of range: {getattr(self, name)}")
+                try:
+                    object.__setattr__(self, name, canonical_dtype(getattr(self, name)))
+                except ValueError:
+                    raise PoolArgInvalid(name, getattr(self, name), DTYPE_NAMES) from None
+        for name, top in (("mamba_state_ratio", 1.0), ("swa_full_tokens_ratio", 100.0)):
+            if not 0.0 < getattr(self, name) < top:
+                raise PoolArgInvalid(name, getattr(self, name), f"in (0, {top:g})")
 
 
 @dataclass(frozen=True)
@@ -152,32 +163,18 @@ def _arch(spec: ModelSpec) -> str:
 
 
 def check_unified_allowed(spec: ModelSpec, args: PoolArgs) -> None:
-    """Rules 1 and 2: refuse `--enable-unified-memory` where it cannot mean anything safe."""
+    """Rules 1 and 2: refuse unified memory where it cannot mean anything safe."""
     if not args.enable_unified_memory:
         return
-    supported = (
-        "supported: hybrid Mamba / linear-attention models (colocated or PD) and hybrid sliding-window "
-        "models (colocated only)"
-    )
     if spec.kind == DEEPSEEK_V4:
-        raise ValueError(
-            f"--enable-unified-memory is not supported for {_arch(spec)}: DeepSeek-V4 keeps its own "
-            f"compressed and sliding-window pools, which are never unified; {supported}. "
-            "Fix: drop --enable-unified-memory."
-        )
-    if spec.kind not in (HYBRID_MAMBA, HYBRID_SWA):
-        raise ValueError(
-            f"--enable-unified-memory does nothing for {_arch(spec)}: the model is {spec.kind}, not hybrid "
-            f"(it has no second kind of per-request memory to share an arena with); {supported}. "
-            "Fix: drop --enable-unified-memory."
-        )
-    if spec.kind == HYBRID_SWA and args.disaggregation_mode is not None:
-        raise ValueError(
-            f"--enable-unified-memory is not supported for {_arch(spec)} (hybrid sliding-window) with "
-            f"--disaggregation-mode {args.disaggregation_mode}: there is no whole-envelope transfer scheme "
-            f"for the sliding-window band; {supported}. Fix: drop --enable-unified-memory, or run without "
-            "PD (--disaggregation-mode null)."
-        )
+        reason = DEEPSEEK_V4_POOLS
+    elif spec.kind not in (HYBRID_MAMBA, HYBRID_SWA):
+        reason = NOT_HYBRID
+    elif spec.kind == HYBRID_SWA and args.disaggregation_mode is not None:
+        reason = SWA_UNDER_PD
+    else:
+        return
+    raise UnifiedMemoryRefused(reason, _arch(spec), spec.kind, args.disaggregation_mode)
 
 
 def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
@@ -199,8 +196,15 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
     arena_bytes = budget_bytes - budget_bytes % ALIGN_BYTES
     usable = arena_bytes
     worst = slot_stride + ppr * page_stride + swa_ppr * swa_stride
+    needs = RequestNeeds(
+        architectures=_arch(spec),
+        context_len=args.context_len,
+        needed_bytes=worst,
+        slot_bytes=spec.slot_bytes,
+        kv_bytes_per_token=spec.full_kv_bytes_per_token,
+    )
     if worst > usable:
-        _refuse_budget(spec, args, worst, budget_bytes)
+        raise BudgetTooSmall(needs, budget_bytes)
     # The least a running request holds: its slot, one full page, and (once it is a window long)
     # the SWA pages of its window, which it keeps for the rest of its life.
     min_request = slot_stride + (page_stride if ppr else 0) + swa_ppr * swa_stride
@@ -212,19 +216,20 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
         num_slots = running if slot_stride else 0
         num_swa = running * swa_ppr
         num_pages = (usable - num_slots * slot_stride - num_swa * swa_stride) // page_stride if ppr else 0
-        assert num_pages >= 0, "running requests were sized to leave each at least one page"
+        if num_pages < 0:  # running requests were sized to leave each at least one page
+            raise ValueError(f"{running} running requests leave {num_pages} pages of {usable} usable bytes")
     elif spec.kind == HYBRID_MAMBA or (slot_stride and not ppr):
         state_share = args.mamba_state_ratio if ppr else 1.0
         num_slots = min(int(usable * state_share) // slot_stride, cap)
         num_pages = (usable - num_slots * slot_stride) // page_stride if ppr else 0
         running = min(num_slots, num_pages) if ppr else num_slots
-        _check_static_fits(spec, args, num_slots >= 1 and num_pages >= ppr, "state/KV", worst)
+        _check_static_fits(needs, budget_bytes, num_slots >= 1 and num_pages >= ppr, "state/KV")
     elif swa_ppr:
         # full_pages * page_stride + ratio * full_pages * swa_stride == usable (same page size)
         num_pages = int(usable / (page_stride + args.swa_full_tokens_ratio * swa_stride)) if ppr else 0
         num_swa = (usable - num_pages * page_stride) // swa_stride
         running = min(cap, num_swa, num_pages) if ppr else min(cap, num_swa)
-        _check_static_fits(spec, args, num_pages >= ppr and num_swa >= swa_ppr, "full/SWA", worst)
+        _check_static_fits(needs, budget_bytes, num_pages >= ppr and num_swa >= swa_ppr, "full/SWA")
     else:
         num_pages = usable // page_stride
         running = min(cap, num_pages)
@@ -248,20 +253,6 @@ def size_pools(spec: ModelSpec, args: PoolArgs, budget_bytes: int) -> PoolSizes:
     )
 
 
-def _refuse_budget(spec: ModelSpec, args: PoolArgs, needed: int, budget: int) -> None:
-    raise ValueError(
-        f"the memory budget of {budget / GIB:.3f} GiB ({budget} bytes) cannot hold one request of "
-        f"{_arch(spec)} at --context-len {args.context_len}: it needs {needed} bytes (state slot "
-        f"{spec.slot_bytes} bytes, {spec.full_kv_bytes_per_token} KV bytes per token). Fix: raise "
-        f"--memory-gib to at least {needed / GIB:.3f}, or lower --context-len."
-    )
-
-
-def _check_static_fits(spec: ModelSpec, args: PoolArgs, fits: bool, split: str, needed: int) -> None:
-    if fits:
-        return
-    raise ValueError(
-        f"the static {split} split of the budget cannot hold one request of {_arch(spec)} at --context-len "
-        f"{args.context_len} (one request needs {needed} bytes in all). Fix: raise --memory-gib, lower "
-        "--context-len, change the split ratio, or use --enable-unified-memory for a hybrid model."
-    )
+def _check_static_fits(needs: RequestNeeds, budget_bytes: int, fits: bool, split: str) -> None:
+    if not fits:
+        raise BudgetTooSmall(needs, budget_bytes, split)

@@ -1,4 +1,4 @@
-"""The pools of a tensor-parallel group, as `distpool check --tp N` reports them.
+"""The pools of a tensor-parallel group: one rank's sizes beside the whole model's page and slot.
 
 Each rank of the group has a pool of its own, sized by `size_pools` for the shapes the rank stores
 (`distpool.model.shard`), within a per-rank budget. Every rank stores the same shapes, so one

@@ -2,7 +2,8 @@
 
 Each `<name>.json` here is the public config of one hybrid model, trimmed to the fields that decide
 its layers, KV and state (as in tests/fixtures). `resolve_model` turns what a user types after
-`distpool check` or `run --model` into a config path; `preset_rows` is the `distpool presets` table.
+`distpool check` or `run --model` into a config path; `preset_rows` are the rows of the `distpool
+presets` table.
 """
 
 from __future__ import annotations
@@ -94,26 +95,3 @@ def _transformers_slot_bytes(spec: ModelSpec, dtype: str) -> int | None:
         return in_transformers_convention(spec, dtype).slot_bytes
     except ValueError:  # a state family transformers' runner does not keep
         return None
-
-
-def format_presets(rows: list[PresetRow]) -> str:
-    n, a = max(len(r.name) for r in rows), max(len(r.architecture) for r in rows)
-    head = "kind          attention  mamba  slot MiB  transformers  KV KiB/token  dtypes"
-    lines = [f"{'preset':{n}}  {'architecture':{a}}  {head}"]
-    lines += [
-        f"{r.name:{n}}  {r.architecture:{a}}  {r.kind:12}  {r.num_attention_layers:9}  "
-        f"{r.num_mamba_layers:5}  {r.slot_bytes / (1 << 20):8.2f}  {_mib(r.transformers_slot_bytes):>12}  "
-        f"{r.kv_bytes_per_token / (1 << 10):12.2f}  KV {r.kv_dtype}, SSM {r.ssm_dtype or '-'}"
-        for r in rows
-    ]
-    lines += [
-        "slot: one request's recurrent state, in the engine convention (a conv state of kernel - 1",
-        "columns, as SGLang and vLLM keep it; see --kv-dtype, --ssm-dtype); transformers: the slot the",
-        "transformers runner keeps in the same dtype (conv of kernel columns). KV: every attention layer.",
-        "Pass the preset name to `distpool check NAME` or `distpool run --model NAME`.",
-    ]
-    return "\n".join(lines)
-
-
-def _mib(nbytes: int | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / (1 << 20):.2f}"

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from distpool.model.convention import RECURRENT_DTYPE, recurrent_dtype
+from distpool.model.convention import recurrent_dtype
 from distpool.model.dtypes import canonical_dtype
 from distpool.model.spec import (
     TRANSFORMERS_CONVENTION,
@@ -43,7 +43,6 @@ _RECURRENT_SHAPE: dict[str, Callable[[nn.Module], tuple[int, ...]]] = {
     "gated_delta_net": lambda m: (m.num_v_heads, m.head_k_dim, m.head_v_dim),
     "mamba1": lambda m: (m.intermediate_size, m.ssm_state_size),
 }
-assert set(_RECURRENT_SHAPE) == set(RECURRENT_DTYPE)
 
 
 def layer_modules(model: PreTrainedModel) -> list[tuple[nn.Module | None, nn.Module | None]]:
@@ -57,7 +56,10 @@ def layer_modules(model: PreTrainedModel) -> list[tuple[nn.Module | None, nn.Mod
             elif hasattr(module, "k_proj") and hasattr(module, "v_proj"):
                 attention = module
         for module in (attention, mixer):
-            assert module is None or module.layer_idx == index, (index, type(module).__name__)
+            if module is not None and module.layer_idx != index:
+                raise ValueError(
+                    f"decoder layer {index} holds a {type(module).__name__} of layer {module.layer_idx}"
+                )
         out.append((attention, mixer))
     return out
 
@@ -100,7 +102,10 @@ def module_tensors(model: PreTrainedModel, family: str | None) -> list[tuple[Sta
                 StateTensorSpec("v", (kv.num_kv_heads, kv.v_head_dim), kv.dtype),
             ]
         if mixer is not None:
-            assert family is not None, "a recurrent mixer in a model without a state family"
+            if family is None:
+                raise ValueError(
+                    f"{type(mixer).__name__} is a recurrent mixer in a model without a state family"
+                )
             tensors += _state_spec(mixer, family).tensors
         out.append(tuple(tensors))
     return out
@@ -164,8 +169,7 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
     problems = []
     for index in range(len(cache.layers)):
         if index in spec.mamba_layers:
-            assert spec.mamba is not None
-            conv, recurrent = spec.mamba.tensors
+            conv, recurrent = spec.needs_mamba().tensors
             for ours, theirs in zip((conv, recurrent), layer_states(cache, index), strict=True):
                 mine = f"{ours.shape} {ours.dtype}"
                 if theirs is None or _shape(theirs) != mine:
@@ -174,8 +178,7 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
                         f"layer {index} {ours.name}: the pool holds {mine}, transformers allocates {got}"
                     )
         if index in spec.full_attention_layers:
-            assert spec.full_attention is not None
-            kv = spec.full_attention
+            kv = spec.needs_full_attention()
             keys = layer_keys(cache, index)  # (1, kv_heads, 2, head_dim)
             mine = f"({kv.num_kv_heads}, {kv.head_dim}) {kv.dtype}"
             got = f"({keys.shape[1]}, {keys.shape[3]}) {str(keys.dtype).removeprefix('torch.')}"

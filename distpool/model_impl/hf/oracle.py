@@ -47,5 +47,9 @@ def greedy_generate(model: PreTrainedModel, prompt: Sequence[int], max_new_token
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     tokens = out.sequences[0, len(prompt) :].tolist()
     margins = [float(top[0] - top[1]) for top in (step[0].float().topk(2).values for step in out.logits)]
-    assert len(tokens) == max_new_tokens == len(margins), (len(tokens), max_new_tokens)
+    if not len(tokens) == max_new_tokens == len(margins):
+        raise RuntimeError(
+            f"generate returned {len(tokens)} tokens and {len(margins)} logits "
+            f"for max_new_tokens={max_new_tokens}"
+        )
     return OracleTokens(tokens=tokens, margins=margins)

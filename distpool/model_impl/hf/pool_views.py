@@ -10,15 +10,12 @@ whole decode step in transformers' own loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.state_cache import SlotStates, StateCopies
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 KVViews = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V (num_pages, page_size, heads, dim)
 

@@ -20,10 +20,10 @@ by `model_impl.sampling` in float64.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
@@ -36,17 +36,14 @@ from distpool.model_impl.hf.state_cache import (
     SlotStates,
     StateCopies,
     States,
-    assert_states_kept,
+    check_states_kept,
     pooled_cache,
 )
-from distpool.model_impl.hf.support import architecture_of, unsupported_reason
+from distpool.model_impl.hf.support import check_supported
 from distpool.model_impl.hf.transformers_internals import cache_argument
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.sampling import pick_tokens
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 
 class TransformersRunner(PoolModel):
@@ -63,10 +60,7 @@ class TransformersRunner(PoolModel):
     def __init__(
         self, spec: ModelSpec, source: HFSource, *, seed: int = 0, device: str | torch.device = "cpu"
     ):
-        if (reason := unsupported_reason(spec)) is not None:
-            raise ValueError(reason)
-        architecture = architecture_of(spec)
-        assert architecture is not None
+        architecture = check_supported(spec)
         self.continues_in_one_pass = architecture.continues_in_one_pass
         self.device = torch.device(device)
         self.model = load_model(source, device=self.device, seed=seed, attention=PAGED_ATTENTION)
@@ -115,7 +109,7 @@ class TransformersRunner(PoolModel):
                 logits_to_keep=1,
                 **arguments,
             )
-        assert_states_kept(cache, states)
+        check_states_kept(cache, states)
         return out.logits[:, -1].float()
 
     # ---- prefill ------------------------------------------------------------------------------
@@ -133,9 +127,13 @@ class TransformersRunner(PoolModel):
     def _prefill_one(self, pool: Pool, slots: SlotStates, job: PrefillJob) -> torch.Tensor:
         """The job's last-token logits (1, vocab), its K/V and state written."""
         slot = pool.slot_id(job.request_id)
-        assert slot is not None
+        if slot is None:
+            raise ValueError(f"request {job.request_id!r} holds no state slot")
         if job.cached and job.checkpoint_slot != slot:  # else it continues in place
-            assert job.checkpoint_slot is not None
+            if job.checkpoint_slot is None:
+                raise ValueError(
+                    f"request {job.request_id!r}: {job.cached} cached tokens without a checkpoint"
+                )
             slots.copy(job.checkpoint_slot, slot)
         page_table = pool.page_ids(job.request_id).cpu()[None]
         # A snapshot at the prompt's end leaves the second chunk empty: the snapshot is the final state.
@@ -152,7 +150,8 @@ class TransformersRunner(PoolModel):
                 logits = self._forward(pool, page_table, positions, tokens, slots.views(slot))
             if job.snapshot is not None and stop == job.snapshot[0]:
                 slots.copy(slot, job.snapshot[1])
-        assert logits is not None
+        if logits is None:
+            raise ValueError(f"request {job.request_id!r}: an empty prompt")
         return logits
 
     # ---- decode -------------------------------------------------------------------------------

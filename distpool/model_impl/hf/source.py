@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distpool.model.dtypes import canonical_dtype
+from distpool.model_impl.errors import CheckpointDtypeUnsupported, NoWeights
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float64", "float32", "bfloat16", "float16")
@@ -30,8 +31,12 @@ class HFSource:
     weight_bytes: int = 0  # one copy of the weights in `dtype` (what each process that loads it holds)
 
     def __post_init__(self) -> None:
-        assert self.load_format in LOAD_FORMATS[1:], self.load_format
-        assert self.dtype in DTYPES[1:], self.dtype
+        if self.load_format not in LOAD_FORMATS[1:]:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS[1:])}; got {self.load_format!r}"
+            )
+        if self.dtype not in DTYPES[1:]:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES[1:])}; got {self.dtype!r}")
 
 
 def model_folder(config_path: Path) -> Path:
@@ -50,26 +55,20 @@ def holds_weights(config_path: Path) -> bool:
 def resolve_source(
     config_path: Path, *, load_format: str, dtype: str, checkpoint_dtype: str, on_cpu: bool
 ) -> HFSource:
-    """The `HFSource` for `--load-format` / `--dtype` (ValueError with the fix for what cannot load)."""
+    """The `HFSource` for a load format and a dtype ("auto": the checkpoint's, float32 for bfloat16 on
+    a CPU): `NoWeights` or `CheckpointDtypeUnsupported` for what cannot load."""
     if load_format not in LOAD_FORMATS:
-        raise ValueError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}; got {load_format!r}")
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {load_format!r}")
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     if load_format != "dummy" and not holds_weights(config_path):
-        raise ValueError(
-            f"{model_folder(config_path)} holds no *.safetensors weights beside a config.json, so "
-            f"--load-format {load_format} has nothing to load. Fix: pass the checkpoint's folder, or "
-            "--load-format dummy for seeded random weights from the config alone"
-        )
+        raise NoWeights(str(model_folder(config_path)), load_format)
     if dtype == "auto":
         dtype = canonical_dtype(checkpoint_dtype, "the checkpoint's dtype")
         if dtype == "bfloat16" and on_cpu:
             dtype = "float32"
         if dtype not in DTYPES:
-            raise ValueError(
-                f"the checkpoint is stored in {dtype}, which the runner does not compute in. "
-                "Fix: --dtype float32"
-            )
+            raise CheckpointDtypeUnsupported(dtype, DTYPES[1:])
     path = model_folder(config_path) if config_path.name == "config.json" else config_path
     return HFSource(
         path=str(path), load_format="dummy" if load_format == "dummy" else "safetensors", dtype=dtype

@@ -13,10 +13,10 @@ attention function (`paged_attention.py`), which keeps them in pages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.transformers_internals import (
     Cache,
@@ -26,9 +26,6 @@ from distpool.model_impl.hf.transformers_internals import (
     paged_layer,
     state_layer,
 )
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 # A segment is rounded up to this many bytes, so typed views over a gathered batch stay aligned: it
 # never reaches past the next tensor, which starts at least this aligned (memory/layout.py).
@@ -49,16 +46,16 @@ class SlotStates:
     """Each Mamba layer's state as one byte segment per slot: views, gathers, scatters, copies."""
 
     def __init__(self, pool: Pool, spec: ModelSpec, copies: StateCopies) -> None:
-        assert spec.mamba is not None
         self.copies = copies
-        self.kernel = spec.mamba.tensors[0].shape[-1]  # conv columns: transformers' conv_kernel_size
+        self.kernel = spec.needs_mamba().tensors[0].shape[-1]  # conv columns: transformers' conv_kernel_size
         self.segments: dict[int, torch.Tensor] = {}  # layer -> (num_slots, segment bytes) uint8
         self.parts: dict[int, list[tuple[int, int, torch.dtype, torch.Size]]] = {}  # offset, bytes, ...
         base = pool.buffer.data_ptr()
         for layer in spec.mamba_layers:
             views = pool.state_view(layer)  # (num_slots, *shape) each, one slot apart
             stride = views[0].stride(0) * views[0].element_size()
-            assert all(v.stride(0) * v.element_size() == stride for v in views), "one slot stride"
+            if any(v.stride(0) * v.element_size() != stride for v in views):
+                raise ValueError(f"layer {layer}'s state tensors are not one slot apart ({stride} bytes)")
             starts = [v.data_ptr() - base for v in views]
             first = min(starts)
             end = max(s + v[0].numel() * v.element_size() for s, v in zip(starts, views, strict=True))
@@ -124,8 +121,19 @@ def pooled_cache(spec: ModelSpec, states: dict[int, States], *, kernel: int, num
     return Cache(layers=layers)
 
 
-def assert_states_kept(cache: Cache, states: dict[int, States]) -> None:
+class StatesReplaced(RuntimeError):
+    """transformers replaced layer `layer`'s state tensors rather than updating the pool's in place."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__(
+            f"layer {layer}: transformers replaced the pool's state tensors instead of updating them"
+        )
+        self.layer = layer
+
+
+def check_states_kept(cache: Cache, states: dict[int, States]) -> None:
     """After a forward: transformers updated our tensors in place rather than replacing them."""
     for index, (conv, recurrent) in states.items():
         kept_conv, kept_recurrent = layer_states(cache, index)
-        assert kept_conv is conv and kept_recurrent is recurrent, index
+        if kept_conv is not conv or kept_recurrent is not recurrent:
+            raise StatesReplaced(index)

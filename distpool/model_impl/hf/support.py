@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import ImplCannotRun
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,17 @@ def architecture_of(spec: ModelSpec) -> Architecture | None:
 
 
 def unsupported_reason(spec: ModelSpec) -> str | None:
-    """Why the transformers runner cannot serve `spec` (with the alternative), or None when it can."""
+    """Why the transformers runner cannot serve `spec`, or None when it can."""
     if architecture_of(spec) is not None:
         return None
     name = ", ".join(spec.architectures) or spec.model_type or "(no architectures, no model_type)"
-    return (
-        f"{spec.source}: the transformers runner serves {', '.join(ARCHITECTURES)}; {name} is not one of "
-        "them. Fix: run it at its true sizes without weights (--model-impl synthetic)"
-    )
+    served = ", ".join(ARCHITECTURES)
+    return f"{spec.source}: the transformers runner serves {served}; {name} is not one of them"
+
+
+def check_supported(spec: ModelSpec) -> Architecture:
+    """The architecture the runner serves `spec` as; `ImplCannotRun` when it serves none."""
+    architecture = architecture_of(spec)
+    if architecture is None:
+        raise ImplCannotRun("transformers", spec.source, unsupported_reason(spec) or "")
+    return architecture

@@ -25,10 +25,14 @@ class AttentionLayer:
         kv_dtype: torch.dtype,
         tp: TPRank,
     ) -> None:
-        assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not divide into {num_kv_heads} KV heads")
         heads, kv_heads = tp.block(num_heads, "query heads"), tp.held("k")
         # the KV heads serving the rank's query heads are exactly the ones its pool holds
-        assert torch.equal((heads // (num_heads // num_kv_heads)).unique(), kv_heads), (heads, kv_heads)
+        if not torch.equal((heads // (num_heads // num_kv_heads)).unique(), kv_heads):
+            raise ValueError(
+                f"rank {tp.shard.rank}'s pool holds KV heads {kv_heads.tolist()}, not its query heads' ones"
+            )
         self.num_heads = len(heads)
         self.num_kv_heads = len(kv_heads)
         self.head_dim = head_dim

@@ -17,8 +17,7 @@ def build_layers(tp: TPRank, weights: WeightFactory) -> list[Layer]:
     for its Mamba layers, an MLP for every other layer, each the rank's slice of the full layer.
     Full sizes come from the unsharded spec (`tp.shard.model`), the rank's from its shard."""
     spec = tp.shard.model
-    attention, mamba = spec.full_attention, spec.mamba
-    assert attention is not None and mamba is not None
+    attention, mamba = spec.needs_full_attention(), spec.needs_mamba()
     conv, ssm = (t for t in mamba.tensors)  # conv (conv_dim, kernel - 1), ssm (heads, head_dim, state)
     heads, head_dim, state_size = ssm.shape
     n_groups = (conv.shape[0] - heads * head_dim) // (2 * state_size)

@@ -48,7 +48,8 @@ class Mamba2Layer:
         tp: TPRank,
         state_names: tuple[str, str],  # the conv and SSM state tensors, as the shard names them
     ) -> None:
-        assert num_heads % n_groups == 0, (num_heads, n_groups)
+        if num_heads % n_groups:
+            raise ValueError(f"{num_heads} Mamba heads do not divide into {n_groups} groups")
         full_intermediate = num_heads * head_dim
         full_conv_dim = full_intermediate + 2 * n_groups * state_size
         channels, heads = tp.held(state_names[0]), tp.held(state_names[1])  # conv channels, Mamba heads
@@ -60,14 +61,19 @@ class Mamba2Layer:
         self.conv_dim = len(channels)
         self.n_groups = (self.conv_dim - self.intermediate_size) // (2 * state_size)
         x_columns = columns(heads, head_dim)
-        assert torch.equal(channels[: self.intermediate_size], x_columns), (channels, heads)
+        if not torch.equal(channels[: self.intermediate_size], x_columns):
+            raise ValueError(f"rank {tp.shard.rank}'s conv channels do not start with its heads' x columns")
         # the norm's group of this rank's heads when they are only part of it, else None
         heads_per_group = num_heads // n_groups
         self.total_groups, self.group_channels = n_groups, heads_per_group * head_dim
         self.shared_group = int(heads[0]) // heads_per_group if len(heads) < heads_per_group else None
         if self.shared_group is not None:
             b_group = int(channels[self.intermediate_size] - full_intermediate) // state_size
-            assert self.n_groups == 1 and b_group == self.shared_group, (channels, heads)
+            if self.n_groups != 1 or b_group != self.shared_group:
+                raise ValueError(
+                    f"rank {tp.shard.rank}'s conv channels hold group {b_group}, "
+                    f"its heads group {self.shared_group}"
+                )
         in_proj = weights.normal(
             hidden_size, full_intermediate + full_conv_dim + num_heads, std=hidden_size**-0.5
         )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
@@ -25,14 +26,12 @@ from distpool.model_impl.reference.layer_stack import build_layers
 from distpool.model_impl.reference.layers import COMPUTE_DTYPE, WeightFactory, rms_norm
 from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.past import Pair, Past
-from distpool.model_impl.reference.support import unsupported_reason
+from distpool.model_impl.reference.support import check_supported
 from distpool.model_impl.reference.tensor_parallel import TPRank
 from distpool.model_impl.sampling import pick_tokens
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-
-    from distpool.memory.pool import Pool
 
 _LOGIT_STD = 4.0  # wide logits keep greedy argmax far from ties between equivalent computations
 
@@ -42,7 +41,7 @@ class ReferenceModel(PoolModel):
 
     Built from a `ModelSpec` alone: full-attention layers are GQA attention, Mamba layers Mamba2,
     every other layer a relu^2 MLP. Weights depend only on the spec's dimensions and `seed`, whatever
-    the device. Raises ValueError (with the fix) for specs `unsupported_reason` refuses.
+    the device. Raises `ImplCannotRun` for specs `unsupported_reason` refuses.
     It keeps no record of requests, so `admit` and `check` have nothing to verify.
 
     Tensor parallel: `ReferenceModel.for_rank(spec, tp=N, rank=r, group=pg)` is rank r of the same
@@ -57,11 +56,12 @@ class ReferenceModel(PoolModel):
     def __init__(
         self, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu", tp: TPRank | None = None
     ) -> None:
-        if (reason := unsupported_reason(spec)) is not None:
-            raise ValueError(reason)
-        assert spec.full_attention is not None and spec.mamba is not None
+        check_supported(spec)
         self.tp = tp if tp is not None else TPRank.of(spec, tp=1, rank=0, group=None)
-        assert self.tp.shard.model == spec, "the rank's shard is of another spec"
+        if self.tp.shard.model != spec:
+            raise ValueError(
+                f"rank {self.tp.shard.rank}'s shard is of {self.tp.shard.model.source}, not {spec.source}"
+            )
         self.spec = self.tp.shard.spec  # what the rank's pool stores (the spec itself at TP 1)
         self.seed = seed
         self.device = torch.device(device)
@@ -89,8 +89,7 @@ class ReferenceModel(PoolModel):
         """Rank `rank` of the model split over `tp` ranks, all-reducing over `group`: the process
         group of exactly those ranks in rank order (Gloo on CPU, NCCL on CUDA; None at TP 1), on
         `device`. ValueError (the shard rules') for a TP size `spec` cannot shard, or a wrong group."""
-        if (reason := unsupported_reason(spec)) is not None:
-            raise ValueError(reason)
+        check_supported(spec)
         return cls(spec, seed=seed, device=device, tp=TPRank.of(spec, tp=tp, rank=rank, group=group))
 
     # ---- forward passes ------------------------------------------------------------------
@@ -135,7 +134,8 @@ class ReferenceModel(PoolModel):
         """What the job's suffix starts from, read from the pool: None without a cached prefix."""
         if not job.cached:
             return None
-        assert job.checkpoint_slot is not None  # check_jobs insists on one for a Mamba model
+        if job.checkpoint_slot is None:  # check_jobs insists on one for a Mamba model
+            raise ValueError(f"request {job.request_id!r}: {job.cached} cached tokens without a checkpoint")
         return Past.read(
             pool,
             job.request_id,
@@ -201,8 +201,7 @@ class ReferenceModel(PoolModel):
                 kv_parts.setdefault(layer, []).append(pair)
             for layer, state in states.items():
                 state_parts.setdefault(layer, []).append(state)
-            if job.snapshot is not None:
-                assert snapshot is not None
+            if job.snapshot is not None and snapshot is not None:  # (one exactly when the other)
                 taken.append((job.snapshot[1], snapshot))
         for slot, snapshot in taken:
             slots.append(slot)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model_impl.reference.layers import COMPUTE_DTYPE
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from distpool.model.spec import HYBRID_MAMBA, ModelSpec
+from distpool.model_impl.errors import ImplCannotRun
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 
 MAX_PARAMS = 64_000_000
@@ -28,8 +29,7 @@ def unsupported_reason(spec: ModelSpec) -> str | None:
             + (f" with {spec.mamba.family} state" if spec.mamba is not None else "")
             + f". Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config"
         )
-    attention = spec.full_attention
-    assert attention is not None
+    attention = spec.needs_full_attention()
     dims = {
         "hidden_size": spec.hidden_size,
         "vocab_size": spec.vocab_size,
@@ -48,3 +48,9 @@ def unsupported_reason(spec: ModelSpec) -> str | None:
             f"Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / layers"
         )
     return None
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """`ImplCannotRun` unless the reference model can run `spec`."""
+    if (reason := unsupported_reason(spec)) is not None:
+        raise ImplCannotRun("reference", spec.source, reason)

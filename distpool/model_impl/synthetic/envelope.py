@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import ShardMismatch
 from distpool.model_impl.pool_model import Mismatch
 from distpool.model_impl.synthetic.pattern import (
     as_words,
@@ -28,9 +29,6 @@ from distpool.model_impl.synthetic.pattern import (
     stripe_writers,
 )
 from distpool.model_impl.synthetic.row_map import RowMap
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 CHUNK_POSITIONS = 4096  # KV rows generated at once: bounds the temporary memory of a long prompt
 KV_KINDS = ("kv", "swa_kv")  # full attention, sliding window
@@ -54,9 +52,12 @@ class EnvelopePattern:
         self, spec: ModelSpec, *, seed: int, device: torch.device, shard: RankShard | None = None
     ) -> None:
         if shard is not None and shard.model != spec:
-            raise ValueError(
+            raise ShardMismatch(
+                "model",
+                spec.source,
+                shard.model.source,
                 f"the shard is of another model than the cache's ({shard.model.source}, {spec.source}). "
-                "Fix: shard the spec the cache runs"
+                "Fix: shard the spec the cache runs",
             )
         self.spec = spec
         self.seed = seed
@@ -99,12 +100,20 @@ class EnvelopePattern:
                 tensor = self.shard.tensor(name)
                 self._row_maps[name] = RowMap(row_bytes=tensor.row_bytes, pieces=tensor.byte_pieces())
                 if self._row_maps[name].nbytes != row_bytes:
-                    raise ValueError(
-                        f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} of "
-                        f"TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's spec"
+                    raise ShardMismatch(
+                        name,
+                        tensor.nbytes,
+                        row_bytes,
+                        f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} "
+                        f"of TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's "
+                        "spec",
                     )
-        assert self._row_maps[name].nbytes == row_bytes, f"rows of {name} resized"
-        return self._row_maps[name]
+        row_map = self._row_maps[name]
+        if row_map.nbytes != row_bytes:
+            raise ValueError(
+                f"rows of {name} hold {row_bytes} bytes in this pool, {row_map.nbytes} in the last one"
+            )
+        return row_map
 
     def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
         if view.device != self.device:

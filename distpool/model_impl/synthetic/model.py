@@ -17,22 +17,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.shard import RankShard
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids
+from distpool.model_impl.errors import (
+    ALREADY_REGISTERED,
+    DUPLICATE_REQUEST,
+    EMPTY_PROMPT,
+    NOT_EXTENDED,
+    NOT_REGISTERED,
+    TOKENS_NOT_RESERVED,
+    WRONG_TOKEN,
+    BatchRefused,
+)
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.synthetic.envelope import EnvelopePattern
 from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, token_after
-
-if TYPE_CHECKING:
-    from distpool.memory.pool import Pool
 
 DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
 
@@ -164,14 +171,18 @@ class SyntheticCache(PoolModel):
         for request_id, token in zip(request_ids, last_tokens, strict=True):
             record = self._record(request_id)
             if pool.num_tokens(request_id) != len(record.tokens) + 1:
-                raise ValueError(
+                raise BatchRefused(
+                    NOT_EXTENDED,
+                    request_id,
                     f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool after "
-                    f"{len(record.tokens)} written. Fix: pool.extend(request_id, 1) before each decode step"
+                    f"{len(record.tokens)} written. Fix: pool.extend(request_id, 1) before each decode step",
                 )
             if token != record.next_token:
-                raise ValueError(
+                raise BatchRefused(
+                    WRONG_TOKEN,
+                    request_id,
                     f"request {request_id!r} was fed token {token}, but the cache generated "
-                    f"{record.next_token} for it. Fix: feed each request the token its last step returned"
+                    f"{record.next_token} for it. Fix: feed each request the token its last step returned",
                 )
             records.append(record)
         new_hashes = [next_hash(r.last_hash, t) for r, t in zip(records, last_tokens, strict=True)]
@@ -195,7 +206,8 @@ class SyntheticCache(PoolModel):
         """Verify a received envelope byte for byte against what prefill writes for `prompt`; register
         the request (the next step feeds `first_token`) when it matches, else register nothing."""
         if request_id in self._records:
-            raise ValueError(f"request {request_id!r} is already registered. Fix: forget it before admit")
+            already = f"request {request_id!r} is already registered. Fix: forget it before admit"
+            raise BatchRefused(ALREADY_REGISTERED, request_id, already)
         self._check_prompt(pool, request_id, prompt)
         self._check_tokens([first_token], "first_token")
         mismatch = self.pattern.verify(pool, request_id, prompt, len(prompt))
@@ -220,24 +232,29 @@ class SyntheticCache(PoolModel):
     # ---- validation -----------------------------------------------------------------------------
     def _check_batch(self, request_ids: Sequence[str]) -> None:
         if len(set(request_ids)) != len(request_ids):
-            raise ValueError(f"a batch names a request twice: {list(request_ids)}")
+            raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {list(request_ids)}")
 
     def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
         check_token_ids(tokens, self.vocab_size, what)
 
     def _check_prompt(self, pool: Pool, request_id: str, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
-            raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
+            raise BatchRefused(
+                EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token"
+            )
         self._check_tokens(prompt, "prompt")
         if pool.num_tokens(request_id) != len(prompt):
-            raise ValueError(
+            raise BatchRefused(
+                TOKENS_NOT_RESERVED,
+                request_id,
                 f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-                f"prompt has {len(prompt)}. Fix: reserve it with len(prompt) tokens before prefill"
+                f"prompt has {len(prompt)}. Fix: reserve it with len(prompt) tokens before prefill",
             )
 
     def _record(self, request_id: str) -> _Record:
         if request_id not in self._records:
-            raise ValueError(f"request {request_id!r} is not registered. Fix: prefill or admit it first")
+            unknown = f"request {request_id!r} is not registered. Fix: prefill or admit it first"
+            raise BatchRefused(NOT_REGISTERED, request_id, unknown)
         return self._records[request_id]
 
     def _new_record(self, prompt: Sequence[int], last_hash: int, next_token: int | None = None) -> _Record:

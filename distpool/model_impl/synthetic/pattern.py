@@ -95,7 +95,8 @@ def as_words(view: torch.Tensor, lead_dims: int, dtype: torch.dtype | None = Non
     raw = view.view(torch.uint8)  # the last dim is contiguous, so this stays a view
     rows = raw.view(*raw.shape[:lead_dims], -1)
     words = rows.view(dtype or word_dtype(rows.shape[-1]))
-    assert words.untyped_storage().data_ptr() == view.untyped_storage().data_ptr(), "words are a copy"
+    if words.untyped_storage().data_ptr() != view.untyped_storage().data_ptr():
+        raise ValueError(f"a view of shape {tuple(view.shape)} has trailing dims that are not contiguous")
     return words
 
 

@@ -29,7 +29,10 @@ class RowMap:
 
     def __post_init__(self) -> None:
         ends = [e for piece in self.pieces for e in piece]
-        assert ends == sorted(ends) and (not ends or (ends[0] >= 0 and ends[-1] <= self.row_bytes)), self
+        if ends != sorted(ends) or (ends and (ends[0] < 0 or ends[-1] > self.row_bytes)):
+            raise ValueError(
+                f"pieces {self.pieces} are not ordered ranges within a row of {self.row_bytes} bytes"
+            )
 
     @classmethod
     def whole(cls, row_bytes: int) -> RowMap:
@@ -83,6 +86,7 @@ class RowMap:
         bounds = []
         for start, stop in stripe_bounds(self.row_bytes // size):
             lo, hi = self._local(start * size), self._local(stop * size)
-            assert lo % local_size == 0 and hi % local_size == 0, (self, start, stop)
+            if lo % local_size or hi % local_size:
+                raise ValueError(f"{self}: stripe [{start}, {stop}) splits a word of {local_size} bytes")
             bounds.append((lo // local_size, hi // local_size))
         return bounds

@@ -22,10 +22,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from decode.worker import DecodeWorker
-from distpool.memory.sizing import size_tp_pools
 from distpool.model.spec import HYBRID_MAMBA
 from distpool.model_impl.select import choose_model_impl
-from distpool.serving.deploy.deployment_checks import check_colocated, check_tensor_parallel
+from distpool.serving.deploy.deployment_checks import check_colocated, check_rank_pools, check_tensor_parallel
 from distpool.serving.deploy.tp_group import TpGroup
 from distpool.worker.config import WorkerConfig
 from distpool.worker.tp_pairing import rank_name
@@ -64,12 +63,7 @@ class DeploymentSpec:
         if self.colocated:
             check_colocated(worker)
         check_tensor_parallel(worker, name, spread=self.spread)
-        for role in ("decode",) if self.colocated else ("prefill", "decode"):
-            tp = worker.tp_of(role)
-            try:  # per rank: the shapes a rank stores, within the per-rank budget
-                size_tp_pools(worker.spec, worker.for_role(role), worker.budget_bytes, tp)
-            except ValueError as exc:
-                raise ValueError(f"--{role}-tp {tp}: {exc}" if tp > 1 else str(exc)) from None
+        check_rank_pools(worker, ("decode",) if self.colocated else ("prefill", "decode"))
 
     @classmethod
     def build(cls, worker: WorkerConfig, *, unified: bool | None = None, **counts) -> DeploymentSpec:
@@ -187,7 +181,8 @@ class Deployment:
 
     def _group(self, name: str) -> TpGroup:
         group = self.handles()[name]
-        assert isinstance(group, TpGroup), f"{name} is a worker of one rank"
+        if not isinstance(group, TpGroup):
+            raise ValueError(f"{name} is a worker of one rank, not a TP group")
         return group
 
     def handles(self) -> dict[str, Handle]:

@@ -279,8 +279,7 @@ def outputs_text(
     done = {o.request_id: o for o in outcomes if o.tokens is not None}
     lines = []
     for r in served:
-        if (o := done.get(r.request_id)) is not None:
-            assert o.tokens is not None
+        if (o := done.get(r.request_id)) is not None and o.tokens is not None:  # (done: tokens only)
             line = {"id": r.request_id, "prompt_ids": r.prompt, "output_ids": o.tokens}
             if o.finish is not None:
                 line["finish_reason"] = o.finish.reason

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from distpool.memory.arena_pool import build_pool
-from distpool.memory.sizing import PoolSizes, size_pools
+from distpool.memory.sizing import BudgetTooSmall, PoolSizes, size_pools
 from distpool.model.sampling import truncated
 from distpool.model_impl.select import build_model_impl
 from distpool.serving.deploy import DeploymentSpec
@@ -70,7 +70,8 @@ def compare(request_id: str, served: list[int], expected: Expected) -> tuple[str
 def _transformers_expected(worker: WorkerConfig, requests: list[Request]) -> dict[str, Expected]:
     from distpool.model_impl.hf.oracle import greedy_generate, load_oracle  # imports transformers
 
-    assert worker.hf is not None
+    if worker.hf is None:
+        raise ValueError("the transformers oracle needs the worker's transformers source (worker.hf)")
     model = load_oracle(worker.hf, seed=worker.seed)
     out = {}
     for req in requests:
@@ -132,7 +133,7 @@ def parity_pool_sizes(worker: WorkerConfig, longest_tokens: int) -> PoolSizes:
     while budget < worker.budget_bytes:
         try:
             return size_pools(worker.spec, args, budget)
-        except ValueError:  # a static split that cannot hold one request yet
+        except BudgetTooSmall:  # a static split that cannot hold one request yet
             budget *= 2
     return size_pools(worker.spec, args, worker.budget_bytes)
 

@@ -24,12 +24,16 @@ class WorkerReading:
     error: str | None = None
 
     def __post_init__(self) -> None:
-        assert (self.stats is not None) == (self.state == ALIVE), "a worker read is alive, and only one"
+        if (self.stats is not None) != (self.state == ALIVE):
+            raise ValueError(
+                f"{self.name}: a reading has stats exactly when it is {ALIVE}; it is {self.state}"
+            )
 
     def after_drop(self, held: PoolHeld) -> WorkerReading:
         """With what its pool still holds once its prefix cache was dropped (`drop_prefix_cache`):
         each band's `*_used` is the larger of before and after."""
-        assert self.stats is not None
+        if self.stats is None:
+            raise ValueError(f"{self.name} is {self.state}: it has no stats to update")
         stats = replace(
             self.stats,
             pages_used=max(self.stats.pages_used, held.pages_used),

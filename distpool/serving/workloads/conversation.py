@@ -158,8 +158,11 @@ class TurnFeed:
         prompt = history + list(conversation.messages[turn])
         request = Request(request_id=conversation.turn_id(turn), prompt=prompt, params=conversation.params)
         # The plan counted every reply at max_new_tokens, and no reply is longer.
-        fits = len(prompt) + request.max_new_tokens <= self.plan.context_len
-        assert fits, (request.request_id, len(prompt))
+        if len(prompt) + request.max_new_tokens > self.plan.context_len:
+            raise ValueError(
+                f"{request.request_id}: {len(prompt)} prompt tokens and {request.max_new_tokens} new ones "
+                f"pass the plan's context of {self.plan.context_len}"
+            )
         self._turn_of[request.request_id] = (conversation, turn)
         self.served.append(request)
         return request

@@ -1,0 +1,98 @@
+"""What the model implementations refuse, as facts: which implementation, what it was given, why.
+The command line turns them into sentences with its flags and the fix (`distpool.cli.errors`).
+"""
+
+from __future__ import annotations
+
+
+class ImplCannotRun(ValueError):
+    """Implementation `impl` ("reference", "transformers") cannot run the model at `source`:
+    `reason` says why, in the model's terms (its architectures, layers, sizes)."""
+
+    def __init__(self, impl: str, source: str, reason: str) -> None:
+        super().__init__(reason)
+        self.impl, self.source, self.reason = impl, source, reason
+
+    def __reduce__(self):
+        return type(self), (self.impl, self.source, self.reason)
+
+
+class WeightOptionsUnused(ValueError):
+    """A weights dtype or load format (`dtype`, `load_format`; "auto" when not given) for an
+    implementation (`impl`: reference or synthetic) that loads no weights."""
+
+    def __init__(self, impl: str, dtype: str, load_format: str) -> None:
+        super().__init__(
+            f"the {impl} implementation loads no weights; got dtype {dtype!r}, load format {load_format!r}"
+        )
+        self.impl, self.dtype, self.load_format = impl, dtype, load_format
+
+    def __reduce__(self):
+        return type(self), (self.impl, self.dtype, self.load_format)
+
+
+class NoWeights(ValueError):
+    """`folder` holds no safetensors weights beside its config.json for `load_format` to load."""
+
+    def __init__(self, folder: str, load_format: str) -> None:
+        super().__init__(f"{folder} holds no *.safetensors weights beside a config.json ({load_format})")
+        self.folder, self.load_format = folder, load_format
+
+    def __reduce__(self):
+        return type(self), (self.folder, self.load_format)
+
+
+class CheckpointDtypeUnsupported(ValueError):
+    """The checkpoint is stored in `dtype`, which the transformers runner does not compute in;
+    `supported`: the dtypes it does."""
+
+    def __init__(self, dtype: str, supported: tuple[str, ...]) -> None:
+        computes = ", ".join(supported)
+        super().__init__(f"the checkpoint is stored in {dtype}; the runner computes in {computes}")
+        self.dtype, self.supported = dtype, supported
+
+    def __reduce__(self):
+        return type(self), (self.dtype, self.supported)
+
+
+# What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`).
+DUPLICATE_REQUEST = "duplicate_request"  # a batch names a request twice
+EMPTY_PROMPT = "empty_prompt"
+TOKENS_NOT_RESERVED = "tokens_not_reserved"  # the pool holds another number of tokens than the prompt
+CACHED_OUT_OF_RANGE = "cached_out_of_range"  # cached tokens not whole pages below the prompt's length
+CACHED_NOT_AS_RESERVED = "cached_not_as_reserved"  # cached tokens other than the shared pages reserved
+NO_CHECKPOINT = "no_checkpoint"  # cached tokens of a model with recurrent state, and no state to start from
+SNAPSHOT_OUT_OF_RANGE = "snapshot_out_of_range"  # not a page boundary after the cached tokens
+SLOT_OUT_OF_RANGE = "slot_out_of_range"  # a checkpoint or snapshot slot outside the pool's
+SLOTS_OVERLAP = "slots_overlap"  # a snapshot would overwrite a slot the batch writes or reads
+NOT_EXTENDED = "not_extended"  # a decode step of a request not extended by the token it is fed
+# the synthetic cache's own records of what it wrote
+NOT_REGISTERED = "not_registered"  # a request the cache neither prefilled nor admitted
+ALREADY_REGISTERED = "already_registered"  # an admit of a request the cache holds
+WRONG_TOKEN = "wrong_token"  # a decode step fed another token than the cache generated
+
+
+class BatchRefused(ValueError):
+    """A prefill or decode batch refused before anything was written: `problem` (one of the names
+    above) for `request_id` (None: the batch as a whole); the message says the numbers and the fix
+    in the pool's terms."""
+
+    def __init__(self, problem: str, request_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.problem, self.request_id = problem, request_id
+
+    def __reduce__(self):
+        return type(self), (self.problem, self.request_id, str(self))
+
+
+class ShardMismatch(ValueError):
+    """A TP rank's shard disagrees with what it was given: `field` is "model" (the shard is of another
+    spec: `expected` and `got` are their sources) or a tensor's name (the pool's bytes per row of it:
+    `expected` the rank's, `got` the pool's)."""
+
+    def __init__(self, field: str, expected: object, got: object, message: str) -> None:
+        super().__init__(message)
+        self.field, self.expected, self.got = field, expected, got
+
+    def __reduce__(self):
+        return type(self), (self.field, self.expected, self.got, str(self))
