@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from decode.worker import DecodeWorker
+from decode.local_prefill import LocalPrefills
+from decode.request import DecodeRequest
+from distpool.worker.lockstep import Lockstep
+from transfer.peers import PeerChannels
 
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
 # cores), for at most this long: a steady stream of transfers does not starve it.
@@ -34,10 +36,33 @@ LOCKSTEP_IDLE_S = 0.05
 LOCKSTEP_STALL_S = 0.005
 
 
+class LoopWorker(Protocol):
+    """What the loop needs of its decode worker (`decode.worker.DecodeWorker`): its state, guarded by
+    `lock` (`wake` is notified when it changes), and the steps the loop takes under that lock."""
+
+    lock: threading.RLock
+    wake: threading.Condition
+    lockstep: Lockstep | None
+    rank: int
+    channels: PeerChannels
+    local: LocalPrefills
+    arrived: dict[str, DecodeRequest]
+    running: dict[str, DecodeRequest]
+    prefilling: dict[str, DecodeRequest]
+
+    def verify_arrived(self) -> None: ...
+    def check_arrived(self, rids: list[str]) -> list[str]: ...
+    def fail_elsewhere(self, rid: str) -> None: ...
+    def admit_verified(self, rids: list[str]) -> None: ...
+    def step_locked(self, rids: list[str] | None = None) -> None: ...
+    def fail_loop_requests(self, exc: Exception) -> None: ...
+    def group_broken(self, exc: BaseException) -> None: ...
+
+
 class DecodeLoop:
     """The loop of `worker` (started by `start`, ended by `stop`)."""
 
-    def __init__(self, worker: DecodeWorker) -> None:
+    def __init__(self, worker: LoopWorker) -> None:
         self.worker = worker
         self.stopping = False  # guarded by the worker's lock
         self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
