@@ -6,9 +6,11 @@ fails it (`fail_on`), and the path that opened it awaits it (`result`). The call
 to workers go through here too (`call`, `quiet`, `in_background`).
 
 A request that found no room (`Busy`) waits for room to free rather than polling: `room` is an event
-set the next time room may have freed on some worker, that is when an attempt ends (both sides
-freed what it held), a decode worker hands out finished requests (their pages are free), a prefill
-worker answers (its sources are free), or a lost worker comes back.
+set the next time room may have freed on some worker, that is when an attempt that held room ends
+(both sides freed what it held), a decode worker hands out finished requests (their pages are free),
+a prefill worker sends or fails an envelope (its source is free), or a lost worker comes back. An
+attempt that was refused (`Busy`, or `refused` set) frees no room: it only gives back what it took
+while trying, and counting that would have two refused requests wake each other in turn.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Awaitable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from distpool.serving.attempt_errors import Retry
+from distpool.serving.attempt_errors import Busy, Retry
 from distpool.serving.recovery import Recovery, WorkerLost
 from distpool.serving.result_deadline import await_result
 from distpool.worker.messages import DecodeResult
@@ -31,6 +33,7 @@ class Attempt:
     def __init__(self, request_id: str, decode_name: str) -> None:
         self.request_id, self.decode_name = request_id, decode_name
         self.result: asyncio.Future[DecodeResult] = asyncio.get_running_loop().create_future()
+        self.refused = False  # refused where it was asked: it held nothing, and its end frees no room
 
 
 class Attempts:
@@ -50,14 +53,18 @@ class Attempts:
 
     @contextmanager
     def open(self, request_id: str, decode_name: str) -> Iterator[Attempt]:
-        """`request_id`'s attempt on `decode_name`, for the `with` block; closed as it ends (room
-        may have freed: what it held is freed by then)."""
+        """`request_id`'s attempt on `decode_name`, for the `with` block; closed as it ends (what it
+        held is freed by then: unless it was refused, room may have freed)."""
         attempt = self.by_request[request_id] = Attempt(request_id, decode_name)
         try:
             yield attempt
+        except Busy:
+            attempt.refused = True
+            raise
         finally:
             del self.by_request[request_id]
-            self.room_freed()
+            if not attempt.refused:
+                self.room_freed()
             if attempt.result.done() and not attempt.result.cancelled():
                 attempt.result.exception()  # a result that failed while nobody awaited it: seen, not lost
 

@@ -11,8 +11,9 @@ them). A failed transfer, a dead or silent actor
 queue; `queue_bound` of them are in the pipeline at once. With conditional disaggregation
 (`serving.conditional`), a request whose prompt extends a state a decode worker kept may instead be
 prefilled there (`DecodeWorker.local_prefill`), with no transfer; refused, it takes the path above.
-One attempt on each path is `serving.remote_path` and `serving.local_path`; the ways an attempt ends
-without its result, `serving.attempt_errors`.
+One attempt on each path is `serving.remote_path` and `serving.local_path`, owned while it runs by
+`serving.attempts` (a request that found no room waits there for room to free); the ways an attempt
+ends without its result, `serving.attempt_errors`.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ class LocalPath:
                     asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh)
                     answer = await self.attempts.call(decode_name, asked)
                     if isinstance(answer, LocalPrefillRefused):
+                        attempt.refused = True
                         return answer
                     result = await self.attempts.result(attempt, handle)
                     if isinstance(result, DecodeFailed):

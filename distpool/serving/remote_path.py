@@ -143,10 +143,11 @@ class RemotePath:
         await asyncio.gather(*(self.attempts.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
 
     async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
-        """Prefill and send one request on prefill worker `name` (batched with others). Answered,
-        that worker freed the request's source: room may have freed there."""
+        """Prefill and send one request on prefill worker `name` (batched with others). Sent or
+        failed, that worker freed the request's source: room may have freed there."""
         sent = await self.attempts.call(name, self.batchers[name].submit(item))
-        self.attempts.room_freed()
+        if not isinstance(sent, PrefillBusy):
+            self.attempts.room_freed()
         return sent
 
     async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:

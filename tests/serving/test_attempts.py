@@ -80,6 +80,24 @@ def test_room_is_set_when_an_attempt_ends_or_results_arrive_never_before():
     asyncio.run(scenario())
 
 
+def test_a_refused_attempt_frees_no_room():
+    """Two refused requests would otherwise wake each other in turn, as fast as workers answer."""
+
+    async def scenario():
+        attempts = make_attempts()
+        room = attempts.room
+        with pytest.raises(Busy), attempts.open("r1", "decode-0"):
+            raise Busy("decode-0 has no room")
+        with attempts.open("r2", "decode-0") as attempt:
+            attempt.refused = True  # refused where it was asked (a local prefill's refusal)
+        assert not room.is_set()
+        with pytest.raises(Retry), attempts.open("r3", "decode-0"):  # it held room while it failed
+            raise Retry(FailureKind.TIMEOUT, "no progress")
+        assert room.is_set()
+
+    asyncio.run(scenario())
+
+
 class FullThenRoomy:
     """A decode worker that refuses reservations until `room` is made."""
 
