@@ -295,8 +295,7 @@ class Server:
             if isinstance(local, DecodeFailed):
                 raise decode_failure(local)
             return
-        decode_name = await self.remote.attempt(req, out, submitted, avoid)
-        self._remember(decode_name, req, out)
+        await self.remote.attempt(req, out, submitted, avoid)
 
     async def _wait_for_rejoin(self, room: asyncio.Event, admit_by: float) -> None:
         """Until a lost worker comes back (`room` is set) or gives up rejoining, or `admit_by`."""
@@ -307,15 +306,6 @@ class Server:
             await asyncio.wait([returned, *rejoining], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             returned.cancel()
-
-    def _remember(self, decode_name: str, req: Request, out: Outcome) -> None:
-        """What that worker now caches: all but the last token have KV; the state after them."""
-        if self.cache_affinity:
-            held = [*req.prompt, *out.tokens[:-1]]
-            if self.local is not None:  # the router's affinity, and the state the policy tracks
-                self.local.remember(decode_name, held)
-            else:
-                self.router.remember(decode_name, held)
 
     def _fail_results_on(self, lost: str) -> None:
         """Worker `lost` was lost: what waits on it fails (and is retried)."""
@@ -337,6 +327,7 @@ class Server:
                 events = await self.attempts.call(name, asked)
             except Retry:
                 return
+            self.router.learned(name, events.cache)  # before its results: the view is decode's then
             for rid, (start, tokens) in events.tokens.items():
                 if self.attempts.waits_on(name, rid) and (stream := self.streams.get(rid)):
                     stream.offer(start, tokens)

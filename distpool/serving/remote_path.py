@@ -46,10 +46,9 @@ class RemotePath:
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
-    async def attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> str:
-        """Serve `req` through a prefill worker and a decode worker, filling `out`; the decode worker
-        (it now caches the request's pages). Busy, Retry or GiveUp when it did not (both sides
-        freed), and a decode worker that failed it in `avoid`."""
+    async def attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> None:
+        """Serve `req` through a prefill worker and a decode worker, filling `out`; Busy, Retry or
+        GiveUp when it did not (both sides freed), and a decode worker that failed it in `avoid`."""
         rid = req.request_id
         prefill_name = self.router.pick_prefill()
         self.router.begin(prefill_name)  # counted at once, so that concurrent requests spread out
@@ -99,7 +98,6 @@ class RemotePath:
                         raise decode_failure(result)
                     times = (submitted, asked, prefill_asked, sent_at)
                     out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
-                    return decode_name
                 except BaseException:
                     if sending is not None and not sending.done():  # cancelled: prefill frees its side
                         sending.cancel()
