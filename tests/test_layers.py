@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+
 PACKAGES = ("distpool", "prefill", "decode", "transfer")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,3 +109,12 @@ def test_no_module_imports_itself_through_others():
     sources = {module_name(p, ROOT): p.read_text() for p in paths}
     packages = {module_name(p, ROOT) for p in paths if p.name == "__init__.py"}
     assert cycles_of(import_edges(sources, packages)) == []
+
+
+def test_the_decode_loop_never_imports_its_worker_even_for_types():
+    """The loop reaches its worker through `LoopWorker` (a Protocol): no import chain leads from
+    `decode.loop` back to `decode.worker`, `TYPE_CHECKING` imports counted."""
+    # No cache: a cached graph built without type-only imports would be read back here.
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False, cache_dir=None)
+    assert graph.find_modules_that_directly_import("decode.loop") == {"decode.worker"}
+    assert not graph.chain_exists(importer="decode.loop", imported="decode.worker")
