@@ -9,7 +9,7 @@ import time
 import pytest
 
 from distpool.serving.path.attempt_errors import Retry
-from distpool.serving.path.result_deadline import STALLS_ALLOWED, await_result
+from distpool.serving.path.attempts import STALLS_ALLOWED, await_result
 from transfer.wire.failure import FailureKind
 
 SILENCE_S = 0.05
