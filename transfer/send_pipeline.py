@@ -4,6 +4,7 @@
         chunk that used it are done), then send chunk k's messages; big runs, and batches that
         are contiguous here, go straight from the arena. After an abort the rest of the stream
         goes unfilled (no gathers): both ends stay in step without a control message in the group.
+    then the trailer (`transfer.protocol.trailer`): filled or not, and the checksum
 
 The gather of chunk k+1 overlaps the send of chunk k: on CPU a gather thread (a Gloo send may
 write synchronously in the calling thread), on CUDA the copy stream beside NCCL's. The receiving
@@ -15,6 +16,8 @@ from __future__ import annotations
 import collections
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
 
 from transfer.channel import Channel
 from transfer.end import Job
@@ -48,6 +51,7 @@ class SendPipeline:
         self.job, self.chunks = job, chunks
         # (chunk index, works, tensors that must outlive the works)
         self.in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
+        self._trailer: tuple[object, torch.Tensor] | None = None  # (work, tensor) once posted
 
     def send(self, deadline: float) -> None:
         """Post every chunk's sends, the transfer's progress counted as they go (until it aborts)."""
@@ -83,6 +87,19 @@ class SendPipeline:
                 transfer.num_chunks_done = chunk.index + 1
                 if transfer.on_chunk is not None:
                     transfer.on_chunk(transfer, chunk.index)
+
+    def post_trailer(self, trailer: torch.Tensor) -> None:
+        """Post the stream's last message, the trailer (`transfer.protocol.trailer`), on stream 0.
+        `drain` leaves it alone: its send completes once the receiver reads it, which a receiver that
+        failed after the last chunk never does (a Gloo send to a closed link waits out its deadline)."""
+        self._trailer = (self.channel.send(trailer, TAG_DATA), trailer)
+
+    def drain_trailer(self, deadline: float) -> None:
+        """Wait for the trailer's send: at once after the receiver's STATUS, which it sends once it
+        read the trailer."""
+        if self._trailer is not None:
+            self.channel.wait(self._trailer[0], deadline, "sending the trailer")
+            self._trailer = None
 
     def drain(self, deadline: float) -> None:
         """Wait for every send still in flight."""
