@@ -122,6 +122,9 @@ def _copy(
 def checksum(arena: torch.Tensor, offsets: np.ndarray, nbytes: np.ndarray, value: int = 0) -> int:
     """CRC-32 of the pieces' bytes in order, continuing from `value` (chain calls across messages)."""
     if arena.device.type == "cpu":
+        # Pieces adjacent here merge first (a CRC over their concatenation is the chained one): a
+        # side where the runs lie back to back checksums them in one call, not one per run.
+        offsets, nbytes = _coalesce(np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64))
         flat = arena.numpy()
         for off, n in zip(offsets.tolist(), nbytes.tolist(), strict=True):
             value = zlib.crc32(flat[off : off + n], value)
