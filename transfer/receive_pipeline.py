@@ -1,7 +1,7 @@
 """The receiving side of one transfer's chunks: chunk k is scattered while chunks k+1 and k+2 arrive.
 
-    keep three chunks' receives posted (messages contiguous here straight into our arena, a staged
-        one into staging buffer k % 3); land chunk k (its staged message is scattered once it is in,
+    keep three chunks' receives posted (messages contiguous here straight into our arena, staged
+        ones into staging buffer k % 3); land chunk k (its staged messages are scattered as they come,
         while the chunk's other messages and chunks k+1 and k+2 arrive), then post k+3
 
 Where bytes go is computed from this end's own ranges alone (`Job.runs`); the sending side is
@@ -37,7 +37,7 @@ class ReceivePipeline:
         transfer = job.transfer
         streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
         # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
-        # allow: chunk j's staged message takes staging buffer j % DEPTH, free once chunk j-DEPTH
+        # allow: chunk j's staged messages take staging buffer j % DEPTH, free once chunk j-DEPTH
         # landed; messages contiguous here land in the arena in place and need none. So chunks
         # k+1 and k+2 (at least) are arriving while chunk k is scattered.
         posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
@@ -79,12 +79,13 @@ class ReceivePipeline:
         straight into the arena."""
         works, buffers = [], []
         channel = self.channel
-        for message, stream in zip(chunk.messages, streams, strict=True):
+        staged = self.staging.get(chunk.index, chunk.staged_bytes(DST))
+        for message, stream, at in zip(chunk.messages, streams, chunk.staging_offsets(DST), strict=True):
             offset = message.in_place_at(DST)
             if offset is not None:
                 buffer = self.job.buffer[offset : offset + message.nbytes]
             else:
-                buffer = self.staging.get(chunk.index, message.nbytes)
+                buffer = staged[at : at + message.nbytes]
             works.append(channel.recv(buffer, TAG_DATA + stream))
             buffers.append(buffer)
         return chunk, works, buffers

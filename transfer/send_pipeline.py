@@ -17,6 +17,7 @@ import collections
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from transfer.channel import Channel
@@ -26,9 +27,9 @@ from transfer.protocol import TAG_DATA
 from transfer.staging import PIPELINE_DEPTH, StagingBuffers, gather
 
 
-def staged_message(chunk: Chunk) -> Message | None:
-    """The chunk's message the sender gathers (at most one), or None when all go from the arena."""
-    return next((m for m in chunk.messages if m.in_place_at(SRC) is None), None)
+def staged_messages(chunk: Chunk) -> list[Message]:
+    """The chunk's messages the sender gathers (back to back in its staging buffer, in plan order)."""
+    return [m for m in chunk.messages if m.in_place_at(SRC) is None]
 
 
 class SendPipeline:
@@ -62,7 +63,7 @@ class SendPipeline:
         streams = assign_streams(chunks, channel.num_streams)
         for chunk in chunks:
             ahead = chunk.index + 1
-            if ahead < len(chunks) and staged_message(chunks[ahead]) is not None:
+            if ahead < len(chunks) and staged_messages(chunks[ahead]):
                 # Chunk k+1 is gathered into the buffer chunk k+1-DEPTH used: its sends must be done.
                 # Chunks without a staged message need no buffer, so nothing limits their sends.
                 while in_flight and in_flight[0][0] <= ahead - PIPELINE_DEPTH:
@@ -73,12 +74,15 @@ class SendPipeline:
             if (future := gathered.pop(chunk.index, None)) is not None:
                 future.result(timeout=max(deadline - time.monotonic(), 0.0))  # deadlines everywhere
             works, keep = [], []
-            for message, stream in zip(chunk.messages, streams[chunk.index], strict=True):
+            staged = self.staging.get(chunk.index, chunk.staged_bytes(SRC))
+            for message, stream, at in zip(
+                chunk.messages, streams[chunk.index], chunk.staging_offsets(SRC), strict=True
+            ):
                 offset = message.in_place_at(SRC)
                 if offset is not None:
                     payload = job.buffer[offset : offset + message.nbytes]
                 else:
-                    payload = self.staging.get(chunk.index, message.nbytes)
+                    payload = staged[at : at + message.nbytes]
                 # A send may write synchronously (Gloo, peer ready): the next gather runs meanwhile.
                 works.append(channel.send(payload, TAG_DATA + stream))
                 keep.append(payload)
@@ -108,18 +112,20 @@ class SendPipeline:
                 self.channel.wait(work, deadline, f"sending chunk {index}")
 
     def _stage(self, chunk: Chunk) -> Future | None:
-        """Start gathering the chunk's staged message into its buffer (None: nothing to gather).
+        """Start gathering the chunk's staged messages into its buffer (None: nothing to gather).
 
         On CPU the gather runs on the gather thread; on CUDA it is enqueued on the copy stream
         right here (the GPU overlaps it with NCCL's sends). After an abort, nothing is gathered:
         the rest of the stream goes unfilled, which keeps both ends in step.
         """
         job = self.job
-        message = staged_message(chunk)
-        if message is None or job.transfer.abort_reason is not None:
+        messages = staged_messages(chunk)
+        if not messages or job.transfer.abort_reason is not None:
             return None
-        staged = self.staging.get(chunk.index, message.nbytes)
-        args = (job.buffer, message.pieces[:, SRC], message.pieces[:, NBYTES], staged)
+        staged = self.staging.get(chunk.index, chunk.staged_bytes(SRC))
+        # One gather for them all: back to back in the buffer, their pieces are in stream order.
+        pieces = messages[0].pieces if len(messages) == 1 else np.concatenate([m.pieces for m in messages])
+        args = (job.buffer, pieces[:, SRC], pieces[:, NBYTES], staged)
         if self.gatherer is None:
             gather(*args)
             return None

@@ -166,3 +166,19 @@ def test_long_runs_among_scattered_small_ones_go_zero_copy_and_the_rest_in_one_b
     options = TransferOptions(chunk_bytes=1 << 20, direct_min_bytes=32 << 10)
     assert sum(sizes) <= options.chunk_bytes  # one chunk: 10 long runs, one batch, the trailer
     assert count_sends(engines, src, dst, options, "mixed-runs") == (10 + 1 + 1, 10 + 1 + 1)
+
+
+@pytest.mark.parametrize("swapped", [False, True], ids=["stretches at the source", "at the destination"])
+def test_slices_back_to_back_on_one_side_and_scattered_on_the_other_go_a_message_a_stretch(engines, swapped):
+    """TP 2 -> 1's shape: two stretches of back-to-back 1000-byte rows at the source, each row apart
+    at the destination (TP 1 -> 2's: the other way round). Each stretch goes as one message, in
+    place on its side, through the other side's staging buffer (back to back there, one gather or a
+    scatter per message): bytes copied once, where one batch would copy them on both sides."""
+    src = np.concatenate([1000 + np.arange(20) * 1000, 500_000 + np.arange(20) * 1000])
+    dst = 100_000 + np.arange(40) * 3000
+    sizes = np.full(40, 1000)
+    src_table, dst_table = (torch.from_numpy(np.stack([o, sizes], axis=1)) for o in (src, dst))
+    if swapped:
+        src_table, dst_table = dst_table, src_table
+    options = TransferOptions(chunk_bytes=1 << 20, direct_min_bytes=8 << 10, checksum=True)
+    assert count_sends(engines, src_table, dst_table, options, "stretches") == (2 + 1, 2 + 1)
