@@ -22,10 +22,17 @@ from collections.abc import Callable, Sequence
 
 from decode.request import DecodeRequest
 from distpool.memory.pool import DoesNotFit, Pool
+from distpool.memory.prefix import StateKey
 from distpool.model.sampling import SamplingParams, pick_for
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.prefill_job import PrefillJob
-from distpool.worker.messages import LocalPrefillAnswer, LocalPrefillRefused, LocalPrefillStarted
+from distpool.worker.messages import (
+    LocalPrefillAnswer,
+    LocalPrefillRefused,
+    LocalPrefillStarted,
+    Refusal,
+    ViewedState,
+)
 
 
 class LocalPrefills:
@@ -49,30 +56,35 @@ class LocalPrefills:
         can_admit: Callable[[int, int, int], bool],
         *,
         fresh: bool = False,
+        viewed: ViewedState | None = None,
     ) -> LocalPrefillAnswer:
         """Under the lock: reserve `request_id` on the kept state `prompt` extends, copy that state
         and its partial page in, and queue its chunks; or refuse, holding nothing. With no such state,
-        `fresh` queues the whole prompt from nothing instead of refusing."""
+        `fresh` queues the whole prompt from nothing instead of refusing. `viewed`: the state the
+        driver's view said this worker keeps (a refusal says whether its view was stale)."""
         cache = self.pool.prefix_cache
         states = cache.final_states if cache is not None else None
         entry = states.find(prompt) if states is not None else None
         if entry is None:
             if fresh:
                 return self._start_fresh(request_id, prompt, params, can_admit)
-            return LocalPrefillRefused("no kept state that the prompt extends (evicted, or never here)")
+            return LocalPrefillRefused(
+                self._no_state(prompt, viewed),
+                "no kept state that the prompt extends (evicted, or never here)",
+            )
         match, max_new_tokens = entry.prefix_match(self.pool.page_size), params.max_tokens
         with cache.holding(match):  # making room may evict states, never these pages
             fits = can_admit(len(prompt), max_new_tokens, match.num_tokens)
         if not fits:
-            return LocalPrefillRefused("no room with headroom for running requests")
+            return LocalPrefillRefused(Refusal.NO_ROOM, "no room with headroom for running requests")
         if states.find(prompt) is not entry:  # making room evicted it
-            return LocalPrefillRefused("its kept state was evicted to make room")
+            return LocalPrefillRefused(Refusal.EVICTED, "its kept state was evicted to make room")
         first_stop = min(len(prompt), entry.num_tokens + self.chunk_tokens)
         final = len(prompt) + max_new_tokens
         try:
             self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final, prefix=match)
         except DoesNotFit as exc:  # holds nothing
-            return LocalPrefillRefused(f"no room: {exc.reason}")
+            return LocalPrefillRefused(Refusal.NO_ROOM, f"no room: {exc.reason}")
         copying = time.monotonic()
         try:
             states.restore(entry, request_id)
@@ -82,6 +94,14 @@ class LocalPrefills:
         copy_s = time.monotonic() - copying  # under the lock: the batch waits for it, as for a chunk
         self._queue(request_id, prompt, params, entry.num_tokens, accepted_at=copying, compute_s=copy_s)
         return LocalPrefillStarted(held_tokens=entry.num_tokens)
+
+    def _no_state(self, prompt: Sequence[int], viewed: ViewedState | None) -> Refusal:
+        """Whether the driver had heard that the state it chose this worker for is gone."""
+        journal = self.pool.prefix_cache.journal if self.pool.prefix_cache is not None else None
+        if viewed is None or journal is None:
+            return Refusal.NO_STATE
+        state = StateKey.of(prompt[: viewed.held_tokens], self.pool.page_size)
+        return Refusal.NO_STATE if journal.drop_reported(state, viewed.report) else Refusal.NEWS_IN_FLIGHT
 
     def _start_fresh(
         self,
@@ -94,12 +114,12 @@ class LocalPrefills:
         and queue its chunks from token 0; or refuse, holding nothing."""
         accepted = time.monotonic()
         if not can_admit(len(prompt), params.max_tokens, 0):
-            return LocalPrefillRefused("no room with headroom for running requests")
+            return LocalPrefillRefused(Refusal.NO_ROOM, "no room with headroom for running requests")
         first_stop, final = min(len(prompt), self.chunk_tokens), len(prompt) + params.max_tokens
         try:
             self.pool.reserve(request_id, first_stop, compact=True, final_tokens=final)
         except DoesNotFit as exc:  # holds nothing
-            return LocalPrefillRefused(f"no room: {exc.reason}")
+            return LocalPrefillRefused(Refusal.NO_ROOM, f"no room: {exc.reason}")
         self._queue(request_id, prompt, params, 0, accepted_at=accepted, compute_s=0.0)
         return LocalPrefillStarted(held_tokens=0)
 

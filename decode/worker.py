@@ -14,7 +14,9 @@ State contract (who owns which request, guarded by `lock`):
   nothing for them but what its prefix cache kept: their full pages, and their final state with
   their partial page (`final_states.py`), which a next turn continues from.
 Prefix reuse: a request whose prompt starts with cached pages (an earlier turn that finished here)
-reserves them by reference; its transfer moves only the rest and the state slot.
+reserves them by reference; its transfer moves only the rest and the state slot. What the cache
+cached and evicted goes to the driver with the next results (`DecodeEvents.cache`), at once when
+nothing else is due: the driver's view of this cache is this cache's keys (`cache_keys`).
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
 step never runs out of pages.
 """
@@ -32,9 +34,10 @@ from decode.local_prefill import LocalPrefills
 from decode.loop import DecodeLoop
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
+from distpool.memory.prefix import CacheKeys, CacheNews
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
 from distpool.worker.base import WorkerBase, byte_runs
-from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer
+from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer, ViewedState
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Parts, TransferError
 
@@ -68,6 +71,8 @@ class DecodeWorker(WorkerBase):
         self._streamed_at = 0.0  # when `next_events` last handed out tokens
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
+        if self.pool.prefix_cache is not None:
+            self.pool.prefix_cache.report_changes()  # `next_events` hands the news to the driver
         self.loop = DecodeLoop(self)
         self.loop.start()
 
@@ -122,6 +127,7 @@ class DecodeWorker(WorkerBase):
                     refusal = f"reservation refused: {reason}"
                     for peer in self.peer_ranks(prefill):
                         self.channels.refuse(request_id, FailureKind.NO_ROOM, refusal, peer=peer)
+                    self._news_out()
                     raise DoesNotFit(request_id, reason)
                 # Its final length keeps room for the tokens it will generate right after its pages.
                 final = prompt_len + max_new_tokens
@@ -131,6 +137,7 @@ class DecodeWorker(WorkerBase):
                 prompt=prompt, params=params, held_tokens=held_pages * self.pool.page_size
             )
             self._note_peak()
+            self._news_out()
         try:  # whatever fails from here on gives back what the reservation took
             # The cached prefix's pages are shared: the transfer moves (and writes) only the rest.
             envelope = self.pool.envelope(request_id, held_pages=held_pages)
@@ -146,20 +153,33 @@ class DecodeWorker(WorkerBase):
             raise
         req.parts.add_done_callback(self._landed)
 
+    def _news_out(self) -> None:
+        """Under the lock: making room evicted cached entries: `next_events` tells the driver now."""
+        if self._cache_news():
+            self.wake.notify_all()
+
     def _check_new(self, request_id: str) -> None:
         if any(request_id == rid for rid, _ in self._admitted()):
             raise ValueError(f"request {request_id!r} is already admitted on {self.name}")
 
     def local_prefill(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, fresh: bool = False
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        fresh: bool = False,
+        viewed: ViewedState | None = None,
     ) -> LocalPrefillAnswer:
         """Prefill `prompt` here, from the kept final state of a finished request it extends, with no
         transfer (local_prefill.py); or refuse, holding nothing (no such state here, or no room).
-        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here."""
+        `fresh` (a colocated deployment): with no such state, prefill the whole prompt here.
+        `viewed`: the state the driver's view of this cache said is here (its refusal says whether
+        that view was stale or this cache's news was on its way)."""
         check_request(request_id, prompt, params, self.model.vocab_size, self.sizes.args.context_len)
         with self.lock:
             self._check_new(request_id)
-            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh)
+            answer = self.local.start(request_id, prompt, params, self.can_admit, fresh=fresh, viewed=viewed)
             self._note_peak()
             self.wake.notify_all()
             return answer
@@ -363,7 +383,9 @@ class DecodeWorker(WorkerBase):
             return {rid: req.prefilled + len(req.tokens) for rid, req in held if rid in wanted}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
-        """`next_events` without streaming: the requests that ended, each handed out once."""
+        """`next_events` without streaming: the requests that ended, each handed out once (and the
+        cache's news taken with them dropped: a driver keeping a view of this cache reads
+        `next_events`)."""
         return self.next_events(timeout_s).finished
 
     def next_events(self, timeout_s: float = 1.0, stream: bool = False) -> DecodeEvents:
@@ -376,7 +398,7 @@ class DecodeWorker(WorkerBase):
         they are made, with no polling interval."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
-            while not self.finished and not self.loop.stopping:
+            while not self.finished and not self._cache_news() and not self.loop.stopping:
                 now = time.monotonic()
                 if now >= deadline:
                     break
@@ -393,7 +415,20 @@ class DecodeWorker(WorkerBase):
             tokens = self._take_unstreamed() if stream else {}
             if tokens:
                 self._streamed_at = time.monotonic()
-        return DecodeEvents(finished={rid: req.result() for rid, req in done.items()}, tokens=tokens)
+            cache = self.pool.prefix_cache
+            news = cache.take_news() if cache is not None else CacheNews()
+        finished = {rid: req.result() for rid, req in done.items()}
+        return DecodeEvents(finished=finished, tokens=tokens, cache=news)
+
+    def _cache_news(self) -> bool:
+        cache = self.pool.prefix_cache
+        return cache is not None and cache.has_news
+
+    def cache_keys(self) -> CacheKeys:
+        """Every key this worker's prefix cache holds now (what the driver's view should equal)."""
+        with self.lock:
+            cache = self.pool.prefix_cache
+            return cache.keys() if cache is not None else CacheKeys()
 
     def _streaming(self):
         """(request id, request) of every request whose tokens may stream: waiting for its envelope

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distpool.memory.arena_pool import ArenaPool, build_pool
+from distpool.memory.prefix import CacheNews, StateKey, chained_block_keys
 from distpool.memory.sizing import PoolArgs, PoolSizes, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import RankShard
@@ -245,3 +246,14 @@ def make_decode_stats(name: str = "decode-0", **figures: int) -> DecodeStats:
     zero = {f.name: 0 for f in dataclasses.fields(DecodeStats)}
     base = zero | {"name": name, "role": "decode", "node_id": None, "pages_capacity": 8, "slots_capacity": 2}
     return DecodeStats(**(base | figures))
+
+
+def finished_news(tokens: Sequence[int], page_size: int, *, state: bool = True, dropped=()) -> CacheNews:
+    """What a decode worker reports once a request holding KV for `tokens` finished: it cached their
+    full pages and (`state`) kept the state after them; `dropped`: token sequences whose kept states
+    went (an earlier turn it supersedes)."""
+    return CacheNews(
+        cached_pages=tuple(chained_block_keys(tokens, page_size)),
+        kept_states=(StateKey.of(tokens, page_size),) if state else (),
+        dropped_states=tuple(StateKey.of(d, page_size) for d in dropped),
+    )

@@ -1,9 +1,10 @@
 """Conditional disaggregation: per request, prefill on the decode worker that holds the state the prompt
 extends (`DecodeWorker.local_prefill`), or take the disaggregated path.
 
-Pure bookkeeping over worker names (no Ray here). The driver mirrors which decode worker kept which
-final state (every completed request's prompt and reply but its last token; a later turn of the same
-conversation supersedes the earlier one there too), and decides by a cost model (README,
+Pure bookkeeping over worker names (no Ray here). Which decode worker keeps which final state (every
+completed request's prompt and reply but its last token; a later turn of the same conversation
+supersedes the earlier one there) is the router's view of its cache, which each worker's reports
+keep equal to its own (`Router.views`); the policy decides by a cost model (README,
 "Conditional disaggregation"), for a prompt with N new tokens past the state, Q more already queued
 for local prefill on that worker:
 
@@ -45,14 +46,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from distpool.memory.prefix import PrefixKeys
 from distpool.serving.router import AFFINITY_SLACK, Router
 
 # Running requests' per-token latency may grow by this fraction over a reply's length for what a local
 # prefill stalls them beyond what its envelope's landing would (the benchmark's target: p99 at most 1.5x).
 LATENCY_BUDGET = 0.5
 SMOOTHING = 0.2  # weight of the newest measurement in each moving average
-MAX_STATES_PER_WORKER = 4096  # the mirror's bound; a worker keeps at most one state per slot anyway
 
 
 @dataclass(frozen=True)
@@ -134,9 +133,6 @@ class Estimate:
 class LocalPrefillPolicy:
     def __init__(self, router: Router, sizes: Sizes, options: ConditionalOptions) -> None:
         self.router, self.sizes, self.options = router, sizes, options
-        self.states: dict[str, PrefixKeys[None]] = {
-            n: PrefixKeys(sizes.page_size) for n in router.decode_names
-        }
         self.queued_tokens: dict[str, int] = dict.fromkeys(router.decode_names, 0)  # local, in flight
         self.link_bytes_per_s, self.tpot_s = _Average(), _Average()
         self.prefill_s = _Line()  # the remote path's prefill part for x prompt tokens, waiting included
@@ -231,31 +227,18 @@ class LocalPrefillPolicy:
         return estimate is not None and estimate.local(batch_running)
 
     # ---- which worker holds what -----------------------------------------------------------------
-    def remember(self, decode_name: str, tokens: Sequence[int]) -> None:
-        """`decode_name` kept the final state after `tokens`; it supersedes the states it extends."""
-        held = self.states.get(decode_name)
-        if held is None or decode_name in self.router.dead or not tokens:
-            return
-        held.add(tokens, None)
-        while len(held) > MAX_STATES_PER_WORKER:
-            held.pop_oldest()
-
-    def forget(self, decode_name: str, prompt: Sequence[int]) -> None:
-        """`decode_name` refused a local prefill of `prompt`: it holds no state the prompt extends."""
-        held = self.states.get(decode_name)
-        for key in held.prefixes_of(prompt, proper=True) if held is not None else ():
-            held.pop(key)
-
     def choose(self, prompt: Sequence[int], max_new_tokens: int, avoid: set[str]) -> tuple[str, int] | None:
         """(the decode worker to prefill `prompt` on, the tokens it holds), or None: disaggregated."""
         live = [n for n in self.router.alive(self.router.decode_names) if n not in avoid]
         if not live:
             return None
         best: tuple[str, int] | None = None
+        views = self.router.views
+        chain = views[live[0]].state_chain(prompt)  # hashed once: every view has the same block
         for name in live:
-            found = self.states[name].longest_proper_prefix(prompt)
-            if found is not None and (best is None or len(found[0]) > best[1]):
-                best = (name, len(found[0]))
+            held = views[name].longest_state(prompt, chain)
+            if held is not None and (best is None or held > best[1]):
+                best = (name, held)
         if best is None:
             return None
         name, held = best

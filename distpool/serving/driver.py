@@ -106,7 +106,6 @@ class Server:
             self._call,
             self._quiet,
             self.waiting,
-            remember=self._remember,
             in_background=self._in_background,
             silence_s=self.silence_s,
         )
@@ -312,15 +311,6 @@ class Server:
             return
         await self.remote.attempt(req, out, submitted, avoid)
 
-    def _remember(self, decode_name: str, req: Request, out: Outcome) -> None:
-        """What that worker now caches: all but the last token have KV; the state after them."""
-        if self.cache_affinity:
-            held = [*req.prompt, *out.tokens[:-1]]
-            if self.local is not None:  # the router's affinity, and the state the policy tracks
-                self.local.remember(decode_name, held)
-            else:
-                self.router.remember(decode_name, held)
-
     async def _call(self, name: str, awaitable):
         """Await a call to worker `name`; Retry when the worker died or stopped answering."""
         try:
@@ -359,6 +349,7 @@ class Server:
                 events = await self._call(name, handle.next_events.remote(RESULT_WAIT_S, self.streaming))
             except Retry:
                 return
+            self.router.learned(name, events.cache)  # before its results: the view is decode's then
             for rid, (start, tokens) in events.tokens.items():
                 waiting = self.waiting.get(rid)
                 if waiting is not None and waiting[0] == name and (stream := self.streams.get(rid)):

@@ -19,7 +19,7 @@ from distpool.serving.outcome import Outcome
 from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
-from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused
+from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused, Refusal, ViewedState
 
 Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
 Quiet = Callable[[Any], Awaitable[None]]  # await a call whose outcome does not matter
@@ -71,12 +71,6 @@ class LocalPath:
         )
         return cls(deployment, policy, call, quiet, waiting, silence_s=silence_s)
 
-    def remember(self, decode_name: str, held: list[int]) -> None:
-        """`decode_name` finished a request holding KV for `held`: it caches their full pages (the
-        router's affinity) and keeps the state after them (the policy's)."""
-        self.router.remember(decode_name, held)
-        self.policy.remember(decode_name, held)
-
     def record(self, out: Outcome) -> None:
         """A completed request's figures, for the cost model (a local one's costs: `attempt`)."""
         assert out.tokens is not None
@@ -103,17 +97,18 @@ class LocalPath:
         decode_name, held = chosen
         new_tokens = len(req.prompt) - held
         self.policy.queued_tokens[decode_name] += new_tokens
+        viewed = ViewedState(held_tokens=held, report=self.router.views[decode_name].report)
         try:
-            result = await self.prefill_on(decode_name, req, out, submitted, avoid)
+            result = await self.prefill_on(decode_name, req, out, submitted, avoid, viewed=viewed)
         finally:
             self.policy.queued_tokens[decode_name] -= new_tokens
         if isinstance(result, LocalPrefillRefused):
-            self.policy.forget(decode_name, req.prompt)
             out.local_refused += 1
+            out.stale_view_refusals += result.kind is Refusal.NO_STATE  # the view said it kept one
+            out.refusals_news_in_flight += result.kind is Refusal.NEWS_IN_FLIGHT  # its drop unheard yet
             return None
         if not isinstance(result, DecodeFailed):
             self.policy.measured_locally(result.local_computed_tokens, result.local_compute_s, result.admit_s)
-            self.remember(decode_name, [*req.prompt, *result.tokens[:-1]])
         return result
 
     async def prefill_on(
@@ -125,6 +120,7 @@ class LocalPath:
         avoid: set[str],
         *,
         fresh: bool = False,
+        viewed: ViewedState | None = None,
     ) -> DecodeResult | LocalPrefillRefused:
         """Ask `decode_name` to prefill `req` itself (`fresh`: from nothing where it keeps no state the
         prompt extends) and wait for its result, filled into `out` when it finished; or its refusal
@@ -136,7 +132,7 @@ class LocalPath:
         self.waiting[rid] = (decode_name, future)
         handle = self.deployment.decode[decode_name]
         try:
-            asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh)
+            asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh, viewed=viewed)
             answer = await self.call(decode_name, asked)
             if isinstance(answer, LocalPrefillRefused):
                 return answer
@@ -183,16 +179,9 @@ class ColocatedPath(LocalPath):
         for name in self.router.decode_candidates(avoid, req.prompt if self.cache_affinity else None):
             result = await self.prefill_on(name, req, out, submitted, avoid, fresh=True)
             if not isinstance(result, LocalPrefillRefused):
-                if not isinstance(result, DecodeFailed) and self.cache_affinity:
-                    self.remember(name, [*req.prompt, *result.tokens[:-1]])
                 return result
             refusals.append(f"{name}: {result.reason}")
         raise Busy("; ".join(refusals))
-
-    def remember(self, decode_name: str, held: list[int]) -> None:
-        """`decode_name` finished a request holding KV for `held`: it caches their full pages and
-        keeps the state after them (the router's affinity)."""
-        self.router.remember(decode_name, held)
 
     def record(self, out: Outcome) -> None:
         """No cost model: every request takes this path."""

@@ -41,6 +41,11 @@ class Outcome:
     pair: tuple[str, str] | None = None  # (prefill worker, decode worker) of the successful attempt
     path: str = "remote"  # remote: prefilled on a prefill worker and transferred; local: on decode
     local_refused: int = 0  # local prefills decode refused (state gone, no room): then disaggregated
+    # Of which decode kept no state the prompt extends although the driver's view of its cache said
+    # it did: on a stale view (decode had reported the state gone before the driver chose: 0 unless
+    # the view is broken), or on news in flight (its report had not reached the driver yet).
+    stale_view_refusals: int = 0
+    refusals_news_in_flight: int = 0
 
     def succeeded(
         self,

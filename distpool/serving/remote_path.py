@@ -32,7 +32,6 @@ from distpool.worker.messages import (
 from transfer.failure import FailureKind
 from transfer.faults import CORRUPT_PAYLOAD, RECEIVER_FAULTS, SENDER_FAULTS
 
-Remember = Callable[[str, Request, Outcome], None]  # a decode worker finished a request: what it caches
 # Runs a coroutine beside the requests; it is cancelled when `serve` ends.
 InBackground = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -50,13 +49,12 @@ class RemotePath:
         quiet: Quiet,
         waiting: Waiting,
         *,
-        remember: Remember,
         in_background: InBackground,
         silence_s: float,
     ) -> None:
         self.dep, self.router, self.reservations, self.faults = deployment, router, reservations, faults
         self.call, self.quiet, self.waiting = call, quiet, waiting
-        self.remember, self.in_background, self.silence_s = remember, in_background, silence_s
+        self.in_background, self.silence_s = in_background, silence_s
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -114,7 +112,6 @@ class RemotePath:
                 raise decode_failure(result)
             times = (submitted, asked, prefill_asked, sent_at)
             out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
-            self.remember(decode_name, req, out)
         except BaseException:
             if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
                 sending.cancel()

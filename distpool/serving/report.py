@@ -169,6 +169,10 @@ def summarize(
         "local_prefills": len(local),
         "local_prefill_tokens": sum(o.prefill_tokens_computed for o in local),
         "local_prefill_fallbacks": sum(o.local_refused for o in outcomes),  # refused: disaggregated
+        # of which decode kept no state the prompt extends though the driver's view of its cache said so,
+        # having reported it gone before the driver chose (0 unless the view is broken), or after
+        "stale_view_refusals": sum(o.stale_view_refusals for o in outcomes),
+        "refusals_news_in_flight": sum(o.refusals_news_in_flight for o in outcomes),
         "decode_state_checkpoints": sum(getattr(s, "decode_state_checkpoints", 0) for s in read),
         "transfer_gbps": transfer_gbps,
         **link,

@@ -53,7 +53,8 @@ def _local(report: dict) -> str:
     kept, refused = report["decode_state_checkpoints"], report["local_prefill_fallbacks"]
     return (
         f"{report['local_prefills']} / {report['local_prefill_tokens']} "
-        f"({kept} states kept, {refused} refused)"
+        f"({kept} states kept, {refused} refused: {report['stale_view_refusals']} on a stale view, "
+        f"{report['refusals_news_in_flight']} on news in flight)"
     )
 
 

@@ -194,11 +194,11 @@ class TpGroup:
 
     async def _settle_next_events(self, refs: list[ray.ObjectRef], *_, **__) -> DecodeEvents:
         """The requests every rank has finished by now, merged (the others wait here for the rest),
-        and rank 0's new tokens (the ranks step together: every rank makes the same ones)."""
+        and rank 0's new tokens and cache news (the ranks step together: every rank makes the same
+        ones, and caches and evicts the same prefixes)."""
         answers: list[DecodeEvents] = await _answers(refs)
-        return DecodeEvents(
-            finished=self._merge_finished([a.finished for a in answers]), tokens=answers[0].tokens
-        )
+        finished = self._merge_finished([a.finished for a in answers])
+        return DecodeEvents(finished=finished, tokens=answers[0].tokens, cache=answers[0].cache)
 
     def _merge_finished(self, answers: list[dict[str, DecodeResult]]) -> dict[str, DecodeResult]:
         for rank, answer in enumerate(answers):

@@ -10,9 +10,11 @@ in words (`reason`, which a person reads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import ClassVar
 
+from distpool.memory.prefix import CacheNews
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
 from transfer.failure import FailureKind
 
@@ -110,10 +112,33 @@ class LocalPrefillStarted:
 
 
 @dataclass(frozen=True)
-class LocalPrefillRefused:
-    """Decode holds no state the prompt extends (evicted, restarted) or has no room; it holds
-    nothing for the request: take the disaggregated path."""
+class ViewedState:
+    """Why the driver asks a decode worker for a local prefill: its view of that worker's cache,
+    with the worker's reports applied up to `report`, holds the state after `held_tokens` of the
+    prompt."""
 
+    held_tokens: int
+    report: int
+
+
+class Refusal(Enum):
+    """Why decode refused a local prefill."""
+
+    # It keeps no state the prompt extends, and had reported the state gone before the driver chose
+    # (or never kept it): the driver's view was stale.
+    NO_STATE = "no_state"
+    # The state went in a report that had not reached the driver when it chose (or is not sent yet).
+    NEWS_IN_FLIGHT = "news_in_flight"
+    NO_ROOM = "no_room"  # no room with headroom for the running requests
+    EVICTED = "evicted"  # making room for it evicted the state it extends
+
+
+@dataclass(frozen=True)
+class LocalPrefillRefused:
+    """Decode keeps no state the prompt extends or has no room; it holds nothing for the request:
+    take the disaggregated path."""
+
+    kind: Refusal
     reason: str
 
 
@@ -126,7 +151,10 @@ class DecodeEvents:
     """What one `DecodeWorker.next_events` call hands out: each request that ended since the last call
     (`finished`, once), and, when streaming, each live request's tokens made since the last call
     (`tokens`: request id -> (index of the first, the tokens)). A request's first token is there as
-    soon as its transfer header landed, before its envelope moved."""
+    soon as its transfer header landed, before its envelope moved. `cache`: what its prefix cache
+    cached and evicted since the last call (taken with `finished`, so that the driver's view of its
+    cache equals its own once the driver applied them)."""
 
     finished: dict[str, DecodeResult]
     tokens: dict[str, tuple[int, list[int]]]
+    cache: CacheNews = field(default_factory=CacheNews)

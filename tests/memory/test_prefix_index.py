@@ -174,7 +174,7 @@ def test_a_stale_match_is_refused():
 
 
 def test_a_digest_collision_loses_a_hit_but_never_gives_a_wrong_match(monkeypatch):
-    monkeypatch.setattr(prefix_index, "page_digest", lambda parent, page: parent[:4])  # all siblings collide
+    monkeypatch.setattr(prefix_index, "block_key", lambda parent, page: parent[:4])  # all siblings collide
     index = make_index()
     assert cached(index, [1, 1, 2, 2], 10) == Handles(pages=(10, 11))
     assert cached(index, [3, 3, 4, 4], 20) == Handles()  # its digest is taken: nothing cached

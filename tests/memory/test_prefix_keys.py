@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distpool.memory.prefix.prefix_keys import PrefixKeys, chained_block_keys
+from distpool.memory.prefix.block_keys import chained_block_keys
+from distpool.memory.prefix.prefix_keys import PrefixKeys
 
 TURN_ONE = list(range(1, 41))  # 40 tokens: two blocks of 16 and 8 more
 

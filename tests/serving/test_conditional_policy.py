@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from distpool.memory.prefix import CacheNews, StateKey
 from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
 from distpool.serving.router import AFFINITY_SLACK, Router
+from tests.factories import finished_news
 
 MIB = 1 << 20
 SIZES = Sizes(slot_bytes=100 * MIB, page_bytes=MIB // 4, page_size=16)
@@ -42,26 +44,28 @@ def measured(
 
 def test_a_later_turn_goes_to_the_worker_holding_its_state():
     p = policy(max_tokens=1000)
-    p.remember("decode-1", TURN_ONE)
+    p.router.learned("decode-1", finished_news(TURN_ONE, 16))
     assert p.choose(TURN_ONE + [7, 8, 9], 16, set()) == ("decode-1", 100)
     assert p.choose([5] + TURN_ONE, 16, set()) is None  # does not extend it
     assert p.choose(TURN_ONE, 16, set()) is None  # the last token must be computed: not a proper prefix
     assert p.choose(TURN_ONE + [7], 16, {"decode-1"}) is None  # avoided after a failure there
 
 
-def test_a_later_turn_supersedes_and_a_refusal_forgets():
+def test_a_later_turn_supersedes_and_an_evicted_state_is_gone():
     p = policy(max_tokens=1000)
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     turn_two = TURN_ONE + list(range(200, 250))
-    p.remember("decode-0", turn_two)
-    assert list(p.states["decode-0"]) == [tuple(turn_two)]
-    p.forget("decode-0", turn_two + [1])
+    p.router.learned("decode-0", finished_news(turn_two, 16, dropped=[TURN_ONE]))
+    assert p.router.views["decode-0"].keys().states == {StateKey.of(turn_two, 16)}
+    assert p.choose(turn_two + [1], 16, set()) == ("decode-0", len(turn_two))
+    assert p.choose(TURN_ONE + [1], 16, set()) is None  # its state went with turn two
+    p.router.learned("decode-0", CacheNews(dropped_states=(StateKey.of(turn_two, 16),)))  # evicted
     assert p.choose(turn_two + [1], 16, set()) is None
 
 
 def test_nothing_goes_local_before_the_run_measured_the_link_and_the_rates():
     p = policy()
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     assert not p.allows(64, 0, 16) and p.choose(TURN_ONE + [1] * 64, 16, set()) is None
     p.measured_locally(500, 0.01, admit_s=0.01)  # decode is fast, but the remote path is unmeasured
     assert p.estimate(64, 0, 16) is None and not p.allows(64, 0, 16)
@@ -82,7 +86,7 @@ def test_local_wins_when_decode_computes_the_new_tokens_before_the_remote_path_w
     # local (N / 500) <= remote (N / 1,000 + move): N <= 1,000 * move_s, about 106 tokens
     assert p.allows(100, 0, 16) and not p.allows(120, 0, 16)
     assert 100 / 500 <= 100 / 1_000 + move_s(100) and 120 / 500 > 120 / 1_000 + move_s(120)
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     assert p.choose(TURN_ONE + [1] * 100, 16, set()) == ("decode-0", 100)
     assert p.choose(TURN_ONE + [1] * 120, 16, set()) is None
 
@@ -115,7 +119,7 @@ def test_prefills_model_rate_stands_in_for_decodes_until_a_local_prefill_complet
     assert p.decode_s.at(400) is None and p.model_tokens_per_s.value == 8_000
     # Prefill waits and batches at 1,000 tokens/s; its model computes at 8,000: four turns queued at
     # once on one decode worker all go local, (N + Q) / 8,000 <= N / 1,000 + move.
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     for queued in (0, 400, 800, 1_200):
         assert p.allows(400, queued, 16)
     p.measured_locally(500, 2.0)  # decode turned out slow: its own seconds replace the stand-in
@@ -162,7 +166,7 @@ def bamba_multi_turn_measured() -> LocalPrefillPolicy:
 
 def test_a_short_reply_and_a_large_slot_go_local_where_that_is_faster():
     p = bamba_multi_turn_measured()
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     p.router.in_flight["decode-0"] = 1  # the other conversation's turn runs there
     # (new tokens, tokens queued there): the turns that run asked for next, and a short one behind a long one
     asked = ((670, 813), (790, 670), (910, 790), (468, 910), (301, 468), (64, 1_024))
@@ -252,7 +256,7 @@ def test_decodes_seconds_are_a_part_per_prefill_and_a_part_per_token_not_a_rate(
 
 def test_queued_local_work_and_load_count():
     p = policy(max_tokens=100)
-    p.remember("decode-0", TURN_ONE)
+    p.router.learned("decode-0", finished_news(TURN_ONE, 16))
     prompt = TURN_ONE + [1] * 60
     p.queued_tokens["decode-0"] = 50  # another local prefill still computing there
     assert p.choose(prompt, 16, set()) is None

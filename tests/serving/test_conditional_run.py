@@ -112,8 +112,9 @@ def test_the_transformers_runner_serves_a_later_turn_locally_as_generate(
 @pytest.mark.ray
 def test_a_turn_whose_state_was_evicted_falls_back_to_the_transfer(ray_session, tmp_path):
     """Decode's pool holds under two requests at full context, so serving five conversations at
-    once evicts kept states the driver believes are there: decode refuses those local prefills and
-    the disaggregated path serves the turns, with the oracle's tokens."""
+    once evicts kept states while later turns are chosen for them: decode refuses those local
+    prefills and the disaggregated path serves the turns, with the oracle's tokens. Decode reports
+    each eviction with its next results, so no refusal comes from a view that had heard of it."""
     path = tmp_path / "run.json"
     status = main(
         ["run", "--workload", "multi-turn", "--requests", "20", "--turns", "4", "--max-new-tokens", "4"]
@@ -124,4 +125,6 @@ def test_a_turn_whose_state_was_evicted_falls_back_to_the_transfer(ray_session, 
     assert status == 0, report["errors"]
     assert report["completed"] == report["multi_turn"]["turns_planned"] and report["parity_mismatches"] == 0
     assert report["local_prefill_fallbacks"] > 0 and report["evictions"] > 0
+    # Every state the driver chose a worker for was there, or its eviction was still on its way.
+    assert report["stale_view_refusals"] == 0
     assert (report["leaked_pages"], report["leaked_slots"]) == (0, 0)

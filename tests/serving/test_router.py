@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from distpool.memory.prefix import CacheNews, chained_block_keys
 from distpool.serving import workload
 from distpool.serving.outcome import Outcome
 from distpool.serving.parity import Parity
@@ -13,6 +14,11 @@ from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
 from distpool.serving.worker_reading import WorkerReading
 from tests.factories import make_decode_stats
 from transfer import FailureKind
+
+
+def pages(tokens: list[int], router: Router) -> CacheNews:
+    """A decode worker's report that it cached every full block of `tokens`."""
+    return CacheNews(cached_pages=tuple(chained_block_keys(tokens, router.page_size)))
 
 
 def test_prefill_goes_to_least_loaded_live_worker():
@@ -55,7 +61,7 @@ def test_a_colocated_router_has_no_prefill_worker_and_routes_decode_by_load():
 def test_next_turn_of_a_conversation_goes_to_the_worker_that_served_it():
     router = Router(["p0"], ["d0", "d1", "d2"], page_size=4)
     turn1 = list(range(10))  # prompt + generated tokens but the last: two full blocks, 2 tokens left over
-    router.remember("d2", turn1)
+    router.learned("d2", pages(turn1, router))
     router.begin("d2")  # busier than the others, but well within the slack
     turn2 = turn1 + [50, 51, 52, 53, 54]
     assert router.matched_blocks("d2", turn2) == 2
@@ -66,23 +72,13 @@ def test_next_turn_of_a_conversation_goes_to_the_worker_that_served_it():
     assert router.decode_candidates() == ["d0", "d1", "d2"]
 
 
-def test_a_partial_trailing_block_is_not_remembered():
-    router = Router(["p0"], ["d0", "d1"], page_size=4)
-    router.remember("d1", [1, 2, 3])
-    assert router.matched_blocks("d1", [1, 2, 3]) == 0
-    assert router.matched_blocks("d1", [1, 2, 3, 4]) == 0
-    assert router.decode_candidates(tokens=[1, 2, 3, 4]) == ["d0", "d1"]
-    router.remember("d1", [1, 2, 3, 4, 5])
-    assert router.matched_blocks("d1", [1, 2, 3, 4, 6]) == 1
-    assert router.matched_blocks("d1", [0, 2, 3, 4]) == 0
-
-
 def test_longest_match_wins_and_ties_go_to_the_lower_load():
     router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    router.remember("d0", prompt[:2])
-    router.remember("d2", prompt[:6])
-    router.remember("d1", [1, 2, 3, 9, 5, 6])  # diverges in block 1: its block 2 is another prefix
+    router.learned("d0", pages(prompt[:2], router))
+    router.learned("d2", pages(prompt[:6], router))
+    # diverges in block 1: its block 2 is another prefix
+    router.learned("d1", pages([1, 2, 3, 9, 5, 6], router))
     assert [router.matched_blocks(n, prompt) for n in ("d0", "d1", "d2")] == [1, 1, 3]
     assert router.decode_candidates(tokens=prompt) == ["d2", "d0", "d1"]
     assert router.decode_candidates(tokens=prompt[:3]) == ["d0", "d1", "d2"]  # all tie at 1 block: listed
@@ -94,7 +90,7 @@ def test_longest_match_wins_and_ties_go_to_the_lower_load():
 def test_an_overloaded_affinity_worker_falls_back_to_load_order():
     router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
     prompt = [1, 2, 3, 4]
-    router.remember("d1", prompt)
+    router.learned("d1", pages(prompt, router))
     router.begin("d0")
     for _ in range(AFFINITY_SLACK):
         router.begin("d1")
@@ -108,8 +104,8 @@ def test_an_overloaded_affinity_worker_falls_back_to_load_order():
 def test_an_avoided_worker_goes_last_even_with_the_best_match():
     router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
     prompt = [1, 2, 3, 4]
-    router.remember("d0", prompt)
-    router.remember("d2", prompt[:2])
+    router.learned("d0", pages(prompt, router))
+    router.learned("d2", pages(prompt[:2], router))
     router.begin("d1")
     assert router.decode_candidates(avoid={"d0"}, tokens=prompt) == ["d2", "d1", "d0"]
     assert router.decode_candidates(avoid={"d0", "d2"}, tokens=prompt) == ["d1", "d0", "d2"]
@@ -119,39 +115,36 @@ def test_an_avoided_worker_goes_last_even_with_the_best_match():
 def test_mark_dead_forgets_the_cached_view():
     router = Router(["p0"], ["d0", "d1"], page_size=2)
     prompt = [1, 2, 3, 4]
-    router.remember("d1", prompt)
+    router.learned("d1", pages(prompt, router))
     assert router.decode_candidates(tokens=prompt) == ["d1", "d0"]
     router.mark_dead("d1")
     assert router.decode_candidates(tokens=prompt) == ["d0"]
-    router.remember("d1", prompt)  # a late report from the dead worker is stale
+    router.learned("d1", pages(prompt, router))  # a late report from the dead worker is stale
     router.revive("d1")
     assert router.matched_blocks("d1", prompt) == 0
     assert router.decode_candidates(tokens=prompt) == ["d0", "d1"]
     with pytest.raises(ValueError, match="not a decode worker"):
-        router.remember("p0", prompt)
+        router.learned("p0", pages(prompt, router))
 
 
-def test_the_cached_view_is_lru_bounded():
-    router = Router(["p0"], ["d0", "d1"], page_size=2, max_blocks_per_worker=4)
-    a, b, c = [1, 1, 2, 2], [3, 3, 4, 4], [5, 5, 6, 6]
-    router.remember("d1", a)
-    router.remember("d1", b)
-    assert router.matched_blocks("d1", a) == 2  # a is now the most recently used
-    router.remember("d1", c)  # six blocks for a bound of four: b, the least recent, goes
-    assert [router.matched_blocks("d1", t) for t in (a, b, c)] == [2, 0, 2]
-    assert router.decode_candidates(tokens=b) == ["d0", "d1"]
-    # one conversation longer than the bound keeps its leading blocks, the ones a next turn matches
-    long = list(range(20))
-    router.remember("d0", long)
-    assert router.matched_blocks("d0", long) == 4
-    assert len(router.cached["d0"]) == 4
+def test_the_view_follows_what_decode_evicted():
+    router = Router(["p0"], ["d0", "d1"], page_size=2)
+    a, b = [1, 1, 2, 2, 3, 3], [1, 1, 5, 5]
+    router.learned("d1", pages(a, router))
+    router.learned("d1", pages(b, router))
+    assert [router.matched_blocks("d1", t) for t in (a, b)] == [3, 2]
+    a_keys = chained_block_keys(a, 2)
+    router.learned("d1", CacheNews(evicted_pages=tuple(a_keys[1:])))  # a's leaves went, the root stays
+    assert [router.matched_blocks("d1", t) for t in (a, b)] == [1, 2]
+    assert router.views["d1"].keys().pages == {a_keys[0], chained_block_keys(b, 2)[1]}
+    assert router.decode_candidates(tokens=a) == ["d1", "d0"]
+    router.learned("d1", CacheNews(evicted_pages=(a_keys[0],)))
+    assert router.decode_candidates(tokens=a) == ["d0", "d1"]  # no affinity left: load order
 
 
 def test_page_size_must_be_positive():
     with pytest.raises(ValueError, match="page_size"):
         Router(["p0"], ["d0"], page_size=0)
-    with pytest.raises(ValueError):
-        Router(["p0"], ["d0"], page_size=16, max_blocks_per_worker=0)
 
 
 def test_generated_workload_is_seeded_and_in_range():

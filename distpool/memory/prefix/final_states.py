@@ -14,7 +14,8 @@ pages are acquired so that the index never evicts what the state needs. Entries 
 least recently used first, once the index has no idle page left to give (a state saves a slot's
 transfer, a loose page only its own bytes). A conversation keeps one entry: its latest, which
 supersedes the states of its earlier turns. Entries are filed by their tokens' prefixes
-(`prefix_keys.py`), so a lookup hashes the prompt once.
+(`prefix_keys.py`), so a lookup hashes the prompt once; each is known to the driver by its
+`StateKey` (`block_keys.py`), which a `CacheJournal`, when set, hears of as it is kept and dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import torch
 from distpool.memory.alloc import Allocator
 from distpool.memory.arena import Arena, require
 from distpool.memory.errors import DoesNotFit
+from distpool.memory.prefix.block_keys import StateKey
+from distpool.memory.prefix.cache_view import CacheJournal
 from distpool.memory.prefix.prefix_index import PrefixIndex, PrefixMatch
 from distpool.memory.prefix.prefix_keys import PrefixKeys
 
@@ -40,6 +43,7 @@ class FinalState:
     pages: tuple[int, ...]  # the index's page handles of the full pages (acquired by this entry)
     partial_page: int | None  # virtual page holding the last len(tokens) % page_size tokens (cache-held)
     checkpoint: int  # virtual low unit holding the state
+    key: StateKey  # what the driver knows it by
 
     @property
     def num_tokens(self) -> int:
@@ -58,9 +62,13 @@ class FinalStates:
         self._entries: PrefixKeys[FinalState] = PrefixKeys(page_size)  # least recent first
         self.kept = 0  # entries kept so far (the run's count; `len` is what is held now)
         self.evicted = (0, 0)  # (partial pages, states) given back to make room so far
+        self.journal: CacheJournal | None = None  # hears of every state kept and dropped, when set
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def keys(self) -> frozenset[StateKey]:
+        return frozenset(entry.key for entry in self._entries.values())
 
     @property
     def num_partial_pages(self) -> int:
@@ -91,7 +99,11 @@ class FinalStates:
             self.allocator.hold_pages([partial])
         if pages:
             self.index.acquire(PrefixMatch(pages=pages, num_tokens=full * self.page_size))
-        self._entries.add(key, FinalState(tokens=key, pages=pages, partial_page=partial, checkpoint=vid))
+        state_key = StateKey.of(key, self.page_size)
+        entry = FinalState(tokens=key, pages=pages, partial_page=partial, checkpoint=vid, key=state_key)
+        self._entries.add(key, entry)
+        if self.journal is not None:
+            self.journal.state(state_key, kept=True)
         self.kept += 1
         return True
 
@@ -150,6 +162,8 @@ class FinalStates:
                 self.evict(1)
 
     def _drop(self, entry: FinalState) -> None:
+        if self.journal is not None:
+            self.journal.state(entry.key, kept=False)
         if entry.pages:
             self.index.release(entry.pages)
         if entry.partial_page is not None:

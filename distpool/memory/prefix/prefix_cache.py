@@ -12,6 +12,8 @@
   freed once no request holds it either. `drop_all()` at the end of a run.
 - `final_states` (a decode pool of a model with recurrent state, else None): finished requests'
   states with their partial pages (final_states.py), evicted once the index has nothing idle left.
+- `report_changes()`, then `take_news()`: what was cached and evicted since the last call (decode
+  sends it to the driver with its results, cache_view.py); `keys()`: every key cached now.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from distpool.memory.alloc import SharedPages
 from distpool.memory.arena import require
 from distpool.memory.errors import DoesNotFit
+from distpool.memory.prefix.cache_view import CacheJournal, CacheKeys, CacheNews
 from distpool.memory.prefix.final_states import FinalStates
 from distpool.memory.prefix.prefix_index import Handles, PrefixIndex, PrefixMatch
 
@@ -38,6 +41,26 @@ class PrefixCache:
         self.users: dict[str, tuple[int, ...]] = {}  # request id -> the cached pages it acquired
         self._index_evicted = (0, 0)  # pages, checkpoints the index gave back so far
         self.final_states: FinalStates | None = None  # set by a decode pool that keeps them
+        self.journal: CacheJournal | None = None  # set by `report_changes`
+
+    def report_changes(self) -> None:
+        """From now on, journal every page and final state cached and evicted (`take_news`)."""
+        self.journal = self.index.journal = CacheJournal()
+        if self.final_states is not None:
+            self.final_states.journal = self.journal
+
+    def take_news(self) -> CacheNews:
+        """What was cached and evicted since the last call (nothing unless `report_changes`)."""
+        return self.journal.take() if self.journal is not None else CacheNews()
+
+    @property
+    def has_news(self) -> bool:
+        return bool(self.journal)
+
+    def keys(self) -> CacheKeys:
+        """Every key cached now: the pages' chained block keys and the final states'."""
+        states = self.final_states.keys() if self.final_states is not None else frozenset()
+        return CacheKeys(pages=self.index.keys(), states=states)
 
     def match(self, tokens: Sequence[int]) -> PrefixMatch:
         return self.index.match(tokens)

@@ -6,8 +6,10 @@ never allocates, frees or touches bytes. A trie of full pages (here page_size = 
     root ── [a b c d] ── [e f g h] ── [i j k l]*        * = holds a checkpoint: a copy of the recurrent
                  └────── [e f x y]*                       state after exactly its page's last token
 
-A node stands for the first depth * page_size tokens, keyed by a chained digest h_k = blake2b(h_{k-1}
-|| page tokens as int64 LE), and keeps its tokens: a collision can only lose a hit, never mis-match.
+A node stands for the first depth * page_size tokens, keyed by the prefix's chained block key
+(`block_keys.py`: the key the driver and decode's final states use too), and keeps its tokens: a
+collision can only lose a hit, never mis-match. A `CacheJournal`, when set, hears of every node
+cached and evicted (what decode reports to the driver).
 A request holding page k through the cache holds pages 0..k-1 too (`users`), so idle nodes (no users)
 form whole subtrees, all evictable leaves first. acquire, release and insert stamp their path with one
 new tick (match is read-only): no node is used after its parent, so least-recently-used leaf first is
@@ -16,7 +18,6 @@ least-recently-used first (ties: deeper first). Heaps of idle leaves / checkpoin
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -24,25 +25,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# A node of the trie, and the chained digest that keys it in its parent's `children`.
-
-DIGEST_BYTES = 16
-TOKEN_BYTES = 8  # tokens are packed as int64 little-endian
-ROOT_DIGEST = hashlib.blake2b(b"distpool.prefix_index", digest_size=DIGEST_BYTES).digest()
-
-
-def page_digest(parent_digest: bytes, page: bytes) -> bytes:
-    """Digest of a page (its tokens packed as int64 LE) after its parent's. (fixed-size digest, fixed
-    token count) encodes a whole prefix injectively, so two prefixes share a digest only through a
-    blake2b-128 collision: about n**2 / 2**129 for n cached pages. Matches compare tokens anyway."""
-    return hashlib.blake2b(parent_digest + page, digest_size=DIGEST_BYTES).digest()
+from distpool.memory.prefix.block_keys import ROOT_KEY, TOKEN_BYTES, block_key
+from distpool.memory.prefix.cache_view import CacheJournal
 
 
 @dataclass(eq=False, slots=True)
 class PrefixNode:
     """One cached full page: where it sits in the trie, who uses it and when last, its checkpoint."""
 
-    digest: bytes
+    digest: bytes  # the chained block key of the prefix through this page
     tokens: bytes  # the page's tokens, packed as int64 LE
     page: int
     parent: PrefixNode | None  # None only for the root; an evicted node is gone from parent.children
@@ -98,10 +89,11 @@ class PrefixIndex:
             raise ValueError(f"page_size must be at least 1 token, got {page_size}")
         self.page_size = page_size
         self.needs_checkpoint = needs_checkpoint
+        self.journal: CacheJournal | None = None  # hears of every page cached and evicted, when set
         self._reset()
 
     def _reset(self) -> None:
-        self._root = PrefixNode(digest=ROOT_DIGEST, tokens=b"", page=-1, parent=None, depth=0)
+        self._root = PrefixNode(digest=ROOT_KEY, tokens=b"", page=-1, parent=None, depth=0)
         self._by_page: dict[int, PrefixNode] = {}
         self._by_checkpoint: dict[int, PrefixNode] = {}
         self._num_idle_pages = self._num_idle_checkpoints = 0
@@ -119,6 +111,10 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         return len(self._by_page)
+
+    def keys(self) -> frozenset[bytes]:
+        """The chained block key of every cached page."""
+        return frozenset(node.digest for node in self._by_page.values())
 
     def evictable(self) -> tuple[int, int]:
         """(pages, checkpoints) that `evict` could give back now: those with no users."""
@@ -179,7 +175,7 @@ class PrefixIndex:
         path = self._walk(full_pages)
         parent, known = path[-1] if path else self._root, len(path)
         reach = len(full_pages)  # depth of the deepest page once inserted; a digest collision blocks the rest
-        if reach > known and page_digest(parent.digest, full_pages[known]) in parent.children:
+        if reach > known and block_key(parent.digest, full_pages[known]) in parent.children:
             reach = known
         new_pages = list(pages[known:reach])
         new_checkpoints = {
@@ -191,12 +187,14 @@ class PrefixIndex:
             if len(set(new)) < len(new) or any(handle in cached for handle in new):
                 raise ValueError(f"handles {new} repeat or are cached already: each handle names one entry")
         for page, handle in zip(full_pages[known:reach], new_pages, strict=True):
-            digest = page_digest(parent.digest, page)
+            digest = block_key(parent.digest, page)
             node = PrefixNode(digest=digest, tokens=page, page=handle, parent=parent, depth=parent.depth + 1)
             parent.children[digest] = parent = node
             self._by_page[handle] = node
             self._num_idle_pages += 1
             path.append(node)
+            if self.journal is not None:
+                self.journal.page(digest, cached=True)
         for depth, handle in new_checkpoints.items():
             path[depth - 1].checkpoint = handle
             self._by_checkpoint[handle] = path[depth - 1]
@@ -215,6 +213,8 @@ class PrefixIndex:
             self._num_idle_pages -= 1
             del node.parent.children[node.digest], self._by_page[node.page]
             pages.append(node.page)
+            if self.journal is not None:
+                self.journal.page(node.digest, cached=False)
             if node.checkpoint is not None:
                 checkpoints.append(self._drop_checkpoint(node))
             if node.parent.idle(leaf=True):  # false for the root
@@ -228,6 +228,8 @@ class PrefixIndex:
         if held := len(self._by_page) - self._num_idle_pages:
             raise RuntimeError(f"{held} cached pages are still held by requests: release them first")
         dropped = Handles(pages=tuple(self._by_page), checkpoints=tuple(self._by_checkpoint))
+        for node in self._by_page.values() if self.journal is not None else ():
+            self.journal.page(node.digest, cached=False)
         self._reset()
         return dropped
 
@@ -241,7 +243,7 @@ class PrefixIndex:
                 at = f"page {child.page} at depth {child.depth}"
                 require(child.parent is node and child.depth == node.depth + 1, f"{at}: parent, depth")
                 require(len(child.tokens) == TOKEN_BYTES * self.page_size, f"{at}: one full page")
-                require(digest == child.digest == page_digest(node.digest, child.tokens), f"{at}: digest")
+                require(digest == child.digest == block_key(node.digest, child.tokens), f"{at}: digest")
                 require(child.users >= child.child_users >= 0, f"{at}: users cover the children's")
                 require(node is self._root or child.tick <= node.tick, f"{at}: never used after its parent")
                 require(pages.setdefault(child.page, child) is child, f"{at}: page handle cached once")
@@ -269,7 +271,7 @@ class PrefixIndex:
         path: list[PrefixNode] = []
         node = self._root
         for page in pages:
-            child = node.children.get(page_digest(node.digest, page))
+            child = node.children.get(block_key(node.digest, page))
             if child is None or child.tokens != page:
                 break
             path.append(node := child)

@@ -1,14 +1,13 @@
 """Token sequences kept by their prefixes, least recently used first: the longest kept sequence a
 prompt extends, found in one pass over the prompt.
 
-Decode's final states (`final_states.py`) and the driver's mirror of them (`serving/conditional.py`)
-each keep token sequences and ask two things of a prompt: the longest kept sequence that is a proper
-prefix of it, and every kept sequence a new one extends (a conversation's later turn supersedes its
-earlier ones). Comparing the prompt with every key costs O(keys x prompt length). Here a key of n
-tokens is filed under (n // block, the chained key of its full blocks), so a prompt is hashed once,
-block by block, and each of its block boundaries costs one dict lookup and a comparison of less
-than a block of tokens. A candidate is compared whole before it is returned: a hash collision can
-cost a comparison, never a wrong answer.
+Decode's final states (`final_states.py`) keep token sequences and ask two things of a prompt: the
+longest kept sequence that is a proper prefix of it, and every kept sequence a new one extends (a
+conversation's later turn supersedes its earlier ones). Comparing the prompt with every key costs
+O(keys x prompt length). Here a key is filed under the chained key of its full blocks
+(`block_keys.py`), so a prompt is hashed once, block by block, and each of its block boundaries
+costs one dict lookup and a comparison of less than a block of tokens. A candidate is compared
+whole before it is returned: a hash collision can cost a comparison, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -17,25 +16,10 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
+from distpool.memory.prefix.block_keys import ROOT_KEY, chained_block_keys
+
 V = TypeVar("V")
 Key = tuple[int, ...]
-
-# Key of the empty prefix. CPython's hash() never returns -1 (it is the C error value, mapped to -2),
-# so no block key can equal the root and a chain cannot be confused with a restart from the root.
-ROOT_KEY = -1
-
-
-def chained_block_keys(tokens: Sequence[int], block: int, limit: int | None = None) -> list[int]:
-    """Key i identifies the whole prefix through block i: hash((key i-1, block i's tokens)), from
-    ROOT_KEY. Python's hash of a tuple of ints is deterministic (PYTHONHASHSEED salts only str and
-    bytes) and runs in C: about one tuple build per block. At most `limit` blocks are hashed."""
-    count = len(tokens) // block if limit is None else min(len(tokens) // block, limit)
-    keys: list[int] = []
-    key = ROOT_KEY
-    for i in range(count):
-        key = hash((key, tuple(tokens[i * block : (i + 1) * block])))
-        keys.append(key)
-    return keys
 
 
 class PrefixKeys(Generic[V]):
@@ -46,7 +30,7 @@ class PrefixKeys(Generic[V]):
             raise ValueError(f"a block holds at least one token; got {block}")
         self.block = block
         self._values: OrderedDict[Key, V] = OrderedDict()
-        self._filed: dict[tuple[int, int], set[Key]] = {}  # (full blocks, chained key) -> keys
+        self._filed: dict[bytes, set[Key]] = {}  # the chained key of their full blocks -> keys
 
     def __len__(self) -> int:
         return len(self._values)
@@ -83,8 +67,8 @@ class PrefixKeys(Generic[V]):
             return []
         chain = [ROOT_KEY, *chained_block_keys(prompt, self.block, end // self.block)]
         found = []
-        for blocks, chained in enumerate(chain):
-            for key in self._filed.get((blocks, chained), ()):
+        for chained in chain:
+            for key in self._filed.get(chained, ()):
                 if len(key) <= end and tuple(prompt[: len(key)]) == key:
                     found.append(key)
         return found
@@ -106,7 +90,6 @@ class PrefixKeys(Generic[V]):
         """Remove the least recently used key; its value. KeyError when nothing is kept."""
         return self.pop(next(iter(self._values)))
 
-    def _place(self, key: Key) -> tuple[int, int]:
-        blocks = len(key) // self.block
+    def _place(self, key: Key) -> bytes:
         chain = chained_block_keys(key, self.block)
-        return blocks, chain[-1] if chain else ROOT_KEY
+        return chain[-1] if chain else ROOT_KEY
