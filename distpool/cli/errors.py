@@ -16,6 +16,7 @@ from distpool.memory.sizing import (
     PoolArgInvalid,
     UnifiedMemoryRefused,
 )
+from distpool.model.hf_schedule import ScheduleMissing
 from distpool.model.shard import MAX_LISTED_TP, TpUnshardable
 from distpool.model_impl.errors import (
     CheckpointDtypeUnsupported,
@@ -121,6 +122,13 @@ def _tp_unshardable(exc: TpUnshardable) -> str:
     return f"{exc}. Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
 
 
+def _schedule_missing(exc: ScheduleMissing) -> str:
+    return (
+        f"{exc}. Fix: add the one its checkpoint's config.json has (e.g. hybrid_override_pattern or "
+        "layer_types)"
+    )
+
+
 def _deployment(exc: DeploymentRefused) -> str:
     sizes = f"--prefill-tp {exc.prefill_tp} --decode-tp {exc.decode_tp}"
     texts = {
@@ -156,6 +164,7 @@ _TEXTS: dict[type, Callable] = {
     NoWeights: _no_weights,
     CheckpointDtypeUnsupported: _checkpoint_dtype,
     TpUnshardable: _tp_unshardable,
+    ScheduleMissing: _schedule_missing,
 }
 
 
