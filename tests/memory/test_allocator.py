@@ -7,6 +7,8 @@ ends with `check_invariants()`.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,9 @@ from distpool.memory.pool import (
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
+    NotPinned,
     RequestPinned,
+    TokenCountInvalid,
     UnknownRequest,
 )
 from distpool.model.spec import DENSE, HYBRID_SWA
@@ -99,32 +103,59 @@ def test_bad_calls_raise_typed_errors_and_leave_accounting_intact():
     pool = make_pool()
     pool.reserve("a", 4)
     before = accounting(pool)
-    with pytest.raises(UnknownRequest):
-        pool.release("nope")
-    with pytest.raises(KeyError):  # UnknownRequest is a KeyError
-        pool.page_ids("nope")
-    with pytest.raises(DuplicateRequest, match="already reserved"):
-        pool.reserve("a", 1)
-    with pytest.raises(DuplicateRequest, match="twice"):
-        pool.reserve_batch([("b", 1), ("b", 1)])
-    with pytest.raises(ValueError, match="non-negative"):
-        pool.extend("a", -1)
-    with pytest.raises(ValueError, match="non-negative"):
-        pool.reserve("b", -4)
-    with pytest.raises(ValueError, match="int"):
-        pool.reserve("b", 2.5)
-    with pytest.raises(ValueError, match="not pinned"):
-        pool.unpin("a")
-    with pytest.raises(UnknownRequest):  # one unknown id in a batch frees nothing
-        pool.release_batch(["a", "nope"])
+    refusals = [
+        (lambda: pool.release("nope"), UnknownRequest, {"request_id": "nope"}),
+        (lambda: pool.page_ids("nope"), KeyError, {"request_id": "nope"}),  # UnknownRequest is a KeyError
+        (
+            lambda: pool.reserve("a", 1),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "a", "in_batch": False},
+        ),
+        (
+            lambda: pool.reserve_batch([("c", 1), ("b", 1), ("c", 1)]),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "c", "in_batch": True},
+        ),
+        (lambda: pool.release_batch(["a", "a"]), DuplicateRequest, {"call": "release", "in_batch": True}),
+        (lambda: pool.extend("a", -1), TokenCountInvalid, {"call": "extend", "request_id": "a", "value": -1}),
+        (
+            lambda: pool.reserve("b", -4),
+            TokenCountInvalid,
+            {"call": "reserve", "request_id": "b", "value": -4},
+        ),
+        (lambda: pool.reserve("b", 2.5), TokenCountInvalid, {"value": 2.5}),
+        (lambda: pool.reserve("b", True), TokenCountInvalid, {"value": True}),  # a bool is no count
+        (lambda: pool.unpin("a"), NotPinned, {"request_id": "a"}),
+        (lambda: pool.release_batch(["a", "nope"]), UnknownRequest, {"request_id": "nope"}),  # frees nothing
+    ]
+    for call, error, facts in refusals:
+        with pytest.raises(error) as info:
+            call()
+        assert {name: getattr(info.value, name) for name in facts} == facts
+        assert accounting(pool) == before
     pool.pin("a")
-    with pytest.raises(RequestPinned):
-        pool.release("a")
-    with pytest.raises(RequestPinned):
-        pool.extend("a", 1)
+    for call, name in ((lambda: pool.release("a"), "release"), (lambda: pool.extend("a", 1), "extend")):
+        with pytest.raises(RequestPinned) as info:
+            call()
+        assert (info.value.call, info.value.request_id) == (name, "a")
     pool.unpin("a")
     assert accounting(pool) == before
     pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnknownRequest("r1"),
+        DuplicateRequest("release", "r1", in_batch=True),
+        RequestPinned("extend", "r1"),
+        NotPinned("r1"),
+        TokenCountInvalid("reserve", "r1", -2),
+    ],
+)
+def test_misuse_errors_cross_a_process_boundary_with_their_facts(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), vars(copy), str(copy)) == (type(error), vars(error), str(error))
 
 
 def test_fragmented_slots_need_compaction_and_compaction_moves_the_frontier():
