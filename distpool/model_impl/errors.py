@@ -55,34 +55,55 @@ class CheckpointDtypeUnsupported(ValueError):
         return type(self), (self.dtype, self.supported)
 
 
-# What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`).
-DUPLICATE_REQUEST = "duplicate_request"  # a batch names a request twice
-EMPTY_PROMPT = "empty_prompt"
-TOKENS_NOT_RESERVED = "tokens_not_reserved"  # the pool holds another number of tokens than the prompt
-CACHED_OUT_OF_RANGE = "cached_out_of_range"  # cached tokens not whole pages below the prompt's length
-CACHED_NOT_AS_RESERVED = "cached_not_as_reserved"  # cached tokens other than the shared pages reserved
-NO_CHECKPOINT = "no_checkpoint"  # cached tokens of a model with recurrent state, and no state to start from
-SNAPSHOT_OUT_OF_RANGE = "snapshot_out_of_range"  # not a page boundary after the cached tokens
-SLOT_OUT_OF_RANGE = "slot_out_of_range"  # a checkpoint or snapshot slot outside the pool's
-SLOTS_OVERLAP = "slots_overlap"  # a snapshot would overwrite a slot the batch writes or reads
-NOT_EXTENDED = "not_extended"  # a decode step of a request not extended by the token it is fed
+# What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`),
+# with its facts (`value`, `limit`) and what a caller does about it.
+DUPLICATE_REQUEST = "duplicate_request"  # a batch names a request twice (value: the ids)
+EMPTY_PROMPT = "empty_prompt"  # value: 0
+# The pool holds another number of tokens (value) than the prompt (limit): reserve len(prompt) tokens.
+TOKENS_NOT_RESERVED = "tokens_not_reserved"
+# Cached tokens (value) not whole pages below the prompt's length (limit: (page_size, prompt tokens)):
+# pass the prefix match's num_tokens (a match never covers the whole prompt).
+CACHED_OUT_OF_RANGE = "cached_out_of_range"
+# Cached tokens (value) other than the shared pages' tokens reserved (limit): pass the num_tokens of the
+# match the request was reserved with.
+CACHED_NOT_AS_RESERVED = "cached_not_as_reserved"
+# Cached tokens (value) of a model with recurrent state, and no state to start from: pass the match's
+# checkpoint slot (`prefix_cache.checkpoint_slot(match.checkpoint)`).
+NO_CHECKPOINT = "no_checkpoint"
+# A snapshot after `value` tokens, not a page boundary in (cached, prompt tokens] (limit: that pair):
+# a depth in whole pages past the cached ones, or no snapshot.
+SNAPSHOT_OUT_OF_RANGE = "snapshot_out_of_range"
+# A checkpoint or snapshot slot (value) outside the pool's slot positions (limit): a physical slot id
+# from the prefix cache (take_checkpoint / checkpoint_slot).
+SLOT_OUT_OF_RANGE = "slot_out_of_range"
+# A snapshot would overwrite a slot the batch writes (value) or reads (limit): a fresh checkpoint unit
+# (`prefix_cache.take_checkpoint()`) for each snapshot.
+SLOTS_OVERLAP = "slots_overlap"
+# A decode step of a request not extended by the token it is fed (value: the tokens the pool holds;
+# limit: the tokens written, plus one): prefill, then extend the request by 1 before each step.
+NOT_EXTENDED = "not_extended"
 # the synthetic cache's own records of what it wrote
-NOT_REGISTERED = "not_registered"  # a request the cache neither prefilled nor admitted
-ALREADY_REGISTERED = "already_registered"  # an admit of a request the cache holds
-WRONG_TOKEN = "wrong_token"  # a decode step fed another token than the cache generated
+NOT_REGISTERED = "not_registered"  # a request the cache neither prefilled nor admitted: prefill or admit it
+ALREADY_REGISTERED = "already_registered"  # an admit of a request the cache holds: forget it first
+# A decode step fed another token (value) than the cache generated (limit): feed each request the
+# token its last step returned.
+WRONG_TOKEN = "wrong_token"
 
 
 class BatchRefused(ValueError):
     """A prefill or decode batch refused before anything was written: `problem` (one of the names
-    above) for `request_id` (None: the batch as a whole); the message says the numbers and the fix
-    in the pool's terms."""
+    above) for `request_id` (None: the batch as a whole), what the batch gave (`value`) and what it
+    must be or lie within (`limit`), as each name above says; the message states them in the pool's
+    terms."""
 
-    def __init__(self, problem: str, request_id: str | None, message: str) -> None:
+    def __init__(
+        self, problem: str, request_id: str | None, message: str, value: object = None, limit: object = None
+    ) -> None:
         super().__init__(message)
-        self.problem, self.request_id = problem, request_id
+        self.problem, self.request_id, self.value, self.limit = problem, request_id, value, limit
 
     def __reduce__(self):
-        return type(self), (self.problem, self.request_id, str(self))
+        return type(self), (self.problem, self.request_id, str(self), self.value, self.limit)
 
 
 class ShardMismatch(ValueError):
