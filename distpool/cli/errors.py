@@ -22,6 +22,7 @@ from distpool.model_impl.errors import (
     CheckpointDtypeUnsupported,
     ImplCannotRun,
     NoWeights,
+    TokenizerUnloadable,
     WeightOptionsUnused,
 )
 from distpool.serving.deployment_checks import (
@@ -117,6 +118,13 @@ def _checkpoint_dtype(exc: CheckpointDtypeUnsupported) -> str:
     )
 
 
+def _tokenizer(exc: TokenizerUnloadable) -> str:
+    return (
+        f"{exc}. Fix: repair or remove them (without a tokenizer, text prompts are UTF-8 bytes), or give "
+        "prompt_ids"
+    )
+
+
 def _tp_unshardable(exc: TpUnshardable) -> str:
     sizes = ", ".join(map(str, exc.valid_sizes)) or "none"
     return f"{exc}. Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
@@ -164,6 +172,7 @@ _TEXTS: dict[type, Callable] = {
     NoWeights: _no_weights,
     CheckpointDtypeUnsupported: _checkpoint_dtype,
     TpUnshardable: _tp_unshardable,
+    TokenizerUnloadable: _tokenizer,
     ScheduleMissing: _schedule_missing,
 }
 

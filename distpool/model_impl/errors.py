@@ -55,6 +55,54 @@ class CheckpointDtypeUnsupported(ValueError):
         return type(self), (self.dtype, self.supported)
 
 
+class TokenizerUnloadable(ValueError):
+    """`folder` holds tokenizer files (`files`) that transformers cannot load: `reason`, what it said
+    (one line)."""
+
+    def __init__(self, folder: str, files: tuple[str, ...], reason: str) -> None:
+        super().__init__(
+            f"{folder} holds tokenizer files ({', '.join(files)}) that transformers cannot load: {reason}"
+        )
+        self.folder, self.files, self.reason = folder, files, reason
+
+    def __reduce__(self):
+        return type(self), (self.folder, self.files, self.reason)
+
+
+class TpGroupMismatch(ValueError):
+    """Rank `rank` of a TP group of `tp` ranks was given a process group of `group_size` ranks in
+    which it is rank `group_rank` (both None: no group). TP 1 computes alone (no group, or a group
+    of one); TP > 1 needs the group of exactly its ranks, in rank order."""
+
+    def __init__(self, tp: int, rank: int, group_size: int | None, group_rank: int | None) -> None:
+        if group_size is None:
+            text = f"TP {tp} needs its process group (all-reduce); rank {rank} was given none"
+        else:
+            text = (
+                f"rank {rank} of TP {tp} was given a group of {group_size} ranks in which it is rank "
+                f"{group_rank}"
+            )
+        super().__init__(text)
+        self.tp, self.rank, self.group_size, self.group_rank = tp, rank, group_size, group_rank
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.rank, self.group_size, self.group_rank)
+
+
+class TpSplitUneven(ValueError):
+    """`tp` ranks cannot split the reference model's `count` `unit` (query heads, MLP channels)
+    evenly: a TP size that divides `count` can."""
+
+    def __init__(self, tp: int, count: int, unit: str) -> None:
+        super().__init__(
+            f"tensor parallelism of {tp} ranks cannot split the reference model's {count} {unit}"
+        )
+        self.tp, self.count, self.unit = tp, count, unit
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.count, self.unit)
+
+
 # What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`),
 # with its facts (`value`, `limit`) and what a caller does about it.
 DUPLICATE_REQUEST = "duplicate_request"  # a batch names a request twice (value: the ids)
