@@ -19,12 +19,14 @@ from distpool.memory.sizing import (
 from distpool.model.hf_schedule import ScheduleMissing
 from distpool.model.shard import MAX_LISTED_TP, TpUnshardable
 from distpool.model_impl.errors import (
+    CacheDtypesUnused,
     CheckpointDtypeUnsupported,
     ImplCannotRun,
     NoWeights,
     TokenizerUnloadable,
     WeightOptionsUnused,
 )
+from distpool.model_impl.hf.checkpoint import CheckpointError
 from distpool.serving.deployment_checks import (
     COLOCATED_DECODE_TP,
     COLOCATED_WITHOUT_STATE,
@@ -118,6 +120,22 @@ def _checkpoint_dtype(exc: CheckpointDtypeUnsupported) -> str:
     )
 
 
+def _checkpoint(exc: CheckpointError) -> str:
+    if exc.path.name == "config.json":
+        return f"{exc}. Fix: correct config.json"
+    return (
+        f"{exc}. Fix: save or download the checkpoint again (or --load-format dummy: weights from the config)"
+    )
+
+
+def _cache_dtypes(exc: CacheDtypesUnused) -> str:
+    return (
+        f"the transformers runner keeps K/V and state as its modeling code computes them (--dtype "
+        f"{exc.dtype}); --kv-dtype and --ssm-dtype apply to the reference model and the synthetic cache. "
+        "Fix: drop them"
+    )
+
+
 def _tokenizer(exc: TokenizerUnloadable) -> str:
     return (
         f"{exc}. Fix: repair or remove them (without a tokenizer, text prompts are UTF-8 bytes), or give "
@@ -173,6 +191,8 @@ _TEXTS: dict[type, Callable] = {
     CheckpointDtypeUnsupported: _checkpoint_dtype,
     TpUnshardable: _tp_unshardable,
     TokenizerUnloadable: _tokenizer,
+    CheckpointError: _checkpoint,
+    CacheDtypesUnused: _cache_dtypes,
     ScheduleMissing: _schedule_missing,
 }
 

@@ -55,6 +55,21 @@ class CheckpointDtypeUnsupported(ValueError):
         return type(self), (self.dtype, self.supported)
 
 
+class CacheDtypesUnused(ValueError):
+    """KV or state dtype overrides (`kv_dtype`, `ssm_dtype`; None: not given) for the transformers
+    runner, which keeps K/V and state in the dtype its modeling code computes them in (`dtype`)."""
+
+    def __init__(self, dtype: str, kv_dtype: str | None, ssm_dtype: str | None) -> None:
+        super().__init__(
+            f"the transformers runner keeps K/V and state in its compute dtype ({dtype}); got kv dtype "
+            f"{kv_dtype!r}, state dtype {ssm_dtype!r}"
+        )
+        self.dtype, self.kv_dtype, self.ssm_dtype = dtype, kv_dtype, ssm_dtype
+
+    def __reduce__(self):
+        return type(self), (self.dtype, self.kv_dtype, self.ssm_dtype)
+
+
 class TokenizerUnloadable(ValueError):
     """`folder` holds tokenizer files (`files`) that transformers cannot load: `reason`, what it said
     (one line)."""
