@@ -19,6 +19,8 @@ from distpool.memory.sizing import (
 from distpool.model.hf_schedule import ScheduleMissing
 from distpool.model.shard import MAX_LISTED_TP, TpUnshardable
 from distpool.model_impl.errors import (
+    NOT_MAMBA2_HYBRID,
+    TOO_LARGE,
     CacheDtypesUnused,
     CheckpointDtypeUnsupported,
     ImplCannotRun,
@@ -27,6 +29,7 @@ from distpool.model_impl.errors import (
     WeightOptionsUnused,
 )
 from distpool.model_impl.hf.checkpoint import CheckpointError
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deployment_checks import (
     COLOCATED_DECODE_TP,
     COLOCATED_WITHOUT_STATE,
@@ -94,7 +97,12 @@ def _budget(exc: BudgetTooSmall) -> str:
 
 def _impl(exc: ImplCannotRun) -> str:
     if exc.impl == "reference":
-        return f"{exc.reason}; or run it with the synthetic cache (--model-impl synthetic)"
+        fixes = {
+            NOT_MAMBA2_HYBRID: f". Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config",
+            TOO_LARGE: f". Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / layers",
+        }
+        fix = fixes.get(exc.problem, "")
+        return f"{exc.reason}{fix}; or run it with the synthetic cache (--model-impl synthetic)"
     return f"{exc.reason}. Fix: run it at its true sizes without weights (--model-impl synthetic)"
 
 

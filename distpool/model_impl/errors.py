@@ -4,17 +4,22 @@ The command line turns them into sentences with its flags and the fix (`distpool
 
 from __future__ import annotations
 
+# Why the reference model cannot run a model (`ImplCannotRun.problem`; None: another reason).
+NOT_MAMBA2_HYBRID = "not_mamba2_hybrid"  # it runs attention and Mamba2 in separate layers only
+TOO_LARGE = "too_large"  # it builds random weights for small configs only
+
 
 class ImplCannotRun(ValueError):
     """Implementation `impl` ("reference", "transformers") cannot run the model at `source`:
-    `reason` says why, in the model's terms (its architectures, layers, sizes)."""
+    `reason` says why, in the model's terms (its architectures, layers, sizes); `problem`, where
+    one of the names above applies."""
 
-    def __init__(self, impl: str, source: str, reason: str) -> None:
+    def __init__(self, impl: str, source: str, reason: str, problem: str | None = None) -> None:
         super().__init__(reason)
-        self.impl, self.source, self.reason = impl, source, reason
+        self.impl, self.source, self.reason, self.problem = impl, source, reason, problem
 
     def __reduce__(self):
-        return type(self), (self.impl, self.source, self.reason)
+        return type(self), (self.impl, self.source, self.reason, self.problem)
 
 
 class WeightOptionsUnused(ValueError):
