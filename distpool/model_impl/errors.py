@@ -176,8 +176,9 @@ class BatchRefused(ValueError):
 
 class ShardMismatch(ValueError):
     """A TP rank's shard disagrees with what it was given: `field` is "model" (the shard is of another
-    spec: `expected` and `got` are their sources) or a tensor's name (the pool's bytes per row of it:
-    `expected` the rank's, `got` the pool's)."""
+    spec: `expected` and `got` are their sources; shard the spec the cache runs) or a tensor's name
+    (the pool's bytes per row of it: `expected` the rank's, `got` the pool's; build the pool from the
+    shard's spec)."""
 
     def __init__(self, field: str, expected: object, got: object, message: str) -> None:
         super().__init__(message)
