@@ -8,36 +8,64 @@ At TP 1 the loop serves on its own:
     running / prefilling one local-prefill chunk, then one decode step of the batch
     nothing              wait for an arrival (or shutdown)
 
-Past TP 1 the group's ranks step together (`distpool.worker.lockstep`): rank 0 paces rounds, waiting
-for work of its own (at most LOCKSTEP_IDLE_S, so that the others' waits in the round stay short); in
-each round every rank verifies the requests that arrived on every rank, and those whose shard passed
-on every rank join the batch (one that failed on any rank fails as corrupt on every rank, so that
-every rank hands out its result), then every rank steps the requests running on every rank, in rank
-0's order. Any failure there is the group's: the rank's requests fail and it goes down.
+Past TP 1 the group's ranks step together (`distpool.worker.lockstep`): a round starts once every
+rank has entered it. Rank 0 with nothing enters once work of its own arrives (at most LOCKSTEP_IDLE_S
+later, so that the others' waits in the round stay short). A rank whose last round stepped nothing
+because another rank holds a request whose shard has not landed here yet, or because a request runs
+here that the others gave up, enters once it lands or is given up here too (either wakes it; at most
+LOCKSTEP_IDLE_S later: a shard may never land); the others wait for it in the round. In each round
+every rank verifies the requests that arrived on every rank, and those whose shard passed on every
+rank join the batch (one that failed on any rank fails as corrupt on every rank, so that every rank
+hands out its result), then every rank steps the requests running on every rank, in rank 0's order.
+Any failure there is the group's: the rank's requests fail and it goes down.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from decode.worker import DecodeWorker
+from decode.local_prefill import LocalPrefills
+from decode.request import DecodeRequest
+from distpool.worker.lockstep import Lockstep
+from transfer.peers import PeerChannels
 
 # A landed envelope's verification waits for the transfers moving bytes now (on a CPU they share the
 # cores), for at most this long: a steady stream of transfers does not starve it.
 MAX_VERIFY_PUT_OFF_S = 0.5
-# Past TP 1, rank 0 with nothing running starts a round at least this often (the other ranks wait in
-# it meanwhile), and one whose requests have not landed on every rank yet waits this long between.
+# Past TP 1, rank 0 with nothing running, or a rank waiting for a shard to land, enters a round at
+# least this often (the other ranks wait in it meanwhile).
 LOCKSTEP_IDLE_S = 0.05
-LOCKSTEP_STALL_S = 0.005
+
+
+class LoopWorker(Protocol):
+    """What the loop needs of its decode worker (`decode.worker.DecodeWorker`): its state, guarded by
+    `lock` (`wake` is notified when it changes), and the steps the loop takes under that lock."""
+
+    lock: threading.RLock
+    wake: threading.Condition
+    lockstep: Lockstep | None
+    rank: int
+    channels: PeerChannels
+    local: LocalPrefills
+    arrived: dict[str, DecodeRequest]
+    running: dict[str, DecodeRequest]
+    prefilling: dict[str, DecodeRequest]
+
+    def verify_arrived(self) -> None: ...
+    def check_arrived(self, rids: list[str]) -> list[str]: ...
+    def fail_elsewhere(self, rid: str) -> None: ...
+    def admit_verified(self, rids: list[str]) -> None: ...
+    def step_locked(self, rids: list[str] | None = None) -> None: ...
+    def fail_loop_requests(self, exc: Exception) -> None: ...
+    def group_broken(self, exc: BaseException) -> None: ...
 
 
 class DecodeLoop:
     """The loop of `worker` (started by `start`, ended by `stop`)."""
 
-    def __init__(self, worker: DecodeWorker) -> None:
+    def __init__(self, worker: LoopWorker) -> None:
         self.worker = worker
         self.stopping = False  # guarded by the worker's lock
         self._verify_by: float | None = None  # arrived envelopes are verified by then, transfers or not
@@ -102,42 +130,46 @@ class DecodeLoop:
     def _run_in_lockstep(self) -> None:
         worker, lockstep = self.worker, self.worker.lockstep
         assert lockstep is not None
-        stalled = False  # rank 0 ran a round that stepped nothing while it had requests running
+        behind = False  # the last round ended waiting for what this rank lacked
         try:
             while True:
                 with worker.lock:
                     while not lockstep.bound and not self.stopping:
                         worker.wake.wait()  # the group forms once every rank has started
-                    if worker.rank == 0 and not self.stopping:
-                        if not (worker.running or worker.arrived):
-                            worker.wake.wait(LOCKSTEP_IDLE_S)
-                        elif stalled:  # the others' shards are still landing
-                            worker.wake.wait(LOCKSTEP_STALL_S)
+                    idle = not (self.stopping or behind or worker.running or worker.arrived)
+                    if worker.rank == 0 and idle:
+                        worker.wake.wait(LOCKSTEP_IDLE_S)
                     stop = self.stopping
                 if not lockstep.go(stop):
                     return
                 with worker.lock:
-                    self._verify_in_lockstep()
+                    lacking = self._verify_in_lockstep()  # another rank holds one not landed here
                     rids = lockstep.common(list(worker.running))
                     if rids:
                         worker.step_locked(rids)
-                    # requests running or arrived here, not yet on every rank: the others' shards land
-                    stalled = bool(worker.running) and not rids or bool(worker.arrived)
+                    behind = not rids and (lacking or bool(worker.running)) and not self.stopping
+                    if behind:
+                        # What the round waits for happens here: that request lands, or one that runs
+                        # here only (the others gave it up) is given up here too. Either wakes it, and
+                        # the lock held since the round began means neither is missed.
+                        worker.wake.wait(LOCKSTEP_IDLE_S)
         except Exception as exc:  # the ranks are out of step for good
             with worker.lock:
                 worker.fail_loop_requests(exc)
             worker.group_broken(exc)
 
-    def _verify_in_lockstep(self) -> None:
+    def _verify_in_lockstep(self) -> bool:
         """Under the lock, on every rank at once: verify the requests arrived on every rank; admit
-        those that passed on every rank, and fail the others as corrupt on every rank."""
+        those that passed on every rank, and fail the others as corrupt on every rank. Whether
+        another rank holds an arrived request that has not landed here."""
         worker, lockstep = self.worker, self.worker.lockstep
         assert lockstep is not None
-        landed = lockstep.common(list(worker.arrived))
-        if not landed:  # the same answer on every rank: none gathers further
-            return
-        passed = worker.check_arrived(landed)
+        landed = lockstep.agree(list(worker.arrived))
+        if not landed.common:  # the same answer on every rank: none gathers further
+            return landed.lacking
+        passed = worker.check_arrived(landed.common)
         everywhere = lockstep.common(passed)
         for rid in set(passed) - set(everywhere):
             worker.fail_elsewhere(rid)
         worker.admit_verified(everywhere)
+        return landed.lacking

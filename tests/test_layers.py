@@ -44,3 +44,12 @@ def test_no_module_imports_itself_through_others():
 
 def _is_package_of(package: str, module: str) -> bool:
     return module.startswith(package + ".")
+
+
+def test_the_decode_loop_never_imports_its_worker_even_for_types():
+    """The loop reaches its worker through `LoopWorker` (a Protocol): no import chain leads from
+    `decode.loop` back to `decode.worker`, `TYPE_CHECKING` imports counted."""
+    # No cache: a cached graph built without type-only imports would be read back here.
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False, cache_dir=None)
+    assert graph.find_modules_that_directly_import("decode.loop") == {"decode.worker"}
+    assert not graph.chain_exists(importer="decode.loop", imported="decode.worker")

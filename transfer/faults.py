@@ -4,7 +4,8 @@ Each is injected through a transfer's chunk hook, so it strikes mid-stream, wher
 
     sender_abort      the sender aborts after its first chunk (both ends fail, the channel stays up)
     stall             the sender freezes past the deadline (both ends fail, the channel is rebuilt)
-    delay_control     the sender holds its END back a while, within the deadline (the transfer succeeds)
+    delay_control     the sender holds the rest of its stream back a while, within the deadline (the
+                      transfer succeeds)
     corrupt_payload   one landed byte flips at the receiver (its checksum, if on, refuses the envelope)
 
 A `FaultInjector` is the one seam that plans them for a request. The driver adds `receiver_cancel`
@@ -25,7 +26,7 @@ CORRUPT_PAYLOAD = "corrupt_payload"
 SENDER_FAULTS = (SENDER_ABORT, STALL, DELAY_CONTROL)
 RECEIVER_FAULTS = (CORRUPT_PAYLOAD,)
 INJECTED = "injected fault"
-DELAY_S = 0.2  # how long delay_control holds the END back
+DELAY_S = 0.2  # how long delay_control holds the stream back
 
 
 def sender_hook(kind: str, timeout_s: float) -> ChunkHook:

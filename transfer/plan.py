@@ -8,7 +8,8 @@ Concatenating the rows in that order gives the *stream*: the byte sequence the t
                             where both sides continue contiguously
     plan_messages(runs)  -> chunks of messages: each big run is a zero-copy message of its own,
                             the small ones of a chunk are batched into one message, staged on
-                            each side where its pieces are not contiguous
+                            each side where its pieces are not contiguous (or, where that copies
+                            less, into one message per stretch back to back on one side)
 
 Both ends compute the same plan from the same two tables, so no per-message metadata travels.
 Plans are numpy int64 arrays: they are small, host-side, and numpy's per-call cost is a fraction
@@ -114,7 +115,8 @@ def _message(pieces: np.ndarray, in_place: np.ndarray) -> Message:
 class Chunk:
     """The messages for one `chunk_bytes` window of the stream; the unit of pipelining.
 
-    At most one message of a chunk is batched, so one staging buffer of `chunk_bytes` holds it.
+    The messages staged on one side lie back to back, in plan order, in one staging buffer of the
+    chunk (`staging_offsets`): together they hold at most `chunk_bytes`.
     """
 
     index: int
@@ -123,6 +125,20 @@ class Chunk:
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.messages)
+
+    def staging_offsets(self, side: int) -> list[int | None]:
+        """Per message, where it lies in the chunk's staging buffer on `side` (None: in place there)."""
+        offsets, position = [], 0
+        for message in self.messages:
+            if message.in_place_at(side) is None:
+                offsets.append(position)
+                position += message.nbytes
+            else:
+                offsets.append(None)
+        return offsets
+
+    def staged_bytes(self, side: int) -> int:
+        return sum(m.nbytes for m in self.messages if m.in_place_at(side) is None)
 
 
 def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -188,6 +204,24 @@ def _goes_direct(
     return (candidates, rest_in_place) if split <= batched else (np.zeros_like(candidates), all_in_place)
 
 
+def _split_by_stretches(batch: np.ndarray, message_cost_bytes: int) -> list[Message] | None:
+    """A batch staged on both sides as one message per stretch of pieces back to back on one side
+    (the side with fewer stretches), each then staged on the other side only; None where that
+    costs more. Cost as in `_goes_direct`: k messages and the bytes once, against one message and
+    the bytes twice, so splitting wins where (k - 1) messages cost less than the bytes."""
+    lengths = batch[:-1, NBYTES]
+    starts = [
+        np.flatnonzero(np.concatenate([[True], batch[1:, side] != batch[:-1, side] + lengths]))
+        for side in (SRC, DST)
+    ]
+    side = SRC if starts[SRC].size <= starts[DST].size else DST
+    if (starts[side].size - 1) * message_cost_bytes >= int(batch[:, NBYTES].sum()):
+        return None
+    bounds = [*starts[side].tolist(), batch.shape[0]]
+    stretches = [batch[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [_message(stretch, _in_place(stretch)) for stretch in stretches]
+
+
 def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) -> list[Chunk]:
     """Cut the stream of `runs` into chunks of `chunk_bytes` and each chunk into messages.
 
@@ -195,8 +229,10 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     of runs of at least `direct_min_bytes` are each a zero-copy message of their own, unless one
     batch of the whole chunk copies fewer bytes (`_goes_direct`, with `direct_min_bytes` as what
     one message costs); all the other pieces are batched, in stream order, into one message (sent
-    first, so that a gather of it starts early). Both ends decide alike: a pure function of the
-    runs and the header's two sizes.
+    first, so that a gather of it starts early). A batch staged on both sides goes instead as one
+    message per stretch back to back on one side where that copies its bytes once for less
+    (`_split_by_stretches`). Both ends decide alike: a pure function of the runs and the header's
+    two sizes.
     """
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
@@ -212,7 +248,11 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
         lo, hi = bounds[index], bounds[index + 1]
         in_chunk = pieces[lo:hi]
         is_direct, batch_in_place = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
-        messages = [] if batch_in_place is None else [_message(in_chunk[~is_direct], batch_in_place)]
+        messages = []
+        if batch_in_place is not None:
+            batch = in_chunk[~is_direct]
+            split = None if batch_in_place.any() else _split_by_stretches(batch, direct_min_bytes)
+            messages = split or [_message(batch, batch_in_place)]
         direct_pieces = in_chunk[is_direct]
         messages += [  # one piece: in place on both sides
             Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))

@@ -4,7 +4,8 @@
     bell/{seq}   := HEADER (source table, first token) ->  (waiting for bell/{seq})
                                                     <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
-    end/{seq}    := END (checksum) | ABORT (failure) -> read once its receives completed
+    group: the trailer (seq, filled, checksum)      ->  read once its receives completed
+    abort/{seq}  := ABORT (failure), only where the trailer says unfilled ->
                                                     <-  status/{seq} := STATUS (ok | failure, broken)
 
 A failure travels as its kind (a `FailureKind` value, which the other end reads) and a reason (a
@@ -19,6 +20,12 @@ time out without harming anything, and a garbled message costs a refusal, not th
 messages carry no framing at all: both ends derive their sizes from the same plan. An abort still
 completes the stream (the sender stops gathering, the receiver stops scattering), which keeps the
 two ends in step without a control message in the group.
+
+The stream ends with a *trailer* (`trailer`, three int64 on the payload's device, on stream 0): the
+transfer's sequence number, whether the stream went out filled, and its CRC-32 (-1 where none was
+asked). It takes the place of a control message after the payload: the receiver's own thread reads
+it among its receives, where a control message costs a sealed post, the peer's reader thread and a
+second wake-up. Only an unfilled stream is followed by an ABORT on the control link, which says why.
 """
 
 from __future__ import annotations
@@ -31,15 +38,14 @@ import torch
 from transfer.errors import ProtocolError
 from transfer.failure import WIRE_VALUES, FailureKind
 
-PROTOCOL_VERSION = 7  # 7: a control message is one Gloo frame (transfer.control)
+PROTOCOL_VERSION = 8  # 8: the stream ends with a trailer, no END message (7: one Gloo frame a message)
 MAX_REASON_CHARS = 300
 
-HEADER, READY, REFUSE, WITHDRAWN, END, ABORT, STATUS = (
+HEADER, READY, REFUSE, WITHDRAWN, ABORT, STATUS = (
     "header",
     "ready",
     "refuse",
     "withdrawn",
-    "end",
     "abort",
     "status",
 )
@@ -61,7 +67,6 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     # failure: a FailureKind's value, what the peer reads; reason: the same for a person
     REFUSE: {"seq": int, "failure": str, "reason": str},
     WITHDRAWN: {"seq": int, "reason": str},
-    END: {"seq": int, "checksum": (int, type(None))},
     ABORT: {"seq": int, "failure": str, "reason": str},
     # broken: the receiver tore down; failure is "" exactly when ok
     STATUS: {"seq": int, "ok": bool, "failure": str, "reason": str, "broken": bool},
@@ -87,8 +92,8 @@ def reply_key(seq: int) -> str:
     return f"reply/{seq}"
 
 
-def end_key(seq: int) -> str:
-    return f"end/{seq}"
+def abort_key(seq: int) -> str:
+    return f"abort/{seq}"
 
 
 def status_key(seq: int) -> str:
@@ -176,3 +181,23 @@ def table_from_bytes(raw: bytes, *, num_rows: int) -> torch.Tensor:
             f"a range table of {len(raw)} bytes, expected {num_rows} rows ({num_rows * 16} bytes)"
         )
     return torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_rows, 2)
+
+
+# ---- the trailer: the stream's last payload message -----------------------------------------------
+TRAILER_WORDS = 3  # (seq, filled, checksum) as int64
+NO_CHECKSUM = -1
+
+
+def trailer(seq: int, *, filled: bool, checksum: int | None, device: torch.device) -> torch.Tensor:
+    """The trailer the sender posts after every payload message of transfer `seq`."""
+    words = [seq, int(filled), NO_CHECKSUM if checksum is None else checksum]
+    return torch.tensor(words, dtype=torch.int64, device=device)
+
+
+def read_trailer(received: torch.Tensor, seq: int) -> tuple[bool, int | None]:
+    """(filled, checksum or None) of a received trailer; ProtocolError unless it is transfer `seq`'s
+    (the stream is out of step, or not a trailer at all)."""
+    got_seq, filled, checksum = received.tolist()
+    if got_seq != seq or filled not in (0, 1) or not NO_CHECKSUM <= checksum < 1 << 32:
+        raise ProtocolError(f"the stream's trailer reads {[got_seq, filled, checksum]} for transfer {seq}")
+    return bool(filled), None if checksum == NO_CHECKSUM else checksum

@@ -16,7 +16,8 @@ part has (`Parts.wait()`). One transfer:
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
         (`transfer.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
-    END: verify the checksum (if asked), STATUS ok | ABORT: STATUS failed
+    the stream's trailer: filled -> verify the checksum (if asked), STATUS ok | unfilled: read
+        the sender's ABORT, STATUS failed
 
 Where bytes go is computed from this end's own ranges alone; the header only has to agree.
 """
@@ -47,14 +48,13 @@ from transfer.header_check import Refusal, header_runs
 from transfer.plan import DST, NBYTES, plan_messages
 from transfer.protocol import (
     ABORT,
-    END,
     HEADER,
     READY,
     REFUSE,
     STATUS,
+    abort_key,
     decode_message,
     encode_message,
-    end_key,
     reply_key,
     status_key,
     table_bytes,
@@ -262,24 +262,28 @@ class EnvelopeReceiver(ChannelEnd):
         chunks = plan_messages(
             runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
         )
-        aborted = ReceivePipeline(self.channel, self.staging, job, chunks).receive(deadline)
-        end = self.await_message(
-            end_key(seq), seq, expect=(END, ABORT), timeout_s=deadline - time.monotonic(), max_bytes=4096
-        )
-        if end is None:
-            reason = "the sender did not finish the transfer before the deadline"
-            raise ChannelError(reason, kind=FailureKind.TIMEOUT)
+        pipeline = ReceivePipeline(self.channel, self.staging, job, chunks)
+        aborted = pipeline.receive(deadline)
+        filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
+        abort = None
+        if not filled:  # the sender aborted: its ABORT says why
+            abort = self.await_message(
+                abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
+            )
+            if abort is None:
+                reason = "the sender did not say why it aborted the transfer before the deadline"
+                raise ChannelError(reason, kind=FailureKind.TIMEOUT)
         failure: Refusal | None = None
         if aborted is not None:
             failure = (FailureKind.ABORTED, aborted)
-        elif end["kind"] == ABORT:
-            failure = (FailureKind(end["failure"]), f"sender aborted: {end['reason']}")
+        elif abort is not None:
+            failure = (FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}")
         elif header["checksum"]:
             ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
-            if end["checksum"] != ours:
+            if sent_checksum != ours:
                 failure = (
                     FailureKind.CORRUPT,
-                    f"checksum mismatch: sender {end['checksum']}, receiver {ours}",
+                    f"checksum mismatch: sender {sent_checksum}, receiver {ours}",
                 )
         if failure is not None:
             self._status(seq, failure)

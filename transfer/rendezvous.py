@@ -246,19 +246,24 @@ def _drop(sock, selector: selectors.BaseSelector, unproven: dict) -> None:
 
 def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socket.socket:
     """Rank 1: connect to rank 0's port and prove the secret both ways; the connection (blocking),
-    or ChannelError when no rank 0 of this deployment answers by the deadline."""
+    or ChannelError when no rank 0 of this deployment answers by the deadline.
+
+    A connection refused, or reset before rank 0 sent its nonce, is tried again until the deadline:
+    rank 0 stops listening between generations, and a connection queued just as it stopped is
+    reset without a word. Once the nonce came, a failure is final."""
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ChannelError(f"no rendezvous at {host}:{port}: the rank-0 peer never showed up")
+        sock = _connect(host, port, deadline)
         try:
-            sock = socket.create_connection((host, port), timeout=min(remaining, 0.5))
-            break
-        except OSError:
-            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+            sock.settimeout(max(min(PROOF_S, deadline - time.monotonic()), 0.001))
+            theirs = _receive(sock, NONCE_BYTES)
+        except (OSError, ChannelError):
+            sock.close()
+            if deadline - time.monotonic() <= POLL_S:
+                raise ChannelError(f"the rendezvous at {host}:{port} hung up before it began") from None
+            time.sleep(POLL_S)
+            continue
+        break
     try:
-        sock.settimeout(max(min(PROOF_S, deadline - time.monotonic()), 0.001))
-        theirs = _receive(sock, NONCE_BYTES)
         nonce = os.urandom(NONCE_BYTES)
         sock.sendall(nonce + auth.proof("client", theirs, nonce))
         if not auth.proves("server", nonce, theirs, _receive(sock, MAC_BYTES)):
@@ -270,6 +275,18 @@ def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socke
         if isinstance(exc, ChannelError):
             raise
         raise ChannelError(f"the rendezvous at {host}:{port} failed: {exc}") from None
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A connection to `host:port`, tried until the deadline (ChannelError after it)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ChannelError(f"no rendezvous at {host}:{port}: the rank-0 peer never showed up")
+        try:
+            return socket.create_connection((host, port), timeout=min(remaining, 0.5))
+        except OSError:
+            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
 
 
 def _receive(sock: socket.socket, nbytes: int) -> bytes:

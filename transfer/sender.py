@@ -11,7 +11,7 @@ each channel sends only the part its destination rank needs (`Channel.tp_pair`).
     plan runs and messages from both tables, less the held pages (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1, then send chunk k's messages
         (`transfer.send_pipeline`: the gather of chunk k+1 overlaps the send of chunk k)
-    send END (+ checksum) or ABORT; wait STATUS
+    send the trailer (filled, + checksum), and after an abort ABORT; wait STATUS
 
 A receiver that fails mid-stream tears its group down and leaves a STATUS marked broken. Over
 Gloo the closed link fails the next send at once; NCCL sends to an aborted peer stay pending, so
@@ -37,19 +37,19 @@ from transfer.handle import ChunkHook, Transfer, TransferOptions
 from transfer.plan import NBYTES, SRC, moving_rows, plan_messages
 from transfer.protocol import (
     ABORT,
-    END,
     HEADER,
     PROTOCOL_VERSION,
     READY,
     REFUSE,
     STATUS,
     WITHDRAWN,
+    abort_key,
     encode_message,
-    end_key,
     reply_key,
     status_key,
     table_bytes,
     table_from_bytes,
+    trailer,
     withdraw_key,
 )
 from transfer.send_pipeline import SendPipeline
@@ -233,16 +233,21 @@ class EnvelopeSender(ChannelEnd):
         pipeline = SendPipeline(channel, self.staging, self._gatherer, job, chunks)
         pipeline.send(deadline)
         aborted = transfer.abort_reason
+        value = None
+        if aborted is None and self.options.checksum:
+            value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES])
+        pipeline.post_trailer(trailer(seq, filled=aborted is None, checksum=value, device=channel.device))
         if aborted is not None:
             # Failed already (its deadline passed before the READY came): the ABORT says as what.
             kind = transfer.error.kind if transfer.error is not None else FailureKind.ABORTED
-            end = encode_message(ABORT, seq=seq, failure=kind, reason=aborted)
-        else:
-            value = checksum(job.buffer, runs[:, SRC], runs[:, NBYTES]) if self.options.checksum else None
-            end = encode_message(END, seq=seq, checksum=value)
-        channel.control.send(end_key(seq), end)  # the receiver reads it once its receives complete
+            message = encode_message(ABORT, seq=seq, failure=kind, reason=aborted)
+            channel.control.send(abort_key(seq), message)  # read once the trailer says unfilled
         pipeline.drain(deadline)
-        self._await_status(job, seq, deadline)
+        try:
+            self._await_status(job, seq, deadline)
+        finally:
+            if channel.healthy:  # the receiver read the trailer before it sent its STATUS
+                pipeline.drain_trailer(deadline)
         if aborted is not None:
             raise Stopped(FailureKind.ABORTED, aborted)
 

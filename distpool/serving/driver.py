@@ -11,8 +11,9 @@ them). A failed transfer, a dead or silent actor
 queue; `queue_bound` of them are in the pipeline at once. With conditional disaggregation
 (`serving.conditional`), a request whose prompt extends a state a decode worker kept may instead be
 prefilled there (`DecodeWorker.local_prefill`), with no transfer; refused, it takes the path above.
-One attempt on each path is `serving.remote_path` and `serving.local_path`; the ways an attempt ends
-without its result, `serving.attempt_errors`.
+One attempt on each path is `serving.remote_path` and `serving.local_path`, owned while it runs by
+`serving.attempts` (a request that found no room waits there for room to free); the ways an attempt
+ends without its result, `serving.attempt_errors`.
 """
 
 from __future__ import annotations
@@ -20,21 +21,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from distpool.serving.attempt_errors import Busy, GiveUp, Retry, decode_failure
+from distpool.serving.attempts import Attempts
 from distpool.serving.conditional import ConditionalOptions
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import FaultPlan
 from distpool.serving.local_path import LocalPath
 from distpool.serving.metrics import DriverMetrics
 from distpool.serving.outcome import Outcome, one_line
-from distpool.serving.recovery import Recovery, WorkerLost
+from distpool.serving.recovery import Recovery
 from distpool.serving.remote_path import RemotePath
 from distpool.serving.request_stream import RequestStream
-from distpool.serving.reservations import ADMISSION_POLL_S, Reservations
+from distpool.serving.reservations import Reservations
 from distpool.serving.router import NoWorkerAlive, Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import DecodeFailed
@@ -76,39 +77,23 @@ class Server:
         self.router = Router(list(deployment.prefill), list(deployment.decode), page_size=pool_args.page_size)
         self.cache_affinity = pool_args.prefix_cache  # decode workers keep finished requests' pages
         self.faults = FaultPlan(options.faults, options.seed)
-        self.waiting: dict[str, tuple[str, asyncio.Future]] = {}  # request id -> (decode worker, result)
         self.recovery = Recovery(
             deployment, self.router, on_lost=self._fail_results_on, on_return=self._on_return
         )
-        self.silence_s = options.silence_s or deployment.spec.worker.transfer.timeout_s
+        silence_s = options.silence_s or deployment.spec.worker.transfer.timeout_s
+        self.attempts = Attempts(self.recovery, silence_s=silence_s)  # each request's attempt now
         self.reservations = Reservations(
             deployment,
             self.router,
-            self._call,
+            self.attempts,
             overlap=options.overlap_reservation,
             cache_affinity=self.cache_affinity,
             admission_timeout_s=options.admission_timeout_s,
         )
-        self.local = LocalPath.build(  # prefill on decode (conditional disaggregation), or None
-            deployment,
-            self.router,
-            options.conditional,
-            self._call,
-            self._quiet,
-            self.waiting,
-            silence_s=self.silence_s,
-        )
-        self.remote = RemotePath(  # prefill on a prefill worker, the envelope sent to decode
-            deployment,
-            self.router,
-            self.reservations,
-            self.faults,
-            self._call,
-            self._quiet,
-            self.waiting,
-            in_background=self._in_background,
-            silence_s=self.silence_s,
-        )
+        # prefill on decode (conditional disaggregation), or None
+        self.local = LocalPath.build(deployment, self.router, options.conditional, self.attempts)
+        # prefill on a prefill worker, the envelope sent to decode
+        self.remote = RemotePath(deployment, self.router, self.reservations, self.faults, self.attempts)
         self.background: list[asyncio.Task] = []
         self.result_streams: list[asyncio.Task] = []  # one `_results_from` per decode worker
         self.closing = False  # set once every request is done: the result streams stop
@@ -132,6 +117,7 @@ class Server:
     async def start(self) -> None:
         """Start the result streams (one per decode worker) and the progress lines; accept requests."""
         self.slots = asyncio.Semaphore(self.options.queue_bound)
+        self.attempts.start()
         self.closing, self.accepting = False, True
         self.result_streams = [asyncio.create_task(self._results_from(name)) for name in self.dep.decode]
         self.background = [asyncio.create_task(self._progress_loop())]
@@ -197,6 +183,7 @@ class Server:
             *self.tasks.values(),
             *self.result_streams,
             *self.background,
+            *self.attempts.background,
             *self.recovery.rejoining.values(),
         ):
             task.cancel()
@@ -268,27 +255,26 @@ class Server:
         out = Outcome(request_id=req.request_id, seed=req.params.seed)
         submitted = time.monotonic()
         avoid: set[str] = set()
+        admit_by = submitted + self.options.admission_timeout_s
         while out.attempts < self.options.max_attempts:
             out.attempts += 1
+            room = self.attempts.room  # set once room frees (or a worker returns) after this try began
             try:
                 await self._attempt(req, out, submitted, avoid)
                 return out
             except NoWorkerAlive as exc:
-                if (
-                    not self.recovery.pending
-                    or time.monotonic() - submitted > self.options.admission_timeout_s
-                ):
+                if not self.recovery.pending or time.monotonic() > admit_by:
                     out.error, out.failure = str(exc), FailureKind.WORKER_LOST
                     return out
                 out.attempts -= 1  # waiting for a lost worker to come back is not a failed attempt
-                await asyncio.sleep(ADMISSION_POLL_S * 20)
+                await self._wait_for_rejoin(room, admit_by)
             except Busy as exc:
                 out.attempts -= 1
-                if time.monotonic() - submitted > self.options.admission_timeout_s:
+                if time.monotonic() > admit_by:
                     out.error = f"not admitted within {self.options.admission_timeout_s} s: {exc}"
                     out.failure = FailureKind.NOT_ADMITTED
                     return out
-                await asyncio.sleep(ADMISSION_POLL_S)
+                await self.attempts.wait_for(room, admit_by - time.monotonic())
             except GiveUp as exc:
                 out.error, out.failure = str(exc), exc.kind
                 out.corrupt = exc.kind is FailureKind.CORRUPT
@@ -311,32 +297,23 @@ class Server:
             return
         await self.remote.attempt(req, out, submitted, avoid)
 
-    async def _call(self, name: str, awaitable):
-        """Await a call to worker `name`; Retry when the worker died or stopped answering."""
+    async def _wait_for_rejoin(self, room: asyncio.Event, admit_by: float) -> None:
+        """Until a lost worker comes back (`room` is set) or gives up rejoining, or `admit_by`."""
+        rejoining = [task for task in self.recovery.rejoining.values() if not task.done()]
+        returned = asyncio.ensure_future(room.wait())
         try:
-            return await self.recovery.call(name, awaitable, silence_s=self.silence_s)
-        except WorkerLost as exc:
-            raise Retry(FailureKind.WORKER_LOST, str(exc)) from exc
-
-    def _in_background(self, call: Coroutine[Any, Any, None]) -> None:
-        """Run `call` beside the requests: `serve` cancels it when it ends."""
-        self.background.append(asyncio.get_running_loop().create_task(call))
-
-    async def _quiet(self, ref) -> None:
-        """Await a call whose outcome does not matter, as long as its worker answers in time."""
-        try:
-            await asyncio.wait_for(ref, self.silence_s)
-        except Exception:  # the peer is gone, silent, or never held it: nothing left to free there
-            pass
+            timeout_s = max(admit_by - time.monotonic(), 0.0)
+            await asyncio.wait([returned, *rejoining], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            returned.cancel()
 
     def _fail_results_on(self, lost: str) -> None:
         """Worker `lost` was lost: what waits on it fails (and is retried)."""
         self.remote.lost(lost)
-        for name, future in list(self.waiting.values()):
-            if name == lost and not future.done():
-                future.set_exception(Retry(FailureKind.WORKER_LOST, f"{lost} died"))
+        self.attempts.fail_on(lost)
 
     def _on_return(self, name: str) -> None:
+        self.attempts.room_freed()  # what waits for a worker of its role tries again
         if name in self.dep.decode:  # its result stream ended when it was lost
             self.result_streams.append(asyncio.get_running_loop().create_task(self._results_from(name)))
 
@@ -346,18 +323,15 @@ class Server:
         handle = self.dep.decode[name]
         while name not in self.router.dead and not self.closing:
             try:
-                events = await self._call(name, handle.next_events.remote(RESULT_WAIT_S, self.streaming))
+                asked = handle.next_events.remote(RESULT_WAIT_S, self.streaming)
+                events = await self.attempts.call(name, asked)
             except Retry:
                 return
             self.router.learned(name, events.cache)  # before its results: the view is decode's then
             for rid, (start, tokens) in events.tokens.items():
-                waiting = self.waiting.get(rid)
-                if waiting is not None and waiting[0] == name and (stream := self.streams.get(rid)):
+                if self.attempts.waits_on(name, rid) and (stream := self.streams.get(rid)):
                     stream.offer(start, tokens)
-            for rid, result in events.finished.items():
-                waiting = self.waiting.get(rid)
-                if waiting is not None and waiting[0] == name and not waiting[1].done():
-                    waiting[1].set_result(result)  # else: news of an attempt already given up
+            self.attempts.deliver(name, events.finished)
 
     async def _progress_loop(self) -> None:
         while self.options.progress:

@@ -6,39 +6,26 @@ other."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from distpool.memory.sizing import size_pools
 from distpool.serving.attempt_errors import Busy
+from distpool.serving.attempts import Attempts
 from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
 from distpool.serving.deployment import Deployment
 from distpool.serving.outcome import Outcome
-from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import DecodeFailed, DecodeResult, LocalPrefillRefused, Refusal, ViewedState
 
-Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
-Quiet = Callable[[Any], Awaitable[None]]  # await a call whose outcome does not matter
-Waiting = dict[str, tuple[str, asyncio.Future]]  # request id -> (decode worker, its result)
-
 
 class LocalPath:
-    def __init__(
-        self,
-        deployment: Deployment,
-        policy: LocalPrefillPolicy,
-        call: Call,
-        quiet: Quiet,
-        waiting: Waiting,
-        *,
-        silence_s: float,
-    ) -> None:
+    """The local attempts of one `Server`, where `policy` chooses them; each is opened in `attempts`,
+    which owns it and the calls it makes."""
+
+    def __init__(self, deployment: Deployment, policy: LocalPrefillPolicy, attempts: Attempts) -> None:
         self.deployment, self.policy, self.router = deployment, policy, policy.router
-        self.call, self.quiet, self.waiting, self.silence_s = call, quiet, waiting, silence_s
+        self.attempts = attempts
 
     @classmethod
     def build(
@@ -46,11 +33,7 @@ class LocalPath:
         deployment: Deployment,
         router: Router,
         options: ConditionalOptions,
-        call: Call,
-        quiet: Quiet,
-        waiting: Waiting,
-        *,
-        silence_s: float | None = None,
+        attempts: Attempts,
     ) -> LocalPath | None:
         """The local path when it can happen: decode keeps final states (local prefill on, a prefix
         cache, and a model with recurrent state and KV pages) on one rank; else None. A decode worker
@@ -58,9 +41,8 @@ class LocalPath:
         deployment (`DeploymentSpec.colocated`, checked to have what this needs) serves every
         request here."""
         worker = deployment.spec.worker
-        silence_s = silence_s or worker.transfer.timeout_s  # unanswered this long: asked how far it got
         if deployment.spec.colocated:
-            return ColocatedPath(deployment, router, call, quiet, waiting, silence_s=silence_s)
+            return ColocatedPath(deployment, router, attempts)
         if not (worker.local_prefill and worker.pool_args.prefix_cache) or worker.decode_tp > 1:
             return None
         sizes = size_pools(worker.spec, worker.for_role("decode"), worker.budget_bytes)
@@ -69,7 +51,7 @@ class LocalPath:
         policy = LocalPrefillPolicy(
             router, Sizes(sizes.slot_bytes, sizes.page_bytes, sizes.page_size), options
         )
-        return cls(deployment, policy, call, quiet, waiting, silence_s=silence_s)
+        return cls(deployment, policy, attempts)
 
     def record(self, out: Outcome) -> None:
         """A completed request's figures, for the cost model (a local one's costs: `attempt`)."""
@@ -128,30 +110,29 @@ class LocalPath:
         rid = req.request_id
         self.router.begin(decode_name)
         began = time.monotonic()
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = (decode_name, future)
         handle = self.deployment.decode[decode_name]
         try:
-            asked = handle.local_prefill.remote(rid, req.prompt, req.params, fresh=fresh, viewed=viewed)
-            answer = await self.call(decode_name, asked)
-            if isinstance(answer, LocalPrefillRefused):
-                return answer
-            progress = lambda: self.call(decode_name, handle.progress.remote([rid]))  # noqa: E731
-            result = await await_result(future, progress, rid, worker=decode_name, silence_s=self.silence_s)
-            if isinstance(result, DecodeFailed):
-                avoid.add(decode_name)
-            else:
-                out.succeeded_locally(len(req.prompt), result, decode_name, (submitted, began))
-            return result
-        except BaseException:
-            avoid.add(decode_name)
-            await self.quiet(handle.cancel.remote(rid))
-            raise
+            with self.attempts.open(rid, decode_name) as attempt:
+                try:
+                    asked = handle.local_prefill.remote(
+                        rid, req.prompt, req.params, fresh=fresh, viewed=viewed
+                    )
+                    answer = await self.attempts.call(decode_name, asked)
+                    if isinstance(answer, LocalPrefillRefused):
+                        attempt.refused = True
+                        return answer
+                    result = await self.attempts.result(attempt, handle)
+                    if isinstance(result, DecodeFailed):
+                        avoid.add(decode_name)
+                    else:
+                        out.succeeded_locally(len(req.prompt), result, decode_name, (submitted, began))
+                    return result
+                except BaseException:
+                    avoid.add(decode_name)
+                    await self.attempts.quiet(handle.cancel.remote(rid))
+                    raise
         finally:
-            self.waiting.pop(rid, None)
             self.router.end(decode_name)
-            if future.done() and not future.cancelled():
-                future.exception()
 
 
 class ColocatedPath(LocalPath):
@@ -160,18 +141,8 @@ class ColocatedPath(LocalPath):
     its state), else the least loaded; one with no room refuses and the next is asked. None has
     room: Busy, and the request waits. Nothing is transferred."""
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        router: Router,
-        call: Call,
-        quiet: Quiet,
-        waiting: Waiting,
-        *,
-        silence_s: float,
-    ) -> None:
-        self.deployment, self.router, self.call, self.quiet = deployment, router, call, quiet
-        self.waiting, self.silence_s = waiting, silence_s
+    def __init__(self, deployment: Deployment, router: Router, attempts: Attempts) -> None:
+        self.deployment, self.router, self.attempts = deployment, router, attempts
         self.cache_affinity = deployment.spec.worker.pool_args.prefix_cache
 
     async def attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> DecodeResult:

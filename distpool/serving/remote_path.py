@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from distpool.serving.attempt_errors import Busy, GiveUp, Retry, decode_failure
+from distpool.serving.attempts import Attempts
 from distpool.serving.batcher import Batcher
 from distpool.serving.deployment import Deployment
 from distpool.serving.faults import CORRUPT_ONE_RANK, RECEIVER_CANCEL, FaultPlan
-from distpool.serving.local_path import Call, Quiet, Waiting
 from distpool.serving.outcome import Outcome
 from distpool.serving.reservations import Reservations
-from distpool.serving.result_deadline import await_result
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
 from distpool.worker.messages import (
     DecodeFailed,
-    DecodeResult,
     PrefillBusy,
     PrefillFailed,
     PrefillItem,
@@ -32,12 +28,10 @@ from distpool.worker.messages import (
 from transfer.failure import FailureKind
 from transfer.faults import CORRUPT_PAYLOAD, RECEIVER_FAULTS, SENDER_FAULTS
 
-# Runs a coroutine beside the requests; it is cancelled when `serve` ends.
-InBackground = Callable[[Coroutine[Any, Any, None]], None]
-
 
 class RemotePath:
-    """The disaggregated attempts of one `Server`: its prefill batchers and channel rebuilds."""
+    """The disaggregated attempts of one `Server`: its prefill batchers and channel rebuilds. Each
+    attempt is opened in `attempts`, which owns it and the calls it makes."""
 
     def __init__(
         self,
@@ -45,16 +39,10 @@ class RemotePath:
         router: Router,
         reservations: Reservations,
         faults: FaultPlan,
-        call: Call,
-        quiet: Quiet,
-        waiting: Waiting,
-        *,
-        in_background: InBackground,
-        silence_s: float,
+        attempts: Attempts,
     ) -> None:
-        self.dep, self.router, self.reservations, self.faults = deployment, router, reservations, faults
-        self.call, self.quiet, self.waiting = call, quiet, waiting
-        self.in_background, self.silence_s = in_background, silence_s
+        self.dep, self.router, self.reservations = deployment, router, reservations
+        self.faults, self.attempts = faults, attempts
         self.batchers = {name: Batcher(h) for name, h in deployment.prefill.items()}
         self.rebuild_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -84,45 +72,40 @@ class RemotePath:
             self.router.end(prefill_name)
             await self._forget_fault(rid, planned_on)
             raise
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = (decode_name, future)
         item = PrefillItem(request_id=rid, prompt=req.prompt, decode_worker=decode_name, params=req.params)
         sending: asyncio.Future | None = None
         try:
-            if reserving is not None:
-                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
-                await self.reservations.settle(reserving, sending, decode_name, avoid)
-            prefill_asked = asked if sending is not None else time.monotonic()
-            if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
-                cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
-                self.in_background(self.quiet(cancel))
-            if sending is None:
-                sending = asyncio.ensure_future(self._prefill(prefill_name, item))
-            sent = await sending
-            sent_at = time.monotonic()
-            if isinstance(
-                sent, PrefillBusy
-            ):  # the prefill pool is full: give the destination back, try again
-                raise Busy(sent.reason)
-            if isinstance(sent, PrefillFailed):
-                avoid.add(decode_name)
-                raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
-            result = await self._result(decode_name, rid, future)
-            if isinstance(result, DecodeFailed):  # retried where decode says another try may succeed
-                raise decode_failure(result)
-            times = (submitted, asked, prefill_asked, sent_at)
-            out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
-        except BaseException:
-            if sending is not None and not sending.done():  # cancelled: prefill's side frees itself
-                sending.cancel()
-            await self._after_failure(rid, prefill_name, decode_name)
-            raise
+            with self.attempts.open(rid, decode_name) as attempt:
+                try:
+                    if reserving is not None:
+                        sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+                        await self.reservations.settle(reserving, sending, decode_name, avoid)
+                    prefill_asked = asked if sending is not None else time.monotonic()
+                    if fault == RECEIVER_CANCEL:  # decode gives it up while prefill is on its way
+                        cancel = self.dep.decode[decode_name].cancel.remote(rid, notify=True)
+                        self.attempts.in_background(self.attempts.quiet(cancel))
+                    if sending is None:
+                        sending = asyncio.ensure_future(self._prefill(prefill_name, item))
+                    sent = await sending
+                    sent_at = time.monotonic()
+                    if isinstance(sent, PrefillBusy):  # the prefill pool is full: give the destination back
+                        raise Busy(sent.reason)
+                    if isinstance(sent, PrefillFailed):
+                        avoid.add(decode_name)
+                        raise (Retry if sent.retry else GiveUp)(sent.kind, sent.reason)
+                    result = await self.attempts.result(attempt, self.dep.decode[decode_name])
+                    if isinstance(result, DecodeFailed):  # retried where decode says another may succeed
+                        raise decode_failure(result)
+                    times = (submitted, asked, prefill_asked, sent_at)
+                    out.succeeded(len(req.prompt), sent, result, (prefill_name, decode_name), times)
+                except BaseException:
+                    if sending is not None and not sending.done():  # cancelled: prefill frees its side
+                        sending.cancel()
+                    await self._after_failure(rid, prefill_name, decode_name)
+                    raise
         finally:
-            self.waiting.pop(rid, None)
             self.router.end(prefill_name, decode_name)
             await self._forget_fault(rid, planned_on)
-            if future.done() and not future.cancelled():
-                future.exception()  # a result that failed while nobody awaited it: seen, not lost
 
     def lost(self, name: str) -> None:
         """Worker `name` was lost: its requests not yet sent to it are retried elsewhere."""
@@ -145,7 +128,8 @@ class RemotePath:
         else:
             return []
         try:
-            await asyncio.gather(*(self.call(n, handles[n].plan_fault.remote(rid, fault)) for n in names))
+            calls = (self.attempts.call(n, handles[n].plan_fault.remote(rid, fault)) for n in names)
+            await asyncio.gather(*calls)
         except BaseException:
             await self._forget_fault(rid, names)
             raise
@@ -154,34 +138,27 @@ class RemotePath:
     async def _forget_fault(self, rid: str, names: list[str]) -> None:
         """After the attempt: no plan it did not take is left for the next one."""
         handles = self.dep.handles()
-        await asyncio.gather(*(self.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
-
-    async def _result(self, decode_name: str, rid: str, future: asyncio.Future) -> DecodeResult:
-        """The request's result from `decode_name`, awaited while decode makes progress on it."""
-        handle = self.dep.decode[decode_name]
-        return await await_result(
-            future,
-            lambda: self.call(decode_name, handle.progress.remote([rid])),
-            rid,
-            worker=decode_name,
-            silence_s=self.silence_s,
-        )
+        await asyncio.gather(*(self.attempts.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
 
     async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
-        """Prefill and send one request on prefill worker `name` (batched with others)."""
-        return await self.call(name, self.batchers[name].submit(item))
+        """Prefill and send one request on prefill worker `name` (batched with others). Sent or
+        failed, that worker freed the request's source: room may have freed there."""
+        sent = await self.attempts.call(name, self.batchers[name].submit(item))
+        if not isinstance(sent, PrefillBusy):
+            self.attempts.room_freed()
+        return sent
 
     async def _after_failure(self, rid: str, prefill_name: str, decode_name: str) -> None:
         """The destination is given up (the source was freed by prefill); a broken channel is rebuilt."""
         p, d = self.dep.prefill[prefill_name], self.dep.decode[decode_name]
-        await self.quiet(d.cancel.remote(rid))
+        await self.attempts.quiet(d.cancel.remote(rid))
         if {prefill_name, decode_name} & self.router.dead:
             return
         lock = self.rebuild_locks.setdefault((prefill_name, decode_name), asyncio.Lock())
         async with lock:
             try:
                 asked = (p.channel_broken.remote(decode_name), d.channel_broken.remote(prefill_name))
-                broken = await asyncio.wait_for(asyncio.gather(*asked), self.silence_s)
+                broken = await asyncio.wait_for(asyncio.gather(*asked), self.attempts.silence_s)
                 if any(broken):
                     await self.dep.connect_async(prefill_name, decode_name)
             except Exception as exc:

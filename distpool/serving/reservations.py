@@ -12,21 +12,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from distpool.memory.pool import DoesNotFit
 from distpool.serving.attempt_errors import Busy, Retry
+from distpool.serving.attempts import Attempts
 from distpool.serving.deployment import Deployment
 from distpool.serving.router import Router
 from distpool.serving.workload import Request
 from transfer import ChannelError, FailureKind
 
-ADMISSION_POLL_S = 0.005
 # A decode worker that refused a reservation this recently is asked first, before prefill starts: a
 # reservation made while prefill computes would likely be refused again, and the prefill wasted.
 REFUSAL_MEMORY_S = 1.0
-Call = Callable[[str, Awaitable], Awaitable[Any]]  # a call to a worker: Retry when it is lost
 
 
 class Reservations:
@@ -34,13 +31,13 @@ class Reservations:
         self,
         deployment: Deployment,
         router: Router,
-        call: Call,
+        attempts: Attempts,
         *,
         overlap: bool,
         cache_affinity: bool,
         admission_timeout_s: float,
     ) -> None:
-        self.deployment, self.router, self.call = deployment, router, call
+        self.deployment, self.router, self.attempts = deployment, router, attempts
         self.overlap, self.cache_affinity = overlap, cache_affinity
         self.admission_timeout_s = admission_timeout_s
         self.refused_at: dict[str, float] = {}  # decode worker -> when it last refused a reservation
@@ -88,13 +85,15 @@ class Reservations:
         ref = self.deployment.decode[name].reserve.remote(
             req.request_id, req.prompt, req.params, prefill_name
         )
-        await self.call(name, ref)  # the destination's envelope stays on the decode worker
+        await self.attempts.call(name, ref)  # the destination's envelope stays on the decode worker
 
     async def reserve_first(self, req: Request, prefill_name: str, avoid: set[str]) -> str:
         """Reserve on the first decode worker with room (the one caching the longest prefix of the
-        prompt first), before prefill starts; its name."""
+        prompt first), before prefill starts; its name. None has room: waits for room to free
+        (`Attempts.room`) and tries again, for up to `admission_timeout_s`."""
         deadline = time.monotonic() + self.admission_timeout_s
         while True:
+            room = self.attempts.room  # set once room frees after this pass began
             if prefill_name in self.router.dead:  # it died since it was chosen: choose again
                 raise Retry(FailureKind.WORKER_LOST, f"{prefill_name} died")
             prompt = req.prompt if self.cache_affinity else None
@@ -115,4 +114,4 @@ class Reservations:
                     raise
             if time.monotonic() > deadline:
                 raise Busy(f"no decode worker had room for {req.request_id}")
-            await asyncio.sleep(ADMISSION_POLL_S)
+            await self.attempts.wait_for(room, deadline - time.monotonic())

@@ -6,8 +6,9 @@ receive their shards at different times and serve concurrent driver calls, so th
 
     prefill wave    `same(signature)`: every rank reserved the same jobs (ids, lengths, cached
                     prefix); else every rank gives the wave back (busy, retried) and none computes it
-    decode step     `go(stop)` outside the worker's lock (rank 0 paces the steps), then under it
-                    `common(ids)`: the requests every rank holds ready, in rank 0's order
+    decode step     `go(stop)` outside the worker's lock, then under it `agree(ids)`: the requests
+                    every rank holds ready, in rank 0's order, and whether this rank lacks one that
+                    another holds (its shard has not landed here yet: the next round waits for it)
 
 `Lockstep` is also the process group the model all-reduces over (`size`, `rank`, `allreduce`): the
 workers build their model before the ranks can form a group (every rank must have started first),
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -101,15 +103,31 @@ class Lockstep:
 
     def common(self, ids: Sequence[str]) -> list[str]:
         """The ids every rank passed, in rank 0's order (the same list on every rank)."""
+        return self.agree(ids).common
+
+    def agree(self, ids: Sequence[str]) -> Agreement:
+        """The ids every rank passed, in rank 0's order (`common`, the same on every rank), and
+        whether another rank passed one this rank did not (`lacking`, this rank's own answer)."""
         own = {id_hash(rid): rid for rid in ids}
         counts = [int(c.item()) for c in self._gather(torch.tensor([len(own)], dtype=torch.int64))]
         if max(counts) == 0:  # every rank sees the same counts: none gathers further
-            return []
+            return Agreement(common=[], lacking=False)
         padded = torch.zeros(max(counts), dtype=torch.int64)
         padded[: len(own)] = torch.tensor(list(own), dtype=torch.int64)
         gathered = [g[:n].tolist() for g, n in zip(self._gather(padded), counts, strict=True)]
-        held = [set(ranks_ids) for ranks_ids in gathered[1:]]
-        return [own[h] for h in gathered[0] if h in own and all(h in s for s in held)]
+        held = [set(ranks_ids) for ranks_ids in gathered]
+        common = [own[h] for h in gathered[0] if h in own and all(h in s for s in held[1:])]
+        lacking = any(not ranks_ids <= own.keys() for ranks_ids in held)
+        return Agreement(common=common, lacking=lacking)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What `Lockstep.agree` found: the ids every rank holds (rank 0's order), and whether another
+    rank holds one this rank does not (yet)."""
+
+    common: list[str]
+    lacking: bool
 
 
 class _Done:

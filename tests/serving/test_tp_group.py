@@ -110,7 +110,7 @@ def test_decode_at_tp_2_takes_the_disaggregated_path_for_every_request():
 
     def local_path(decode_tp: int) -> LocalPath | None:
         spec = DeploymentSpec.build(tp_worker(decode_tp, decode_tp))
-        return LocalPath.build(SimpleNamespace(spec=spec), router, options, None, None, {})
+        return LocalPath.build(SimpleNamespace(spec=spec), router, options, attempts=None)
 
     assert isinstance(local_path(1), LocalPath)
     assert local_path(2) is None

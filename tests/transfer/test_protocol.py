@@ -18,8 +18,10 @@ from transfer.protocol import (
     STATUS,
     decode_message,
     encode_message,
+    read_trailer,
     table_bytes,
     table_from_bytes,
+    trailer,
 )
 
 HOSTILE = [
@@ -124,3 +126,14 @@ def test_fuzz_mutated_headers_raise_only_protocol_or_value_errors(data):
         pair_with(ENVELOPE, bytes(blob))
     except (ProtocolError, ValueError):
         pass
+
+
+def test_the_trailer_reads_back_and_refuses_what_is_not_this_transfers():
+    cpu = torch.device("cpu")
+    assert read_trailer(trailer(5, filled=True, checksum=0xFFFFFFFF, device=cpu), 5) == (True, 0xFFFFFFFF)
+    assert read_trailer(trailer(5, filled=False, checksum=None, device=cpu), 5) == (False, None)
+    with pytest.raises(ProtocolError, match="for transfer 6"):  # out of step: another transfer's
+        read_trailer(trailer(5, filled=True, checksum=None, device=cpu), 6)
+    for garbage in ([5, 2, -1], [5, 1, 1 << 32], [5, 1, -2]):
+        with pytest.raises(ProtocolError, match="trailer"):
+            read_trailer(torch.tensor(garbage), 5)

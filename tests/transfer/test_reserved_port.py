@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+import struct
 import threading
 import time
 
 import pytest
 
 from transfer.auth import ControlAuth
+from transfer.errors import ChannelError
 from transfer.rendezvous import RendezvousPort, hold_socket, join_peer, reserve_port, reserve_socket
 
 SECRET = b"s" * 32
@@ -80,3 +82,55 @@ def test_a_socket_handed_to_another_process_is_where_its_rank_0_listens():
         process.join(30)
         process.kill()
     assert process.exitcode == 0
+
+
+def _reset_first_then_rendezvous(port: int, resets: int, auth: ControlAuth) -> None:
+    """Rank 0 that resets its first `resets` connections before saying anything (as a queued
+    connection is reset when rank 0 stops listening), then rendezvouses properly."""
+    with socket.create_server(("127.0.0.1", port)) as server:
+        for _ in range(resets):
+            conn, _ = server.accept()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # linger 0: RST, not FIN
+    RendezvousPort("127.0.0.1", port).accept_peer(auth, time.monotonic() + 10).close()
+
+
+def test_a_connection_reset_before_rank_0_spoke_is_tried_again():
+    """Regression: rank 1 connecting just as rank 0 stopped listening (between a first connect's
+    last accept and a rebuild's listen) had its queued connection reset and gave up at once."""
+    port = reserve_port()
+    RendezvousPort("127.0.0.1", port).close()  # give the reservation back: the helper binds it
+    auth = ControlAuth(SECRET, "reset")
+    rank0 = threading.Thread(target=_reset_first_then_rendezvous, args=(port, 2, auth))
+    rank0.start()
+    try:
+        join_peer("127.0.0.1", port, auth, time.monotonic() + 10).close()
+    finally:
+        rank0.join(10)
+
+
+def test_a_rank_0_that_only_resets_is_given_up_at_the_deadline():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        stop = threading.Event()
+
+        def reset_all() -> None:
+            server.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+
+        resetter = threading.Thread(target=reset_all)
+        resetter.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(ChannelError, match="hung up before it began"):
+                join_peer("127.0.0.1", port, ControlAuth(SECRET, "reset"), started + 1.0)
+        finally:
+            stop.set()
+            resetter.join(5)
+        assert time.monotonic() - started < 5

@@ -19,6 +19,7 @@ from tests.transfer.conftest import connected_pair
 from tests.transfer.transfer_peer import make_arena
 from transfer import TransferOptions, TransferState
 from transfer.control import FRAME_BYTES, frames
+from transfer.protocol import TAG_DATA
 
 ARENA_BYTES = 1 << 20
 # Row sizes: KV-head slices (small, some odd), pages, and long runs such as halves of a state.
@@ -115,3 +116,69 @@ def test_a_control_message_is_one_gloo_message_unless_it_outgrows_the_frame(nbyt
     assert int.from_bytes(body[:4], "little") == len(body) - 4
     assert body[4:6] == len(b"bell/7").to_bytes(2, "little") and body[6:12] == b"bell/7"
     assert body[12:] == sealed
+
+
+def count_sends(engines, src, dst, options, rid: str) -> tuple[int, int]:
+    """Move an envelope; return how many payload messages both ends posted (sends, receives)."""
+    sender, receiver, _ = engines
+    posted = {"send": 0, "recv": 0}
+
+    def counting(channel, what):
+        original = getattr(channel, what)
+
+        def post(tensor, tag):
+            posted[what] += tag >= TAG_DATA  # payload only: control messages have a tag of their own
+            return original(tensor, tag)
+
+        return original, post
+
+    originals = []
+    for channel, what in ((sender.channel, "send"), (receiver.channel, "recv")):
+        original, post = counting(channel, what)
+        originals.append((channel, what))
+        setattr(channel, what, post)
+    try:
+        move(engines, src, dst, options, rid)
+    finally:
+        for channel, what in originals:
+            delattr(channel, what)  # the class's method again
+    return posted["send"], posted["recv"]
+
+
+@pytest.mark.parametrize("layouts", [("scattered", "scattered"), ("scattered", "contiguous")])
+def test_a_scattered_envelope_of_small_runs_goes_as_one_staged_message_per_chunk(engines, layouts):
+    """600 rows of 1 KiB spread over both arenas (or over the source only) move as one gathered
+    message per 64 KiB chunk, plus the stream's trailer: never a message per run."""
+    rng = np.random.default_rng(11)
+    sizes = [1024] * 600
+    src, dst = (place(sizes, layout, rng) for layout in layouts)
+    options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=32 << 10, checksum=True)
+    num_chunks = -(-sum(sizes) // options.chunk_bytes)
+    assert count_sends(engines, src, dst, options, "scattered-small") == (num_chunks + 1, num_chunks + 1)
+
+
+def test_long_runs_among_scattered_small_ones_go_zero_copy_and_the_rest_in_one_batch(engines):
+    """Rows of 48 KiB (over the 32 KiB threshold) beside 1 KiB ones, both sides scattered: each long
+    run is a message of its own, the small ones of each chunk one staged batch."""
+    rng = np.random.default_rng(12)
+    sizes = [48 << 10 if i % 20 == 0 else 1024 for i in range(200)]
+    src, dst = (place(sizes, "scattered", rng) for _ in range(2))
+    options = TransferOptions(chunk_bytes=1 << 20, direct_min_bytes=32 << 10)
+    assert sum(sizes) <= options.chunk_bytes  # one chunk: 10 long runs, one batch, the trailer
+    assert count_sends(engines, src, dst, options, "mixed-runs") == (10 + 1 + 1, 10 + 1 + 1)
+
+
+@pytest.mark.parametrize("swapped", [False, True], ids=["stretches at the source", "at the destination"])
+def test_slices_back_to_back_on_one_side_and_scattered_on_the_other_go_a_message_a_stretch(engines, swapped):
+    """TP 2 -> 1's shape: two stretches of back-to-back 1000-byte rows at the source, each row apart
+    at the destination (TP 1 -> 2's: the other way round). Each stretch goes as one message, in
+    place on its side, through the other side's staging buffer (back to back there, one gather or a
+    scatter per message): bytes copied once, where one batch would copy them on both sides."""
+    src = np.concatenate([1000 + np.arange(20) * 1000, 500_000 + np.arange(20) * 1000])
+    dst = 100_000 + np.arange(40) * 3000
+    sizes = np.full(40, 1000)
+    src_table, dst_table = (torch.from_numpy(np.stack([o, sizes], axis=1)) for o in (src, dst))
+    if swapped:
+        src_table, dst_table = dst_table, src_table
+    options = TransferOptions(chunk_bytes=1 << 20, direct_min_bytes=8 << 10, checksum=True)
+    assert count_sends(engines, src_table, dst_table, options, "stretches") == (2 + 1, 2 + 1)

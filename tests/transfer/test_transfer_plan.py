@@ -236,3 +236,23 @@ def test_moving_rows_drop_the_held_pages_and_keep_the_slot_first():
     for held in (-1, 5):  # a hostile READY cannot make either end skip the slot or invent pages
         with pytest.raises(ValueError, match="held pages"):
             moving_rows(rows, held, has_slot=True)
+
+
+def test_a_batch_scattered_on_both_sides_goes_as_stretches_of_one_side_where_that_copies_less():
+    """KV-head slices as TP 2 -> 1 moves them: at the source two stretches of back-to-back slices,
+    at the destination every slice apart. One batch would copy its 2,000 bytes on both sides;
+    two messages in place at the source copy them once (at the destination): 2 x 100 + 2,000
+    against 100 + 4,000."""
+    src = np.concatenate([np.arange(20) * 50, 10_000 + np.arange(20) * 50])
+    dst = np.arange(40) * 300
+    runs = np.stack([src, dst, np.full(40, 50)], axis=1).astype(np.int64)
+    (chunk,) = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=100)
+    assert [(m.in_place_at(SRC), m.in_place_at(DST), m.pieces.shape[0]) for m in chunk.messages] == [
+        (0, None, 20),
+        (10_000, None, 20),
+    ]
+    assert chunk.staging_offsets(SRC) == [None, None] and chunk.staging_offsets(DST) == [0, 1000]
+    # Where the extra message costs as much as the bytes a split saves, the batch stays whole.
+    (chunk,) = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=2000)
+    ((at_src, at_dst),) = [(m.in_place_at(SRC), m.in_place_at(DST)) for m in chunk.messages]
+    assert (at_src, at_dst) == (None, None)

@@ -77,6 +77,18 @@ def test_a_step_is_the_requests_every_rank_holds_in_rank_0s_order():
     assert on_ranks(3, lambda rank: steps[rank].common([])) == [[]] * 3
 
 
+def test_a_rank_knows_whether_another_holds_a_request_it_lacks():
+    steps = locksteps(3)
+    held = [["a", "b"], ["a"], ["b", "a"]]  # rank 1 lacks b (its shard has not landed there yet)
+    agreed = on_ranks(3, lambda rank: steps[rank].agree(held[rank]))
+    assert [a.common for a in agreed] == [["a"]] * 3
+    assert [a.lacking for a in agreed] == [False, True, False]
+    agreed = on_ranks(3, lambda rank: steps[rank].agree(["a"] if rank == 2 else []))
+    assert [(a.common, a.lacking) for a in agreed] == [([], True), ([], True), ([], False)]
+    agreed = on_ranks(3, lambda rank: steps[rank].agree([]))
+    assert [(a.common, a.lacking) for a in agreed] == [([], False)] * 3
+
+
 def test_the_ranks_stop_together_and_compare_signatures():
     steps = locksteps(2)
     assert on_ranks(2, lambda rank: steps[rank].go(False)) == [True, True]
