@@ -75,6 +75,22 @@ class CacheDtypesUnused(ValueError):
         return type(self), (self.dtype, self.kv_dtype, self.ssm_dtype)
 
 
+class TokenIdsOutOfRange(ValueError):
+    """`what` ("prompt", "last_tokens", "first_token") holds token ids (`tokens`) outside the
+    vocabulary [0, `vocab_size`); `bad`: the first of them."""
+
+    def __init__(self, what: str, tokens: tuple[int, ...], vocab_size: int) -> None:
+        super().__init__(f"{what} has token ids outside [0, {vocab_size}): {list(tokens)}")
+        self.what, self.tokens, self.vocab_size = what, tokens, vocab_size
+
+    @property
+    def bad(self) -> int:
+        return next(t for t in self.tokens if not 0 <= t < self.vocab_size)
+
+    def __reduce__(self):
+        return type(self), (self.what, self.tokens, self.vocab_size)
+
+
 class TokenizerUnloadable(ValueError):
     """`folder` holds tokenizer files (`files`) that transformers cannot load: `reason`, what it said
     (one line)."""

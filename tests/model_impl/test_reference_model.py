@@ -20,6 +20,7 @@ from distpool.model_impl.errors import (
     TOO_LARGE,
     BatchRefused,
     ImplCannotRun,
+    TokenIdsOutOfRange,
 )
 from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
@@ -254,8 +255,10 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
     with pytest.raises(BatchRefused) as refused:
         model.decode_step(pool, ["one", "one"], first * 2)
     assert refused.value.problem == DUPLICATE_REQUEST
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(TokenIdsOutOfRange) as refused:
         model.decode_step(pool, ["one"], [model.vocab_size])
+    facts = (refused.value.what, refused.value.bad, refused.value.vocab_size)
+    assert facts == ("last_tokens", model.vocab_size, model.vocab_size)
     with pytest.raises(ValueError, match="at least one token"):
         model.generate_nocache([], 1)
 

@@ -23,6 +23,7 @@ from distpool.model_impl.errors import (
     WRONG_TOKEN,
     BatchRefused,
     ImplCannotRun,
+    TokenIdsOutOfRange,
 )
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
@@ -276,8 +277,9 @@ def test_misuse_is_refused_with_its_facts() -> None:
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short", "short"], [first, first])
     assert (refused.value.problem, refused.value.value) == (DUPLICATE_REQUEST, ["short", "short"])
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(TokenIdsOutOfRange) as refused:
         cache.decode_step(pool, ["short"], [NEMOTRON.vocab_size])
+    assert (refused.value.what, refused.value.tokens) == ("last_tokens", (NEMOTRON.vocab_size,))
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [(first + 1) % NEMOTRON.vocab_size])
     facts = (refused.value.problem, refused.value.value, refused.value.limit)
