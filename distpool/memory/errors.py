@@ -10,15 +10,34 @@ from dataclasses import dataclass
 
 
 class DoesNotFit(Exception):
-    """A reserve or extend that the pool cannot satisfy now; nothing was taken."""
+    """A reserve or extend that the pool cannot satisfy now; nothing was taken. Where the allocator
+    refuses: `low` / `pages`, the low-band units (slots, window pages) and the pages the call
+    needed; `low_free` / `pages_free`, what was free then; `pinned`, the requests a transfer held."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        reason: str,
+        *,
+        low: int = 0,
+        pages: int = 0,
+        low_free: int = 0,
+        pages_free: int = 0,
+        pinned: int = 0,
+    ) -> None:
         super().__init__(f"request {request_id!r} does not fit: {reason}")
         self.request_id = request_id
         self.reason = reason
+        self.low, self.pages, self.low_free, self.pages_free, self.pinned = (
+            low,
+            pages,
+            low_free,
+            pages_free,
+            pinned,
+        )
 
-    def __reduce__(self):  # crosses Ray's process boundary as itself, so callers can catch it by type
-        return type(self), (self.request_id, self.reason)
+    def __reduce__(self):  # crosses Ray's process boundary as itself, every fact kept
+        return type(self), (self.request_id, self.reason), vars(self)
 
 
 class NeedsCompaction(DoesNotFit):
@@ -36,9 +55,11 @@ class NeedsCompaction(DoesNotFit):
         pages: int = 0,
         window: int = 0,
         window_at: int = -1,
+        low_free: int = 0,
+        pages_free: int = 0,
     ) -> None:
-        super().__init__(request_id, reason)
-        self.low, self.pages, self.window, self.window_at = low, pages, window, window_at
+        super().__init__(request_id, reason, low=low, pages=pages, low_free=low_free, pages_free=pages_free)
+        self.window, self.window_at = window, window_at
 
 
 class UnknownRequest(KeyError):
