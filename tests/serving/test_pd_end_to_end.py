@@ -77,7 +77,7 @@ def test_reservations_refused_while_prefill_computes_are_retried_without_leaks(r
     """The driver reserves the destination while prefill computes. A decode pool of about three
     requests refuses many reservations with prefill already on its way: prefill's transfer is
     refused, both sides free what they took, and the request is tried again. With faults on top
-    (transfers aborted, reservations given up mid-way, END messages held back), every request
+    (transfers aborted, reservations given up mid-way, streams held back), every request
     completes with the colocated tokens and every pool's accounting holds (`stats` checks it)."""
     spec = make_spec(budget_bytes=400 << 10)
     requests = mixed_requests(24, max_new_tokens=16, seed=7)
