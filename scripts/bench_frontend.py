@@ -178,7 +178,7 @@ async def at_concurrency(one, prompts: list[list[int]], clients: int) -> tuple[l
 
 
 def figures(timings: list[Timing], wall_s: float) -> dict:
-    from distpool.serving.report import percentile
+    from distpool.serving.summary.report import percentile
 
     def ms(values: list[float]) -> dict:
         return {"p50": percentile(values, 50) * 1e3, "p90": percentile(values, 90) * 1e3}
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from distpool.serving.run import start_ray
+    from distpool.serving.job.main import start_ray
 
     prompts = make_prompts(args.requests, args.prompt_len, plan.spec.worker.spec.vocab_size, ns.seed)
     # Two deployments at once (in-process and Serve's), each rank an actor of one CPU, and the driver.

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillItem, PrefillSent  # noqa: E402
 from distpool.worker.stats import DecodeStats  # noqa: E402
-from transfer.failure import FailureKind  # noqa: E402
+from transfer.wire.failure import FailureKind  # noqa: E402
 
 PROMPT_TOKENS = 1024
 NEW_TOKENS = 128

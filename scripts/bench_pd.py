@@ -2,7 +2,7 @@
 
 For each prompt length it serves a few requests, one at a time, through the whole stack (decode
 reserve, prefill into the pool, whole-envelope transfer, byte verification at decode, decode steps), then
-measures the channel's raw link at that envelope size (`transfer.link`), and reports per length:
+measures the channel's raw link at that envelope size (`transfer.ends.link`), and reports per length:
 
   prompt_tokens, envelope_bytes, transfer_ms, transfer_gbps, link_gbps, link_utilization, ttft_ms
   (plus the TTFT parts, so the transfer's share of TTFT shows).
@@ -84,7 +84,7 @@ def worker_config(args: argparse.Namespace, lengths: list[int]):
     from distpool.memory.sizing import GIB, PoolArgs
     from distpool.model.hf_config import spec_from_hf
     from distpool.model.presets import resolve_model
-    from distpool.serving.preflight import default_budget_bytes
+    from distpool.serving.job.preflight import default_budget_bytes
     from distpool.worker.config import WorkerConfig
 
     spec = spec_from_hf(resolve_model(args.model))
@@ -106,14 +106,14 @@ def bench(args: argparse.Namespace) -> list[dict]:
 
     from distpool.model.presets import resolve_model
     from distpool.model.sampling import SamplingParams
-    from distpool.serving.deployment import Deployment, DeploymentSpec
-    from distpool.serving.driver import ServeOptions, Server
-    from distpool.serving.output import check_output_path
-    from distpool.serving.parity import Parity
-    from distpool.serving.preflight import check_fits_this_machine
-    from distpool.serving.report import summarize
-    from distpool.serving.run import measure_links, worker_stats
-    from distpool.serving.workload import Request
+    from distpool.serving.deploy.deployment import Deployment, DeploymentSpec
+    from distpool.serving.job.main import measure_links, worker_stats
+    from distpool.serving.job.output import check_output_path
+    from distpool.serving.job.preflight import check_fits_this_machine
+    from distpool.serving.path.driver import ServeOptions, Server
+    from distpool.serving.summary.parity import Parity
+    from distpool.serving.summary.report import summarize
+    from distpool.serving.workloads.workload import Request
 
     lengths = prompt_lengths(args)
     config = worker_config(args, lengths)
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, Path(args.plot), f"PD at real sizes: {args.model}, 1P1D, Gloo")
     print(f"plot: {args.plot}")
     if args.json:
-        from distpool.serving.output import write_json
+        from distpool.serving.job.output import write_json
 
         write_json(args.json, {"model": args.model, "rows": rows})
         print(f"json: {args.json}")
@@ -253,7 +253,7 @@ def main_policies(args: argparse.Namespace) -> int:
     policies = serve_policies(args)
     print("\n" + table(policies))
     if args.json:
-        from distpool.serving.output import write_json
+        from distpool.serving.job.output import write_json
 
         write_json(args.json, {"model": args.model, "workload": args.workload, "policies": policies})
         print(f"json: {args.json}")

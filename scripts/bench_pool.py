@@ -61,7 +61,7 @@ from distpool.memory.sizing import GIB, PoolArgs, size_pools  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.spec import HYBRID_MAMBA, ModelSpec  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
-from transfer.staging import gather, scatter  # noqa: E402
+from transfer.ends.staging import gather, scatter  # noqa: E402
 
 # ---- parameters ----------------------------------------------------------------------------------
 SEED = 0
@@ -400,7 +400,7 @@ def compaction_rate(mode: str) -> dict[str, float]:
 
 
 def transfer_run_us(pool: ArenaPool) -> float:
-    """Microseconds one more byte run costs a transfer: a gather and a scatter (transfer/staging.py,
+    """Microseconds one more byte run costs a transfer: a gather and a scatter (transfer/ends/staging.py,
     each side's copy) of RUN_COST_RUNS pieces against one piece of the same bytes, per piece added,
     the median of interleaved pairs. The pieces are small so that the copy's own time, the same in
     both, does not drown the per-piece cost in its noise."""

@@ -35,11 +35,11 @@ from distpool.model.presets import resolve_model  # noqa: E402
 from distpool.model.sampling import SamplingParams  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 from distpool.model_impl.reference.model import ReferenceModel  # noqa: E402
-from distpool.serving import workload  # noqa: E402
-from distpool.serving.deployment import Deployment, DeploymentSpec  # noqa: E402
-from distpool.serving.driver import ServeOptions, Server  # noqa: E402
-from distpool.serving.run import worker_stats  # noqa: E402
-from distpool.serving.workload import Request  # noqa: E402
+from distpool.serving.deploy.deployment import Deployment, DeploymentSpec  # noqa: E402
+from distpool.serving.job.main import worker_stats  # noqa: E402
+from distpool.serving.path.driver import ServeOptions, Server  # noqa: E402
+from distpool.serving.workloads import workload  # noqa: E402
+from distpool.serving.workloads.workload import Request  # noqa: E402
 from distpool.worker.config import WorkerConfig  # noqa: E402
 from distpool.worker.stats import DecodeStats, PrefillStats  # noqa: E402
 

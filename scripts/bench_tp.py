@@ -29,9 +29,9 @@ from distpool.memory.sizing import PoolArgs, TpEnd, layout_description, size_poo
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.shard import shard
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions
+from transfer.connect.rendezvous import hold_socket, reserve_socket
 from transfer.parts import expect_parts, submit_parts
-from transfer.rendezvous import hold_socket, reserve_socket
-from transfer.reshard import source_ranks
+from transfer.plans.reshard import source_ranks
 
 SECRET = b"bench-transfer-tp-loopback-secret"
 PAGE_SIZE = 16

@@ -52,8 +52,8 @@ from churn import TARGET_ID, TRACE_CONTEXT_LEN, envelope_runs, run_churn, trace_
 
 from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
-from transfer.link import message_pieces  # noqa: E402
-from transfer.rendezvous import reserve_port  # noqa: E402
+from transfer.connect.rendezvous import reserve_port  # noqa: E402
+from transfer.ends.link import message_pieces  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 # A Qwen3-Next-like page: 16 tokens x 12 full-attention layers x 2 KV heads x 256 dims x (K, V) x bf16.

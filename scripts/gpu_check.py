@@ -33,7 +33,7 @@ from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model.presets import resolve_model  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
 from distpool.model_impl.reference.model import ReferenceModel  # noqa: E402
-from transfer.staging import gather, scatter  # noqa: E402
+from transfer.ends.staging import gather, scatter  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 SEED = 0

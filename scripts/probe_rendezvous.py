@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch.distributed as dist  # noqa: E402
 
 from transfer import Channel  # noqa: E402
-from transfer.rendezvous import hold_socket, reserve_socket  # noqa: E402
+from transfer.connect.rendezvous import hold_socket, reserve_socket  # noqa: E402
 
 SECRET = b"probe-rendezvous-secret-0123456789"
 LAYOUT = {"page_size": 16}

@@ -1,6 +1,6 @@
 """Fault soak: PD serving (2P2D, reference model) while faults of six kinds strike many times.
 
-Kinds: the five of `distpool.serving.faults` (sender abort mid-stream, a sender stalled past the
+Kinds: the five of `distpool.serving.path.faults` (sender abort mid-stream, a sender stalled past the
 deadline, a delayed control message, a payload byte flipped on landing, which the transfer
 checksum must catch, and decode cancelling mid-transfer), drawn per attempt, plus worker processes
 killed with SIGKILL (Ray restarts them). Every completed request is re-generated colocated and
@@ -33,12 +33,12 @@ import ray  # noqa: E402
 from distpool.memory.sizing import PoolArgs  # noqa: E402
 from distpool.model.hf_config import spec_from_hf  # noqa: E402
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG  # noqa: E402
-from distpool.serving import workload  # noqa: E402
-from distpool.serving.deployment import Deployment, DeploymentSpec  # noqa: E402
-from distpool.serving.driver import ServeOptions, Server  # noqa: E402
-from distpool.serving.parity import colocated_tokens  # noqa: E402
-from distpool.serving.report import failures_by_reason, leak_counts  # noqa: E402
-from distpool.serving.run import worker_stats  # noqa: E402
+from distpool.serving.deploy.deployment import Deployment, DeploymentSpec  # noqa: E402
+from distpool.serving.job.main import worker_stats  # noqa: E402
+from distpool.serving.path.driver import ServeOptions, Server  # noqa: E402
+from distpool.serving.summary.parity import colocated_tokens  # noqa: E402
+from distpool.serving.summary.report import failures_by_reason, leak_counts  # noqa: E402
+from distpool.serving.workloads import workload  # noqa: E402
 from distpool.worker.config import WorkerConfig  # noqa: E402
 from transfer import TransferOptions  # noqa: E402
 

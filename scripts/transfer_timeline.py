@@ -35,12 +35,12 @@ ARENA_PAGES = 8
 
 def instrument(log: list) -> None:
     """Wrap the engine's steps so that each appends (step, time) to `log`."""
-    import transfer.control as control
-    import transfer.handle as handle
-    import transfer.receive_pipeline as receive_pipeline
-    import transfer.receiver as receiver
-    import transfer.send_pipeline as send_pipeline
-    import transfer.sender as sender
+    import transfer.ends.handle as handle
+    import transfer.ends.receive_pipeline as receive_pipeline
+    import transfer.ends.receiver as receiver
+    import transfer.ends.send_pipeline as send_pipeline
+    import transfer.ends.sender as sender
+    import transfer.pair.control as control
 
     def wrap(owner, name: str, label: str, *, before: bool = False, name_arg: int | None = None) -> None:
         method = getattr(owner, name)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.transfers <= WARMUP:
         parser.error(f"--transfers must be more than {WARMUP}")
     from transfer import EnvelopeSender
-    from transfer.rendezvous import reserve_port
+    from transfer.connect.rendezvous import reserve_port
 
     port = reserve_port()
     ctx = mp.get_context("spawn")

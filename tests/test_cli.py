@@ -10,7 +10,7 @@ from distpool.cli import main
 from distpool.cli.errors import error_text
 from distpool.memory.sizing import BudgetTooSmall, RequestNeeds
 from distpool.model.presets import preset_names
-from distpool.serving.deployment_checks import RankPoolRefused
+from distpool.serving.deploy.deployment_checks import RankPoolRefused
 from tests.factories import FIXTURES
 
 GIB = 1 << 30

@@ -23,8 +23,8 @@ from distpool.model_impl.errors import (
     WeightOptionsUnused,
 )
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving.preflight import check_fits_this_machine
-from distpool.serving.run_memory import RunMemory
+from distpool.serving.job.preflight import check_fits_this_machine
+from distpool.serving.job.run_memory import RunMemory
 from distpool.worker.config import WorkerConfig
 from tests.factories import FIXTURES
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from distpool.cli import main
-from distpool.serving import preflight
+from distpool.serving.job import preflight
 from tests.factories import FIXTURES
 
 
 def run_refused(capsys, *args: str) -> str:
     """Run `distpool run ARGS`, which must be refused; returns stderr."""
     # Refused before Ray starts: the function that would start it is never reached.
-    with mock.patch("distpool.serving.run.run", side_effect=AssertionError("Ray would start")):
+    with mock.patch("distpool.serving.job.run", side_effect=AssertionError("Ray would start")):
         assert main(["run", *args]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -184,7 +184,7 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
 
 
 def test_a_json_path_in_folders_yet_to_be_made_is_accepted_and_written_whole(tmp_path):
-    from distpool.serving.output import check_output_path, write_json
+    from distpool.serving.job.output import check_output_path, write_json
 
     path = tmp_path / "out" / "deeper" / "run.json"
     assert check_output_path(str(path), "--json", {}) == path
@@ -280,8 +280,8 @@ def test_run_memory_adds_staging_per_peer_the_link_message_the_model_and_the_pro
     from distpool.memory.sizing import PoolArgs, size_pools
     from distpool.model.hf_config import spec_from_hf
     from distpool.model.presets import resolve_model
-    from distpool.serving.parity import parity_pool_sizes
-    from distpool.serving.run_memory import PROCESS_BYTES, RAY_BYTES, RunMemory
+    from distpool.serving.job.run_memory import PROCESS_BYTES, RAY_BYTES, RunMemory
+    from distpool.serving.summary.parity import parity_pool_sizes
     from distpool.worker.config import WorkerConfig
     from transfer import TransferOptions
 
@@ -377,7 +377,7 @@ def test_without_the_prefix_cache_conditional_disaggregation_is_off_unless_asked
         seen["spec"] = spec
         return 0
 
-    monkeypatch.setattr("distpool.serving.run.run", run)
+    monkeypatch.setattr("distpool.serving.job.run", run)
     assert main(["run", "--no-prefix-cache", "--requests", "2"]) == 0
     assert seen["spec"].worker.local_prefill is False
     assert main(["run", "--requests", "2", "--local-prefill-chunk", "64"]) == 0

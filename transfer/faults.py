@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from transfer.handle import ChunkHook, Transfer
+from transfer.ends import ChunkHook, Transfer
 
 SENDER_ABORT, STALL, DELAY_CONTROL = "sender_abort", "stall", "delay_control"
 CORRUPT_PAYLOAD = "corrupt_payload"

@@ -1,7 +1,7 @@
 """One request's transfers on every channel of one rank: landed when every part has.
 
 Across TP sizes, destination rank d receives its shard of a request from each source rank
-`transfer.reshard.source_ranks` names, one channel each, and source rank s sends to each
+`transfer.plans.reshard.source_ranks` names, one channel each, and source rank s sends to each
 destination rank it serves. Every channel moves its own part and concludes its own `Transfer`;
 `Parts` joins one rank's parts of one request:
 
@@ -26,10 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from distpool.memory.envelope import Envelope
-from transfer.errors import TransferError
-from transfer.handle import Transfer
-from transfer.receiver import EnvelopeReceiver
-from transfer.sender import EnvelopeSender
+from transfer.ends import EnvelopeReceiver, EnvelopeSender, Transfer
+from transfer.wire import TransferError
 
 PartsCallback = Callable[["Parts"], None]
 

@@ -13,16 +13,11 @@ import torch
 
 from distpool.memory.envelope import Envelope
 from distpool.memory.sizing import TpEnd
-from transfer.activity import Activity
-from transfer.channel import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.defaults import EXPECT_WAIT_S
-from transfer.errors import ChannelError
-from transfer.failure import FailureKind
+from transfer.ends import Activity, EnvelopeReceiver, EnvelopeSender, Transfer, TransferOptions, measure
 from transfer.faults import FaultInjector
-from transfer.handle import Transfer, TransferOptions
-from transfer.link import measure
-from transfer.receiver import EnvelopeReceiver
-from transfer.sender import EnvelopeSender
+from transfer.pair import RECEIVER_RANK, SENDER_RANK, Channel
+from transfer.wire import ChannelError, FailureKind
 
 
 def channel_name(prefill_name: str, decode_name: str) -> str:

@@ -1,5 +1,5 @@
 """The engine over a PD deployment (`PdEngine`): the front end's `Engine` protocol served by the driver
-(`serving.driver.Server`) in the process that hosts it, with tokens streamed as decode makes them.
+(`serving.path.driver.Server`) in the process that hosts it, with tokens streamed as decode makes them.
 
     engine = PdEngine(EngineSetup(spec, options, served_name, tokenizer_folder))  # starts the workers
     async for event in engine.generate(rid, ids, args): ...                       # one request
@@ -29,13 +29,12 @@ from distpool.api.engine import (
     TokenEvent,
     WorkerHealth,
 )
-from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import ServeOptions, Server, ServerClosed
+from distpool.serving.deploy import PING_TIMEOUT_S, Deployment, DeploymentSpec
+from distpool.serving.job import drop_prefix_caches, worker_stats
 from distpool.serving.outcome import Outcome
-from distpool.serving.recovery import PING_TIMEOUT_S
-from distpool.serving.report import TTFT_PARTS, leak_counts, percentile
-from distpool.serving.run import drop_prefix_caches, worker_stats
-from distpool.serving.workload import Request
+from distpool.serving.path import ServeOptions, Server, ServerClosed
+from distpool.serving.summary import TTFT_PARTS, leak_counts, percentile
+from distpool.serving.workloads import Request
 
 DRAINING_RETRY_AFTER_S = 5  # a request that comes while the server drains: try another server soon
 

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from distpool.bench.sessions import Session, Turn
 from distpool.bench.sharegpt import load_sharegpt
-from distpool.serving.conversation import DEFAULT_TURNS, generate_conversations
-from distpool.serving.workload import generate
+from distpool.serving.workloads import DEFAULT_TURNS, generate, generate_conversations
 
 DATASETS = {
     "mixed": "prompts of 4-96 tokens, uniform (distpool run's mixed)",

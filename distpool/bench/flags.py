@@ -10,7 +10,7 @@ from distpool.bench.client import ENDPOINTS
 from distpool.bench.datasets import DATASETS, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 from distpool.bench.metrics import SLO_KEYS
 from distpool.bench.unloaded import UNLOADED_REQUESTS
-from distpool.serving.conversation import DEFAULT_TURNS
+from distpool.serving.workloads import DEFAULT_TURNS
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 # Token ids of completions prompts are drawn from [0, 96): the bundled reference models' vocabulary,

@@ -20,8 +20,8 @@ from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
 from distpool.model_impl.flags import implementation_from
 from distpool.model_impl.hf.tokenizer import find_tokenizer
 from distpool.model_impl.select import compute_dtype
-from distpool.serving.conditional import ConditionalOptions
-from distpool.serving.request_flags import RequestFlags
+from distpool.serving.routing import ConditionalOptions
+from distpool.serving.workloads import RequestFlags
 from distpool.settings import Settings
 from distpool.worker.config import DEFAULT_LOCAL_PREFILL_CHUNK, WorkerConfig
 from transfer import TransferOptions
@@ -95,7 +95,7 @@ def _mib(nbytes: int | None) -> str:
 class DeploymentPlan:
     """What `run` and `serve` start, from their shared flags, every refusal made before Ray starts."""
 
-    spec: Any  # distpool.serving.deployment.DeploymentSpec
+    spec: Any  # distpool.serving.deploy.deployment.DeploymentSpec
     address: str | None  # the Ray cluster to attach to; None: an embedded one
     config_path: Path  # the model's config.json (a preset's, or a checkpoint folder's)
     model_folder: Path | None  # the checkpoint folder, when the model is one
@@ -104,10 +104,15 @@ class DeploymentPlan:
 
 def plan_deployment(ns: argparse.Namespace, outputs: dict[str, str | None]) -> DeploymentPlan:
     """The deployment the flags describe, checked; `outputs` (flag -> path) are checked as outputs."""
-    from distpool.serving.deployment import DeploymentSpec
+    from distpool.serving.deploy import DeploymentSpec
+    from distpool.serving.job import (
+        check_cluster,
+        check_distinct_outputs,
+        check_fits_this_machine,
+        check_output_path,
+        default_budget_bytes,
+    )
     from distpool.serving.metrics import validate_metrics_port
-    from distpool.serving.output import check_distinct_outputs, check_output_path
-    from distpool.serving.preflight import check_cluster, check_fits_this_machine, default_budget_bytes
 
     if not 0.0 <= ns.fault_rate < 1.0:
         raise ValueError(f"--fault-rate must be in [0, 1); got {ns.fault_rate}")
@@ -178,7 +183,7 @@ def plan_deployment(ns: argparse.Namespace, outputs: dict[str, str | None]) -> D
 
 def cmd_run(ns: argparse.Namespace) -> int:
     # Imported here so that `distpool check` does not pay for importing Ray.
-    from distpool.serving.run import run
+    from distpool.serving.job import run
 
     flags = RequestFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RequestFlags)})
     plan = plan_deployment(ns, {"--json": ns.json, "--outputs": ns.outputs})

@@ -30,7 +30,7 @@ from distpool.model_impl.errors import (
 )
 from distpool.model_impl.hf.checkpoint import CheckpointError
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving.deployment_checks import (
+from distpool.serving.deploy import (
     COLOCATED_DECODE_TP,
     COLOCATED_WITHOUT_STATE,
     PREFILL_TP_WITHOUT_PREFILL,

@@ -9,10 +9,14 @@ import math
 from distpool.memory.sizing import GIB, PoolArgs
 from distpool.model_impl.flags import add_model_impl_arguments
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving import request_flags
-from distpool.serving.conversation import DEFAULT_TURNS
-from distpool.serving.request_flags import RequestFlags
-from distpool.serving.workload import WORKLOADS
+from distpool.serving.workloads import (
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_REQUESTS,
+    DEFAULT_TURNS,
+    DEFAULT_WORKLOAD,
+    WORKLOADS,
+    RequestFlags,
+)
 from distpool.worker.config import DEFAULT_BUDGET_BYTES, DEFAULT_LOCAL_PREFILL_CHUNK
 from transfer.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
@@ -132,18 +136,18 @@ def add_run_parser(
     run.add_argument(
         "--decode-tp", type=_tp_size, default=1, help="tensor-parallel ranks per decode worker (1)"
     )
-    requests_help = f"generated requests (multi-turn: turns; {request_flags.DEFAULT_REQUESTS})"
+    requests_help = f"generated requests (multi-turn: turns; {DEFAULT_REQUESTS})"
     run.add_argument("--requests", type=int, help=requests_help)
     run.add_argument(
         "--workload",
         choices=list(WORKLOADS),
         # argparse formats help with %: the descriptions' "95%" must be escaped
-        help=f"prompt lengths ({request_flags.DEFAULT_WORKLOAD}): "
+        help=f"prompt lengths ({DEFAULT_WORKLOAD}): "
         + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()).replace("%", "%%"),
     )
     run.add_argument("--turns", type=int, help=f"multi-turn: turns per conversation ({DEFAULT_TURNS})")
     run.add_argument("--prompts", default=None, help="JSONL file of prompts instead of a generated workload")
-    low, high = request_flags.DEFAULT_PROMPT_LEN
+    low, high = DEFAULT_PROMPT_LEN
     run.add_argument("--min-prompt-len", type=int, default=None, help=f"shortest prompt of mixed ({low})")
     run.add_argument("--max-prompt-len", type=int, default=None, help=f"longest prompt of mixed ({high})")
     run.add_argument("--max-new-tokens", type=int, default=RequestFlags.max_new_tokens)

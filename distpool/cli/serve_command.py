@@ -101,7 +101,7 @@ def engine_setup(ns: argparse.Namespace, plan: DeploymentPlan, name: str):
     """The engine deployment's `EngineSetup` from the flags and their checked plan."""
     from distpool.api.pd_engine import EngineSetup
     from distpool.model_impl.hf.tokenizer import holds_tokenizer
-    from distpool.serving.driver import ServeOptions
+    from distpool.serving.path import ServeOptions
 
     folder = str(plan.model_folder) if holds_tokenizer(plan.config_path) else None
     options = ServeOptions(
@@ -139,7 +139,7 @@ def cmd_serve(ns: argparse.Namespace, defaults: argparse.Namespace) -> int:
     import ray
 
     from distpool.api.serve_app import ServeRun, serve_until_signal
-    from distpool.serving.run import start_ray
+    from distpool.serving.job import start_ray
 
     app, plan, name, _ = build(ns, defaults)
     if not plan.address:

@@ -11,7 +11,7 @@ An `Envelope` is what one side of a transfer knows of a request, built once by `
 Two pools with the same layout fingerprint list the same rows with the same sizes, so row i of one
 side pairs with row i of the other. Nothing else about pool memory crosses: the layout fingerprint
 is compared once per channel at its handshake, and a transfer's header carries the source's
-`ranges` as raw bytes (transfer/protocol.py), which the receiver checks against its own envelope
+`ranges` as raw bytes (transfer/wire/protocol.py), which the receiver checks against its own envelope
 before anything is written. Physical ids never leave the pool.
 """
 

@@ -127,7 +127,7 @@ class DriverMetrics:
 
     def observe_ttft(self, seconds: float, path: str = "remote") -> None:
         """A completed request's TTFT; `path`: "remote" (prefilled on a prefill worker and
-        transferred) or "local" (prefilled on decode, `serving.conditional`)."""
+        transferred) or "local" (prefilled on decode, `serving.routing.conditional`)."""
         if (m := self._instruments) is None:
             return
         with self._errors.guard():

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from distpool.model.sampling import Finish
 from distpool.worker.messages import DecodeFinished, PrefillSent
-from transfer.failure import FailureKind
+from transfer.wire import FailureKind
 
 
 @dataclass

@@ -22,10 +22,9 @@ from distpool.worker.lockstep import Lockstep
 from distpool.worker.metrics import WorkerMetrics
 from distpool.worker.stats import PoolHeld, WorkerStats
 from distpool.worker.tp_pairing import rank_name
+from transfer.connect import form_rank_group, reserve_port
 from transfer.peers import RECEIVER_RANK, SENDER_RANK, PeerChannels
-from transfer.plan import plan_runs
-from transfer.rank_group import form_rank_group
-from transfer.rendezvous import reserve_port
+from transfer.plans import plan_runs
 
 BANDS = ("pages", "slots")  # the bands whose peak a worker tracks
 NO_BAND = BandUsage(capacity=0, free=0, held=0, pinned=0)  # a pool without that band
@@ -72,7 +71,7 @@ class WorkerBase:
         # One rank's pool, sized for the shapes it stores (at TP 1: the whole model's).
         self.sizes = size_tp_pools(config.spec, config.for_role(self.role), config.budget_bytes, tp).rank
         # Decode receives each request's state whole from prefill, so it keeps no checkpoints; past
-        # TP 1 it prefills nothing itself (serving.local_path): no final state would be read.
+        # TP 1 it prefills nothing itself (serving.path.local_path): no final state would be read.
         receives = self.role == "decode"
         built = build_pool(
             self.sizes,
@@ -181,7 +180,7 @@ class WorkerBase:
 
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:
         """Raw messages of `nbytes` on the channel to `peer`, who calls this at the same time; the
-        decode end returns the median seconds per message (see `transfer.link`)."""
+        decode end returns the median seconds per message (see `transfer.ends.link`)."""
         return self.channels.measure_link(peer, nbytes, repeats)
 
     def plan_fault(self, request_id: str, kind: str | None) -> None:

@@ -48,7 +48,7 @@ class WorkerConfig:
     # pool shard of `budget_bytes`); tp_pairing.py says which ranks hold a channel.
     prefill_tp: int = 1
     decode_tp: int = 1
-    # Names and seals every control message of the deployment's channels (transfer.auth). Made
+    # Names and seals every control message of the deployment's channels (transfer.connect.auth). Made
     # here, once per configuration, and handed to the workers by Ray: never on a command line or
     # in a file. Not printed, not compared.
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from distpool.memory.prefix import CacheNews
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
-from transfer.failure import FailureKind
+from transfer.wire import FailureKind
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from transfer.failure import FailureKind
+from transfer.wire import FailureKind
 
 logger = logging.getLogger(__name__)
 

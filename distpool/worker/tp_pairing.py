@@ -1,7 +1,7 @@
 """Which ranks of a prefill group and a decode group hold a channel, and what each rank is called.
 
 A worker is a TP group of ranks (one process each). Every destination rank (decode) opens one
-channel to each source rank (prefill) its shard needs (`transfer.reshard.source_ranks`); with equal
+channel to each source rank (prefill) its shard needs (`transfer.plans.reshard.source_ranks`); with equal
 TP sizes that is rank r to rank r. A request's envelope moves over all of a pair's channels at once.
 
     rank_name("decode-0", 1, tp=2) -> "decode-0.1"    (at TP 1 a rank is named as its group)
@@ -17,7 +17,7 @@ from functools import cached_property
 
 from distpool.model.shard import RankShard, shard
 from distpool.model.spec import ModelSpec
-from transfer.reshard import source_ranks
+from transfer.plans import source_ranks
 
 
 def rank_name(group: str, rank: int, tp: int) -> str:

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.api.serve_fake_app import API_KEY
-from transfer.rendezvous import free_port
+from transfer.connect.rendezvous import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 180.0  # a cold cluster, Serve's controller and proxy, two deployments, on a loaded machine

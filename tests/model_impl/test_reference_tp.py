@@ -19,7 +19,7 @@ from distpool.model_impl.errors import ImplCannotRun, TpGroupMismatch, TpSplitUn
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from distpool.model_impl.select import build_model_impl
-from distpool.serving.parity import Expected, compare
+from distpool.serving.summary.parity import Expected, compare
 from tests.model_impl.tp_ranks import (
     PROMPTS,
     SPEC,

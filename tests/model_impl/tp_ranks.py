@@ -35,8 +35,8 @@ from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from tests.factories import make_rank_pool
-from transfer.groups import gloo_group
-from transfer.rendezvous import reserve_socket
+from transfer.connect.groups import gloo_group
+from transfer.connect.rendezvous import reserve_socket
 
 SPEC = spec_from_hf(REFERENCE_HYBRID_CONFIG)  # 4 query, 2 KV, 4 Mamba heads; 2 groups
 STEPS = 5  # decode steps after each prefill

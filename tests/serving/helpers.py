@@ -5,9 +5,9 @@ import asyncio
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving import workload
-from distpool.serving.deployment import DeploymentSpec
-from distpool.serving.workload import Request
+from distpool.serving.deploy.deployment import DeploymentSpec
+from distpool.serving.workloads import workload
+from distpool.serving.workloads.workload import Request
 from distpool.worker.config import WorkerConfig
 from transfer import TransferOptions
 
@@ -42,8 +42,8 @@ def serve(spec, requests, **options):
     """Start a deployment, serve `requests`, return (outcomes, worker stats, server); always shuts down."""
     import ray
 
-    from distpool.serving.deployment import Deployment
-    from distpool.serving.driver import ServeOptions, Server
+    from distpool.serving.deploy.deployment import Deployment
+    from distpool.serving.path.driver import ServeOptions, Server
 
     deployment = Deployment.start(spec)
     try:

@@ -1,4 +1,4 @@
-"""The driver's attempts in flight (`serving.attempts`) and waiting for room on an event rather than
+"""The driver's attempts in flight (`serving.path.attempts`) and waiting for room on an event rather than
 polling (`Reservations.reserve_first`), with fakes in place of Ray: no cluster."""
 
 import asyncio
@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from distpool.memory.pool import DoesNotFit
-from distpool.serving.attempt_errors import Busy, Retry
-from distpool.serving.attempts import Attempts
-from distpool.serving.reservations import Reservations
-from distpool.serving.router import Router
-from distpool.serving.workload import Request
+from distpool.serving.path.attempt_errors import Busy, Retry
+from distpool.serving.path.attempts import Attempts
+from distpool.serving.path.reservations import Reservations
+from distpool.serving.routing.router import Router
+from distpool.serving.workloads.workload import Request
 from distpool.worker.messages import DecodeFinished
-from transfer.failure import FailureKind
+from transfer.wire.failure import FailureKind
 
 
 class DirectRecovery:

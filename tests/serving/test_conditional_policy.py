@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from distpool.memory.prefix import CacheNews, StateKey
-from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
-from distpool.serving.router import AFFINITY_SLACK, Router
+from distpool.serving.routing.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
+from distpool.serving.routing.router import AFFINITY_SLACK, Router
 from tests.factories import finished_news
 
 MIB = 1 << 20

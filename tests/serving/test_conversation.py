@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from distpool.memory.sizing import PoolArgs
-from distpool.serving.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
-from distpool.serving.driver import ServeOptions, Server
+from distpool.serving.job.main import exit_status
 from distpool.serving.outcome import Outcome
-from distpool.serving.parity import Parity
-from distpool.serving.report import summarize
-from distpool.serving.report_text import format_summary
-from distpool.serving.run import exit_status
+from distpool.serving.path.driver import ServeOptions, Server
+from distpool.serving.summary.parity import Parity
+from distpool.serving.summary.report import summarize
+from distpool.serving.summary.report_text import format_summary
+from distpool.serving.workloads.conversation import DEFAULT_TURNS, TurnFeed, generate_conversations
 from transfer import TransferOptions
 
 NEW_TOKENS = 16

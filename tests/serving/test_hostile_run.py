@@ -18,7 +18,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from transfer.protocol import GENERATION_KEY, bell_key, reply_key
+from transfer.wire.protocol import GENERATION_KEY, bell_key, reply_key
 
 pytestmark = pytest.mark.ray
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distpool.serving.metrics import METRICS_REPORT_INTERVAL_MS, ray_init_options, validate_metrics_port
-from transfer.rendezvous import free_port
+from transfer.connect.rendezvous import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -29,7 +29,7 @@ import sys
 import ray
 from distpool.serving.metrics import DriverMetrics, ray_init_options
 from distpool.worker.metrics import WorkerMetrics
-from transfer.failure import FailureKind
+from transfer.wire.failure import FailureKind
 
 ray.init(
     address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
@@ -178,7 +178,7 @@ def test_recording_without_ray_is_a_no_op_that_does_not_import_it():
 import sys
 from distpool.serving.metrics import DriverMetrics
 from distpool.worker.metrics import WorkerMetrics
-from transfer.failure import FailureKind
+from transfer.wire.failure import FailureKind
 
 def record_everything():
     worker, driver = WorkerMetrics("decode-0", "decode"), DriverMetrics()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from distpool.serving.output import check_distinct_outputs, check_output_path, write_text
+from distpool.serving.job.output import check_distinct_outputs, check_output_path, write_text
 from tests.test_run_validation import no_ray, prompts_file, run_refused  # noqa: F401 (a fixture)
 
 
@@ -101,7 +101,7 @@ def test_dev_stdout_redirected_to_a_file_is_appended_to_and_never_replaced(tmp_p
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from distpool.serving import output\n"
+        "from distpool.serving.job import output\n"
         "dev = Path(sys.argv[1])\n"
         "output.SYSTEM_FOLDERS = (*output.SYSTEM_FOLDERS, dev)\n"
         "print('summary', flush=True)\n"

@@ -4,9 +4,9 @@ implementation, and the summary's counts."""
 
 from __future__ import annotations
 
-from distpool.serving.parity import NEAR_TIE_MARGIN, Expected, Parity, compare
-from distpool.serving.report import summarize
-from distpool.serving.report_text import format_summary
+from distpool.serving.summary.parity import NEAR_TIE_MARGIN, Expected, Parity, compare
+from distpool.serving.summary.report import summarize
+from distpool.serving.summary.report_text import format_summary
 
 
 def expected(tokens: list[int], margins: list[float] | None) -> Expected:

@@ -6,10 +6,10 @@ import torch
 
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
-from distpool.serving.faults import RECEIVER_CANCEL
-from distpool.serving.parity import colocated_tokens
-from distpool.serving.report import failures_by_reason
-from distpool.serving.workload import Request
+from distpool.serving.path.faults import RECEIVER_CANCEL
+from distpool.serving.summary.parity import colocated_tokens
+from distpool.serving.summary.report import failures_by_reason
+from distpool.serving.workloads.workload import Request
 from tests.serving.helpers import make_spec, mixed_requests, serve
 from transfer import FailureKind
 from transfer.faults import DELAY_CONTROL, SENDER_ABORT
@@ -107,8 +107,8 @@ def test_a_second_server_on_the_same_deployment_gets_every_result(ray_session):
 
     import ray
 
-    from distpool.serving.deployment import Deployment
-    from distpool.serving.driver import ServeOptions, Server
+    from distpool.serving.deploy.deployment import Deployment
+    from distpool.serving.path.driver import ServeOptions, Server
 
     spec = make_spec()
     deployment = Deployment.start(spec)
@@ -128,7 +128,7 @@ def test_a_second_server_on_the_same_deployment_gets_every_result(ray_session):
 def test_spread_over_more_workers_than_nodes_is_refused_with_the_node_count(ray_session):
     """An attached cluster's nodes are counted before placement: a spread it cannot hold once
     waited 60 s and ended in a GetTimeoutError traceback."""
-    from distpool.serving.deployment import Deployment
+    from distpool.serving.deploy.deployment import Deployment
 
     with pytest.raises(ValueError, match="the cluster has 1 node"):
         Deployment.start(make_spec(spread=True))

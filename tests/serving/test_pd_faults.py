@@ -12,10 +12,10 @@ import time
 import pytest
 
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import ServeOptions, Server
-from distpool.serving.parity import Parity, colocated_tokens
-from distpool.serving.run import worker_stats
+from distpool.serving.deploy.deployment import Deployment, DeploymentSpec
+from distpool.serving.job.main import worker_stats
+from distpool.serving.path.driver import ServeOptions, Server
+from distpool.serving.summary.parity import Parity, colocated_tokens
 from distpool.worker.stats import DecodeStats
 from tests.factories import FIXTURES
 from tests.serving import helpers
@@ -154,8 +154,8 @@ def test_a_restarted_decode_workers_first_life_still_counts_in_the_summary(ray_s
     """Regression: kill -9 of a decode worker that had verified envelopes; Ray restarted it with its
     counters at zero, and the summary (which summed the workers' own counters) read "verified 176"
     of 200 completed and exited 1 instead of 3. The driver now counts what each result reported."""
-    from distpool.serving.report import summarize
-    from distpool.serving.run import exit_status
+    from distpool.serving.job.main import exit_status
+    from distpool.serving.summary.report import summarize
     from tests.serving.test_pd_synthetic import synthetic_spec
 
     spec = synthetic_spec(num_prefill=1, num_decode=2)

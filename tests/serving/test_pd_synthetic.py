@@ -16,15 +16,15 @@ import pytest
 
 from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
-from distpool.serving.deployment import DeploymentSpec
-from distpool.serving.parity import colocated_tokens
-from distpool.serving.run import exit_status, run
+from distpool.serving.deploy.deployment import DeploymentSpec
+from distpool.serving.job.main import exit_status, run
+from distpool.serving.summary.parity import colocated_tokens
 from distpool.worker.config import WorkerConfig
 from distpool.worker.stats import DecodeStats
 from tests.factories import FIXTURES, make_spec
 from tests.serving.helpers import mixed_requests
 from transfer import TransferOptions
-from transfer.rendezvous import free_port
+from transfer.connect.rendezvous import free_port
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def test_the_parity_pool_holds_one_sampled_request_not_a_whole_worker_budget(uni
     request at full context needs about 1.03 GiB, more than the 1 GiB cap), about a third of the
     run's memory. It now holds one request of the longest sampled length, whatever the split."""
     from distpool.model.presets import resolve_model
-    from distpool.serving.parity import parity_pool_sizes
+    from distpool.serving.summary.parity import parity_pool_sizes
 
     spec = spec_from_hf(resolve_model("nemotron-h-56b"))
     args = PoolArgs(enable_unified_memory=unified, mamba_state_ratio=0.5)

@@ -13,9 +13,9 @@ from distpool.cli import main
 from distpool.model.presets import resolve_model
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.hf.tokenizer import find_tokenizer
+from distpool.serving.job.main import outputs_text
 from distpool.serving.outcome import Outcome
-from distpool.serving.run import outputs_text
-from distpool.serving.workload import Request, load_jsonl
+from distpool.serving.workloads.workload import Request, load_jsonl
 from tests.hf_checkpoints import VOCAB, save_tokenizer
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from transfer.rendezvous import free_port
+from transfer.connect.rendezvous import free_port
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from distpool.serving.job.main import exit_status
 from distpool.serving.outcome import Outcome
-from distpool.serving.parity import Parity
-from distpool.serving.report import summarize
-from distpool.serving.report_text import format_summary
-from distpool.serving.run import exit_status
-from distpool.serving.worker_reading import WorkerReading
+from distpool.serving.summary.parity import Parity
+from distpool.serving.summary.report import summarize
+from distpool.serving.summary.report_text import format_summary
+from distpool.serving.summary.worker_reading import WorkerReading
 from distpool.worker.stats import PoolHeld
 from tests.factories import make_decode_stats
 

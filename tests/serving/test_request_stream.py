@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from distpool.serving.outcome import Outcome
-from distpool.serving.request_stream import RequestStream
+from distpool.serving.path.request_stream import RequestStream
 
 
 def read(stream: RequestStream):

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from distpool.serving.attempt_errors import Retry
-from distpool.serving.result_deadline import STALLS_ALLOWED, await_result
-from transfer.failure import FailureKind
+from distpool.serving.path.attempt_errors import Retry
+from distpool.serving.path.attempts import STALLS_ALLOWED, await_result
+from transfer.wire.failure import FailureKind
 
 SILENCE_S = 0.05
 

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from distpool.memory.prefix import CacheNews, chained_block_keys
-from distpool.serving import workload
 from distpool.serving.outcome import Outcome
-from distpool.serving.parity import Parity
-from distpool.serving.report import percentile, summarize
-from distpool.serving.report_text import format_summary
-from distpool.serving.router import AFFINITY_SLACK, NoWorkerAlive, Router
-from distpool.serving.worker_reading import WorkerReading
+from distpool.serving.routing.router import AFFINITY_SLACK, NoWorkerAlive, Router
+from distpool.serving.summary.parity import Parity
+from distpool.serving.summary.report import percentile, summarize
+from distpool.serving.summary.report_text import format_summary
+from distpool.serving.summary.worker_reading import WorkerReading
+from distpool.serving.workloads import workload
 from tests.factories import make_decode_stats
 from transfer import FailureKind
 

@@ -10,22 +10,22 @@ from types import SimpleNamespace
 import pytest
 
 from distpool.model.shard import TpUnshardable
-from distpool.serving.conditional import ConditionalOptions
-from distpool.serving.deployment import DeploymentSpec, check_tensor_parallel
-from distpool.serving.deployment_checks import (
+from distpool.serving.deploy.deployment import DeploymentSpec, check_tensor_parallel
+from distpool.serving.deploy.deployment_checks import (
     TP_WITH_SPREAD,
     TP_WITH_TRANSFORMERS,
     DeploymentRefused,
     RankPoolRefused,
 )
-from distpool.serving.local_path import LocalPath
-from distpool.serving.router import Router
-from distpool.serving.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.deploy.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.path.local_path import LocalPath
+from distpool.serving.routing.conditional import ConditionalOptions
+from distpool.serving.routing.router import Router
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
 from tests.factories import tp_spec
 from tests.serving import helpers
-from transfer.failure import FailureKind
+from transfer.wire.failure import FailureKind
 
 
 def finished(

@@ -18,13 +18,13 @@ from collections.abc import Callable
 
 import pytest
 
-from distpool.serving import deployment as deployment_module
-from distpool.serving.deployment import Deployment, DeploymentSpec
-from distpool.serving.driver import ServeOptions, Server
-from distpool.serving.faults import CORRUPT_ONE_RANK
-from distpool.serving.parity import Parity
-from distpool.serving.report import summarize
-from distpool.serving.run import drop_prefix_caches, exit_status, worker_stats
+from distpool.serving.deploy import deployment as deployment_module
+from distpool.serving.deploy.deployment import Deployment, DeploymentSpec
+from distpool.serving.job.main import drop_prefix_caches, exit_status, worker_stats
+from distpool.serving.path.driver import ServeOptions, Server
+from distpool.serving.path.faults import CORRUPT_ONE_RANK
+from distpool.serving.summary.parity import Parity
+from distpool.serving.summary.report import summarize
 from distpool.worker.stats import DecodeStats
 from tests.factories import tp_spec
 from tests.serving.helpers import mixed_requests, tp_worker

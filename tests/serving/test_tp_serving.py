@@ -14,9 +14,9 @@ from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
-from distpool.serving.deployment import DeploymentSpec
-from distpool.serving.parity import colocated_tokens
-from distpool.serving.run import exit_status, run
+from distpool.serving.deploy.deployment import DeploymentSpec
+from distpool.serving.job.main import exit_status, run
+from distpool.serving.summary.parity import colocated_tokens
 from distpool.worker.config import WorkerConfig
 from tests.factories import FIXTURES, tp_spec
 from tests.serving.helpers import mixed_requests, tp_worker

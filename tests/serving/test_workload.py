@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from distpool.serving import workload
-from distpool.serving.workload import DEFAULT_VOCAB_SIZE, WORKLOADS
+from distpool.serving.workloads import workload
+from distpool.serving.workloads.workload import DEFAULT_VOCAB_SIZE, WORKLOADS
 
 NEW_TOKENS = 16
 STATIC = [name for name in WORKLOADS if name != "multi-turn"]  # multi-turn: test_conversation.py

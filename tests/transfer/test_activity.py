@@ -2,7 +2,7 @@
 
 import threading
 
-from transfer.activity import Activity, ActivityLock
+from transfer.ends.activity import Activity, ActivityLock
 
 
 def test_waiters_wake_when_the_last_end_lets_go_of_its_channel():

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-import transfer.receive_pipeline as receive_pipeline_module
-import transfer.send_pipeline as send_pipeline_module
+import transfer.ends.receive_pipeline as receive_pipeline_module
+import transfer.ends.send_pipeline as send_pipeline_module
 from distpool.memory.envelope import Envelope
 from tests.transfer.transfer_peer import (
     Ledger,

@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-import transfer.receiver as receiver_module
+import transfer.ends.receiver as receiver_module
 from tests.transfer.test_engine_states import ARENA_BYTES, tables
 from tests.transfer.transfer_peer import digest, envelope_for, failure_of, make_arena
 from transfer import FailureKind, TransferError, TransferOptions, TransferState
-from transfer.protocol import READY
+from transfer.wire.protocol import READY
 
 HELD = 15  # of the 40 pages
 

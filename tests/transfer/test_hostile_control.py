@@ -23,8 +23,9 @@ from tests.transfer.test_channel import make_channel
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port, make_arena
 from transfer import Channel, ChannelError
-from transfer.control import frames
-from transfer.protocol import (
+from transfer.connect.rendezvous import MAX_UNPROVEN
+from transfer.pair.control import frames
+from transfer.wire.protocol import (
     HEADER,
     PROTOCOL_VERSION,
     TAG_CONTROL,
@@ -32,7 +33,6 @@ from transfer.protocol import (
     encode_message,
     reply_key,
 )
-from transfer.rendezvous import MAX_UNPROVEN
 
 
 def outsider(channel, timeout_s: float = 2.0) -> dist.TCPStore:

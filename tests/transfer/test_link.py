@@ -1,4 +1,4 @@
-"""The raw link measurement (`transfer.link`): both ends at once, on the channel's own group."""
+"""The raw link measurement (`transfer.ends.link`): both ends at once, on the channel's own group."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from tests.transfer.test_engine_states import round_trip, tables
 from tests.transfer.transfer_peer import make_arena
 from transfer import ChannelError
-from transfer.link import measure
+from transfer.ends.link import measure
 
 
 def measure_both(sender, receiver, nbytes: int, repeats: int, chunk_bytes: int | None = None):

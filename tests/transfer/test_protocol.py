@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distpool.memory.envelope import Envelope
-from transfer.errors import ProtocolError
-from transfer.failure import FailureKind
-from transfer.plan import plan_runs
-from transfer.protocol import (
+from transfer.plans.plan import plan_runs
+from transfer.wire.errors import ProtocolError
+from transfer.wire.failure import FailureKind
+from transfer.wire.protocol import (
     ABORT,
     HEADER,
     PROTOCOL_VERSION,

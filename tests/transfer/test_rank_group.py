@@ -19,9 +19,9 @@ import torch
 
 from tests.transfer.transfer_peer import SECRET, free_port
 from transfer import ChannelError, form_rank_group
-from transfer.auth import ControlAuth
-from transfer.relay_store import MAX_VALUE_BYTES, RelayStore
-from transfer.rendezvous import NONCE_BYTES, PROOF_S, RendezvousPort, join_peer
+from transfer.connect.auth import ControlAuth
+from transfer.connect.relay_store import MAX_VALUE_BYTES, RelayStore
+from transfer.connect.rendezvous import NONCE_BYTES, PROOF_S, RendezvousPort, join_peer
 
 HOST = "127.0.0.1"
 OUTSIDER_SECRET = b"not-this-deployment-secret-0123456"

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from transfer.auth import ControlAuth
-from transfer.errors import ChannelError
-from transfer.rendezvous import RendezvousPort, hold_socket, join_peer, reserve_port, reserve_socket
+from transfer.connect.auth import ControlAuth
+from transfer.connect.rendezvous import RendezvousPort, hold_socket, join_peer, reserve_port, reserve_socket
+from transfer.wire.errors import ChannelError
 
 SECRET = b"s" * 32
 

@@ -14,8 +14,8 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, prefill_tokens, tp_spec
-from transfer.plan import plan_runs
-from transfer.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
+from transfer.plans.plan import plan_runs
+from transfer.plans.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
 
 PROMPT = [5, 3, 8, 1, 9, 2, 7, 4, 6, 0, 11]  # 11 tokens: three pages of 4, the last partly filled
 PAGE_SIZE = 4

@@ -18,8 +18,8 @@ from distpool.memory.envelope import Envelope
 from tests.transfer.conftest import connected_pair
 from tests.transfer.transfer_peer import make_arena
 from transfer import TransferOptions, TransferState
-from transfer.control import FRAME_BYTES, frames
-from transfer.protocol import TAG_DATA
+from transfer.pair.control import FRAME_BYTES, frames
+from transfer.wire.protocol import TAG_DATA
 
 ARENA_BYTES = 1 << 20
 # Row sizes: KV-head slices (small, some odd), pages, and long runs such as halves of a state.

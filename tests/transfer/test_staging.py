@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transfer import staging
-from transfer.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
+from transfer.ends import staging
+from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
 
 
 def pieces(rows: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

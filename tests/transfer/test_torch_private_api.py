@@ -1,4 +1,4 @@
-"""torch's private Gloo API that `transfer.groups` uses holds on the installed torch, which must be a
+"""torch's private Gloo API that `transfer.connect.groups` uses holds on the installed torch, which must be a
 release it was checked against (`CHECKED_TORCH_RELEASES`, what pyproject.toml declares)."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import torch
 import torch.distributed as dist
 
 from tests.declared_versions import declared_range, range_of, release_of
-from transfer.groups import CHECKED_TORCH_RELEASES, close_links, gloo_group
+from transfer.connect.groups import CHECKED_TORCH_RELEASES, close_links, gloo_group
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def test_the_installed_torch_is_a_release_the_private_api_was_checked_against():
     assert release_of(torch.__version__) in CHECKED_TORCH_RELEASES, (
-        f"torch {torch.__version__} is installed; transfer/groups.py's use of torch's private Gloo API was "
-        f"checked against {CHECKED_TORCH_RELEASES}: check it on {torch.__version__} and add it, or install "
-        f"torch{range_of(CHECKED_TORCH_RELEASES)}"
+        f"torch {torch.__version__} is installed; transfer/connect/groups.py's use of torch's private "
+        f"Gloo API was checked against {CHECKED_TORCH_RELEASES}: check it on {torch.__version__} and add "
+        f"it, or install torch{range_of(CHECKED_TORCH_RELEASES)}"
     )
 
 

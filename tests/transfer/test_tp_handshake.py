@@ -11,7 +11,7 @@ from tests.factories import make_sizes, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel
 from tests.transfer.transfer_peer import free_port
 from transfer import Channel, FingerprintMismatch, ReshardRefused
-from transfer.tp_handshake import check_reshard
+from transfer.plans.tp_handshake import check_reshard
 
 
 def tp_end(model: str, tp: int, rank: int, **size_args) -> tuple[TpEnd, dict, str]:

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from tests.factories import TP_CONFIGS, make_rank_pool, tp_spec
 from tests.transfer.test_reshard import PAGE_SIZE, layout, units_of
-from transfer.plan import DST, NBYTES, SRC, plan_messages
-from transfer.reshard import plan_pair, source_ranks
-from transfer.staging import gather, scatter
+from transfer.ends.staging import gather, scatter
+from transfer.plans.plan import DST, NBYTES, SRC, plan_messages
+from transfer.plans.reshard import plan_pair, source_ranks
 
 DIRECTIONS = [(1, 2), (2, 1), (2, 4), (4, 2)]
 

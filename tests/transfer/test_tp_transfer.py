@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import transfer.sender as sender_module
+import transfer.ends.sender as sender_module
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.sizing import TpEnd, layout_description
 from distpool.model_impl.synthetic.model import SyntheticCache
@@ -35,8 +35,8 @@ from tests.transfer.test_reshard import (
 from tests.transfer.transfer_peer import failure_of, free_port
 from transfer import EnvelopeReceiver, EnvelopeSender, FailureKind, TransferError, TransferOptions
 from transfer.parts import Parts, expect_parts, submit_parts
-from transfer.plan import plan_messages
-from transfer.reshard import plan_pair, source_ranks
+from transfer.plans.plan import plan_messages
+from transfer.plans.reshard import plan_pair, source_ranks
 
 TP_PAIRS = [(2, 1), (1, 2), (2, 4)]
 MODELS = list(TP_CONFIGS)  # Mamba2 (one and eight groups), GDN, Falcon-H1, window pages, MLA + KDA

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transfer import TransferOptions
-from transfer.plan import (
+from transfer.plans.plan import (
     DST,
     NBYTES,
     SRC,

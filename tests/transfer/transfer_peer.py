@@ -28,8 +28,8 @@ from transfer import (
     TransferError,
     TransferOptions,
 )
-from transfer.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_key, table_bytes
-from transfer.rendezvous import free_port
+from transfer.connect.rendezvous import free_port
+from transfer.wire.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_key, table_bytes
 
 FINGERPRINT = "f00dfeedf00dfeed"
 SECRET = b"transfer-tests-secret-0123456789"  # both ends of every test channel share it

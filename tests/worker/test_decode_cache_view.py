@@ -13,8 +13,8 @@ import time
 
 from decode.worker import DecodeWorker
 from distpool.model.sampling import SamplingParams
-from distpool.serving.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
-from distpool.serving.router import Router
+from distpool.serving.routing.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
+from distpool.serving.routing.router import Router
 from distpool.worker.messages import (
     DecodeFinished,
     LocalPrefillRefused,

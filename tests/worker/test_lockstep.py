@@ -25,7 +25,7 @@ from distpool.worker.stats import PoolHeld
 from prefill.worker import PrefillWorker
 from tests.factories import accounting, tp_spec
 from transfer import FailureKind, TransferOptions
-from transfer.groups import gloo_group
+from transfer.connect.groups import gloo_group
 
 
 def gloo_groups(size: int, timeout_s: float = 10.0) -> list[dist.ProcessGroup]:

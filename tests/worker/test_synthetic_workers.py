@@ -10,9 +10,9 @@ import pytest
 from distpool.memory.sizing import PoolArgs
 from distpool.model.sampling import SamplingParams
 from distpool.model.spec import DENSE, HYBRID_MAMBA, HYBRID_SWA
-from distpool.serving.deployment import DeploymentSpec
-from distpool.serving.parity import colocated_tokens
-from distpool.serving.workload import Request
+from distpool.serving.deploy.deployment import DeploymentSpec
+from distpool.serving.summary.parity import colocated_tokens
+from distpool.serving.workloads.workload import Request
 from distpool.worker.config import WorkerConfig
 from distpool.worker.messages import DecodeFailed, PrefillSent
 from tests.factories import make_spec

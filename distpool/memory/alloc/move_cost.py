@@ -3,7 +3,7 @@ is in when it is transferred, in one unit (bytes of copying).
 
 - Copying a page costs its bytes: compaction copies inside the arena at the arena's copy bandwidth.
 - A byte run of an envelope costs each transfer one more slice copy on each side (gather, scatter:
-  transfer/staging.py). `run_bytes` is that time in bytes of compaction copying. It is tiny next to
+  transfer/ends/staging.py). `run_bytes` is that time in bytes of compaction copying. It is tiny next to
   a page, so below the bound no move pays for the runs it saves: the allocator then copies as
   little as it can.
 - Runs beyond `max_runs` per envelope's pages cost `over_run_bytes` more each. That is the bound on

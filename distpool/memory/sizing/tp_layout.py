@@ -4,7 +4,7 @@ Two ranks of groups with the same TP size hold the same shapes, so their pool la
 fingerprints) must agree as they always did. Across TP sizes the per-rank layouts differ by
 design; what must agree is the unsharded model layout: every layout field of the model (with the
 run's dtypes), its shard table, the page size and the band kind. `TpEnd.hello()` carries that with
-the TP size and rank; the handshake (`transfer.handshake`) compares it and checks that the pair can
+the TP size and rank; the handshake (`transfer.pair.handshake`) compares it and checks that the pair can
 be resharded.
 """
 

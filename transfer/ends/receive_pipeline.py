@@ -1,0 +1,107 @@
+"""The receiving side of one transfer's chunks: chunk k is scattered while chunks k+1 and k+2 arrive.
+
+    keep three chunks' receives posted (messages contiguous here straight into our arena, staged
+        ones into staging buffer k % 3); land chunk k (its staged messages are scattered as they come,
+        while the chunk's other messages and chunks k+1 and k+2 arrive), then post k+3
+
+Where bytes go is computed from this end's own ranges alone (`Job.runs`); the sending side is
+`transfer.ends.send_pipeline`, and the control messages around both are the ends' own.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from transfer.ends.end import Job
+from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, scatter
+from transfer.pair import Channel
+from transfer.plans import DST, NBYTES, Chunk, assign_streams
+from transfer.wire import TAG_DATA, TRAILER_WORDS, read_trailer
+
+
+class ReceivePipeline:
+    """Receives one transfer's chunks (`plan_messages` of its runs, as the sender plans them) into
+    the job's arena: `receive` posts and lands them all, in plan order."""
+
+    def __init__(self, channel: Channel, staging: StagingBuffers, job: Job, chunks: list[Chunk]) -> None:
+        self.channel, self.staging, self.job, self.chunks = channel, staging, job, chunks
+        self._trailer: tuple[object, torch.Tensor] | None = None  # (work, tensor) once posted
+
+    def receive(self, deadline: float) -> str | None:
+        """Post and land every chunk (and post the trailer's receive); returns the reason of our own
+        abort, if the transfer was aborted meanwhile (the stream still drains then, but nothing more
+        is scattered)."""
+        job, chunks = self.job, self.chunks
+        transfer = job.transfer
+        streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
+        # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
+        # allow: chunk j's staged messages take staging buffer j % DEPTH, free once chunk j-DEPTH
+        # landed; messages contiguous here land in the arena in place and need none. So chunks
+        # k+1 and k+2 (at least) are arriving while chunk k is scattered.
+        posted: collections.deque[tuple[Chunk, list, list]] = collections.deque()
+        num_posted = num_landed = 0
+
+        def post_ahead() -> None:
+            nonlocal num_posted
+            while num_posted < len(chunks) and (
+                num_posted - PIPELINE_DEPTH < num_landed
+                or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
+            ):
+                posted.append(self._post(chunks[num_posted], streams[num_posted]))
+                num_posted += 1
+            if num_posted == len(chunks) and self._trailer is None:
+                # Posted with the last chunk, so that it lands with the stream: a Gloo message
+                # waits for its receive to be posted, which costs a round trip of the I/O threads.
+                received = torch.zeros(TRAILER_WORDS, dtype=torch.int64, device=job.buffer.device)
+                self._trailer = (self.channel.recv(received, TAG_DATA), received)
+
+        aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
+        post_ahead()
+        for _ in chunks:
+            self._land(posted.popleft(), deadline, scatter_staged=aborted is None)
+            num_landed += 1
+            post_ahead()
+            aborted = aborted or transfer.abort_reason
+        return aborted
+
+    def receive_trailer(self, seq: int, deadline: float) -> tuple[bool, int | None]:
+        """The stream's last message, after every chunk: (filled, checksum or None) of transfer
+        `seq`; ProtocolError when it is not that transfer's trailer."""
+        if self._trailer is None:
+            raise RuntimeError("receive() posts the trailer's receive first")
+        work, received = self._trailer
+        self.channel.wait(work, deadline, "receiving the trailer")
+        return read_trailer(received, seq)
+
+    def _post(self, chunk: Chunk, streams: list[int]) -> tuple[Chunk, list, list]:
+        """Post the receives of one chunk (message i on stream `streams[i]`): direct messages
+        straight into the arena."""
+        works, buffers = [], []
+        channel = self.channel
+        staged = self.staging.get(chunk.index, chunk.staged_bytes(DST))
+        for message, stream, at in zip(chunk.messages, streams, chunk.staging_offsets(DST), strict=True):
+            offset = message.in_place_at(DST)
+            if offset is not None:
+                buffer = self.job.buffer[offset : offset + message.nbytes]
+            else:
+                buffer = staged[at : at + message.nbytes]
+            works.append(channel.recv(buffer, TAG_DATA + stream))
+            buffers.append(buffer)
+        return chunk, works, buffers
+
+    def _land(self, posted: tuple[Chunk, list, list], deadline: float, *, scatter_staged: bool) -> None:
+        """Wait for a posted chunk's messages and scatter its staged one into the arena as soon as
+        it is in (the plan sends it first: its scatter overlaps the chunk's zero-copy messages)."""
+        job = self.job
+        chunk, works, buffers = posted
+        for message, work, buffer in zip(chunk.messages, works, buffers, strict=True):
+            self.channel.wait(work, deadline, f"receiving chunk {chunk.index}")
+            if scatter_staged and message.in_place_at(DST) is None:
+                scatter(buffer, message.pieces[:, DST], message.pieces[:, NBYTES], job.buffer)
+        if not scatter_staged:
+            return
+        job.transfer.num_chunks_done = chunk.index + 1
+        if job.transfer.on_chunk is not None:
+            job.transfer.on_chunk(job.transfer, chunk.index)

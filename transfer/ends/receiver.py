@@ -1,0 +1,295 @@
+"""The receiving end (rank 1, the decode worker): envelopes land only where it reserved them.
+
+`EnvelopeReceiver.expect` registers a reserved destination envelope and returns a `Transfer`; a
+worker thread waits for the sender's bell, then for the transfer it announces. A decode rank of a
+TP group expects its own envelope on each of its channels (one per source rank its shard needs),
+or on all at once with `transfer.parts.expect_parts`: each channel's transfer concludes when its
+part has landed (its `num_bytes` is that part), and the request has landed on the rank when every
+part has (`Parts.wait()`). One transfer:
+
+    decode the bell's HEADER (bounded); take the expectation it names (waiting up to
+        `unexpected_wait_s` for `expect`)
+    check it against the reservation: request id, tokens, row count and row sizes (the source
+        table, less the pages held here already, must pair with ours; across TP sizes each row
+        must have the source shard's unit size), chunk size (`transfer.ends.header_check`); any
+        mismatch -> REFUSE, nothing written
+    the sender withdrew it meanwhile -> REFUSE
+    READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
+        (`transfer.ends.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
+    the stream's trailer: filled -> verify the checksum (if asked), STATUS ok | unfilled: read
+        the sender's ABORT, STATUS failed
+
+Where bytes go is computed from this end's own ranges alone; the header only has to agree.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from distpool.memory.envelope import MAX_PAGES, Envelope
+from transfer.defaults import (
+    EXPECT_WAIT_S,
+    IDLE_WAIT_S,
+    MAX_CHUNK_BYTES,
+    MAX_REFUSALS_KEPT,
+    TELL_PEER_S,
+    UNEXPECTED_WAIT_S,
+)
+from transfer.ends.activity import Activity
+from transfer.ends.end import ChannelEnd, Job, Stopped
+from transfer.ends.handle import ChunkHook, Transfer
+from transfer.ends.header_check import Refusal, header_runs
+from transfer.ends.receive_pipeline import ReceivePipeline
+from transfer.ends.staging import checksum
+from transfer.pair import RECEIVER_RANK, Channel
+from transfer.plans import DST, NBYTES, plan_messages
+from transfer.wire import (
+    ABORT,
+    HEADER,
+    READY,
+    REFUSE,
+    STATUS,
+    ChannelError,
+    FailureKind,
+    ProtocolError,
+    TransferError,
+    abort_key,
+    decode_message,
+    encode_message,
+    reply_key,
+    status_key,
+    table_bytes,
+    withdraw_key,
+)
+
+
+class EnvelopeReceiver(ChannelEnd):
+    """Receives envelopes over one channel (rank 1) into destinations reserved with `expect`.
+
+    `max_chunk_bytes` bounds the staging buffers a sender may ask for; `max_pages` bounds the
+    envelope a header may describe; `unexpected_wait_s` is how long a transfer announced for a
+    request that is not (yet) expected waits for `expect` before it is refused.
+    """
+
+    role = "receiver"
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+        max_pages: int = MAX_PAGES,
+        unexpected_wait_s: float = UNEXPECTED_WAIT_S,
+        idle_wait_s: float = IDLE_WAIT_S,
+        activity: Activity | None = None,
+    ) -> None:
+        self.max_chunk_bytes, self.max_pages = max_chunk_bytes, max_pages
+        self.unexpected_wait_s, self.idle_wait_s = unexpected_wait_s, idle_wait_s
+        super().__init__(channel, RECEIVER_RANK, activity)
+        # bell header: source table (16 bytes a row: the pages and the slot) + fields
+        self._max_header_bytes = 16 * (max_pages + 1) + 4096
+        self._expected: dict[str, Job] = {}
+        # request id -> why its header is refused at once: the destination was refused or given up
+        # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
+        self._refused: collections.OrderedDict[str, Refusal] = collections.OrderedDict()
+
+    def expect(
+        self,
+        envelope: Envelope,
+        buffer: torch.Tensor,
+        *,
+        deadline_s: float = EXPECT_WAIT_S,
+        active_timeout_s: float | None = None,
+        on_chunk: ChunkHook | None = None,
+    ) -> Transfer:
+        """Register a reserved destination (its bytes at `envelope.ranges` in `buffer`); its first
+        `held_pages` pages are held here already: never received nor written.
+
+        The transfer must begin within `deadline_s`; once it has, `active_timeout_s` (default: the
+        rest of that deadline) bounds it. Its `first_token` is the header's. Raises ValueError for bad
+        arguments or a request already expected; every other failure (nothing arrives by the
+        deadline, a refused header, a broken link) concludes the transfer.
+        """
+        job = self.new_job(
+            envelope,
+            buffer,
+            deadline_s=deadline_s,
+            on_chunk=on_chunk,
+            on_expire=self._expire,
+            active_timeout_s=active_timeout_s,
+        )
+        with self.cond:
+            if self.closed:
+                raise ChannelError("the receiver is closed")
+            if envelope.request_id in self._expected:
+                raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
+            self._refused.pop(envelope.request_id, None)
+            self._expected[envelope.request_id] = job
+            self.cond.notify_all()
+        return job.transfer
+
+    def refuse(self, request_id: str, kind: FailureKind | None, reason: str = "") -> None:
+        """Refuse the next header for `request_id` at once (as `kind`, with `reason`) unless it is
+        expected by then; a header already waiting for it is refused now. A `kind` of None forgets
+        an earlier refusal."""
+        with self.cond:
+            if kind is None:
+                self._refused.pop(request_id, None)
+                return
+            self._refused[request_id] = (kind, reason)
+            self._refused.move_to_end(request_id)
+            while len(self._refused) > MAX_REFUSALS_KEPT:  # never read ones go, oldest first
+                self._refused.popitem(last=False)
+            self.cond.notify_all()
+
+    def drop_pending(self) -> list[Job]:
+        jobs, self._expected = list(self._expected.values()), {}
+        return jobs
+
+    # ---- registry --------------------------------------------------------------------------------
+    def _expire(self, transfer: Transfer) -> None:
+        with self.cond:
+            job = self._expected.get(transfer.request_id)
+            if job is None or job.transfer is not transfer:
+                return  # already taken by the worker, which concludes it
+            del self._expected[transfer.request_id]
+        transfer.conclude(transfer.unstarted_error("no transfer arrived from the sender before the deadline"))
+
+    def _take(self, request_id: str) -> tuple[Job | None, Refusal | None]:
+        """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
+        limit = time.monotonic() + self.unexpected_wait_s
+        with self.io_lock.waiting(), self.cond:  # for the reservation, perhaps: nothing moves
+            while (
+                request_id not in self._expected
+                and request_id not in self._refused
+                and not self.closed
+                and time.monotonic() < limit
+            ):
+                self.cond.wait(limit - time.monotonic())
+            job = self._expected.pop(request_id, None)
+            refused = self._refused.pop(request_id, None)  # read once: a later attempt may be expected
+        if job is None:
+            return None, refused or (FailureKind.REFUSED, "no reservation for this request on the receiver")
+        return job, None
+
+    # ---- worker ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.closed:
+            if not self.channel.healthy:
+                with self.cond:
+                    self.cond.wait(0.05)
+                continue
+            try:
+                bell = self.channel.wait_bell(self.idle_wait_s)
+            except ChannelError:
+                continue  # marked broken (or reconnecting); wait for the next generation
+            if bell is None or self.closed:
+                continue
+            with self.io_lock:
+                self._receive_one(*bell)
+
+    def _receive_one(self, seq: int, blob: bytes) -> None:
+        header, job, refusal = None, None, None
+        try:
+            header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
+            job, refusal = self._take(header["request_id"])
+            if job is not None:
+                refusal = self._check_header(job, seq, header)
+        except ProtocolError as exc:
+            refusal = (FailureKind.PROTOCOL, f"malformed header: {exc}")
+        rid = header["request_id"] if header is not None else "?"
+
+        def receive() -> None:
+            if refusal is None and self.channel.control.holds(withdraw_key(seq)):
+                answer = (FailureKind.TIMEOUT, "the sender withdrew the transfer (its deadline passed)")
+            else:
+                answer = refusal
+            reply = (
+                encode_message(REFUSE, seq=seq, failure=answer[0], reason=answer[1])
+                if answer is not None
+                else encode_message(
+                    READY, seq=seq, table=table_bytes(job.envelope.moving), held=job.envelope.held_pages
+                )
+            )
+            self.channel.control.send(reply_key(seq), reply)
+            if answer is not None:
+                raise Stopped(answer[0], f"refused the sender's header: {answer[1]}")
+            if job is None or header is None:
+                raise RuntimeError("a header accepted without its job")
+            job.transfer.first_token = header["first_token"]
+            job.transfer.begin()
+            self._receive_chunks(job, seq, header)
+
+        def tell_sender(error: TransferError) -> None:
+            if job is not None and job.transfer.began_at is not None:
+                # The sender fails now, and knows why, rather than at its deadline.
+                broken = encode_message(
+                    STATUS, seq=seq, ok=False, failure=error.kind, reason=error.reason, broken=True
+                )
+                try:
+                    self.channel.control.send(status_key(seq), broken, wait_s=TELL_PEER_S)
+                except ChannelError:  # the link is what failed: the sender hears it closing instead
+                    pass
+
+        # A withdrawal that comes after the answer is never read: tidied with the transfer.
+        self.conclude(rid, job, receive, unread=[withdraw_key(seq)], on_broken=tell_sender)
+
+    def _check_header(self, job: Job, seq: int, header: dict) -> Refusal | None:
+        """Why the header cannot fill this reservation, or None if it can."""
+        expected, transfer = job.envelope, job.transfer
+        if transfer.abort_reason is not None:
+            return FailureKind.ABORTED, transfer.abort_reason
+        if time.monotonic() >= transfer.deadline:
+            return FailureKind.TIMEOUT, "the reservation's deadline passed before the transfer could start"
+        job.runs, refusal = header_runs(
+            expected, header, seq=seq, max_chunk_bytes=self.max_chunk_bytes, tp_pair=self.channel.tp_pair
+        )
+        if refusal is not None:
+            return refusal
+        transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
+        return None
+
+    def _status(self, seq: int, failure: Refusal | None = None) -> None:
+        """STATUS ok (no `failure`), or failed as `failure`: (kind, reason)."""
+        kind, reason = failure or ("", "")
+        message = encode_message(
+            STATUS, seq=seq, ok=failure is None, failure=kind, reason=reason, broken=False
+        )
+        self.channel.control.send(status_key(seq), message)
+
+    def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
+        deadline, runs = job.transfer.deadline, job.runs
+        chunks = plan_messages(
+            runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
+        )
+        pipeline = ReceivePipeline(self.channel, self.staging, job, chunks)
+        aborted = pipeline.receive(deadline)
+        filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
+        abort = None
+        if not filled:  # the sender aborted: its ABORT says why
+            abort = self.await_message(
+                abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
+            )
+            if abort is None:
+                reason = "the sender did not say why it aborted the transfer before the deadline"
+                raise ChannelError(reason, kind=FailureKind.TIMEOUT)
+        failure: Refusal | None = None
+        if aborted is not None:
+            failure = (FailureKind.ABORTED, aborted)
+        elif abort is not None:
+            failure = (FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}")
+        elif header["checksum"]:
+            ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
+            if sent_checksum != ours:
+                failure = (
+                    FailureKind.CORRUPT,
+                    f"checksum mismatch: sender {sent_checksum}, receiver {ours}",
+                )
+        if failure is not None:
+            self._status(seq, failure)
+            raise Stopped(*failure)
+        self.stream.synchronize()  # the bytes are in place before anyone hears "success"
+        self._status(seq)

@@ -1,0 +1,42 @@
+"""Which bytes move: pure plans from both ends' rows to coalesced runs, chunks and messages.
+
+`plan.py`: one rank to one rank (coalesced runs, chunks, streams); `reshard.py`: between two TP
+layouts, which source rank sends which bytes to which destination rank, with `unit_templates.py`
+(inside one unit, which source rank sends which pieces); `tp_pair.py`: what one channel moves across
+TP sizes; `tp_handshake.py`: the hello fields two TP layouts must share, and whether they reshard.
+"""
+
+from transfer.plans.plan import (
+    DST,
+    NBYTES,
+    SRC,
+    Chunk,
+    Message,
+    assign_streams,
+    check_ranges,
+    moving_rows,
+    plan_messages,
+    plan_runs,
+)
+from transfer.plans.reshard import source_ranks
+from transfer.plans.tp_handshake import check_reshard, tp_differing_fields, tp_of
+from transfer.plans.tp_pair import TpPair, channel_runs
+
+__all__ = [
+    "Chunk",
+    "DST",
+    "Message",
+    "NBYTES",
+    "SRC",
+    "TpPair",
+    "assign_streams",
+    "channel_runs",
+    "check_ranges",
+    "check_reshard",
+    "moving_rows",
+    "plan_messages",
+    "plan_runs",
+    "source_ranks",
+    "tp_differing_fields",
+    "tp_of",
+]

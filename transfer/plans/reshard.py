@@ -1,0 +1,217 @@
+"""The transfer plan between two tensor-parallel layouts: which source rank sends which bytes of a
+request's envelope to which destination rank.
+
+Every rank of the prefill group and of the decode group holds its shard of the envelope
+(`distpool.model.shard`). Units pair as in the one-rank plan (`plan.py`): the slot, then pages in
+token order, then window pages, unit i with unit i. Inside a unit, which source rank sends which
+pieces of each tensor (a replicated part from one of its holders) is a template per (source rank,
+unit kind), relative to the units' starts (`transfer.plans.unit_templates`); the plan shifts it to every
+unit's offsets on both sides and merges what touches.
+
+    plan_reshard(...)  -> (RankRuns(src_rank, dst_rank, runs), ...): runs (m, 3) int64 of
+                          (src_offset, dst_offset, nbytes) in the two ranks' arenas, stream order
+    plan_pair(...)     -> one (source rank, destination rank) pair's runs, from those two ranks'
+                          unit tables alone: what one channel of the transfer engine moves
+    source_ranks(...)  -> the source ranks one destination rank needs a channel to
+
+A pure function of both layouts (their `RankShard`s) and both sides' unit tables. With the same
+shards on both sides (equal TP), rank r sends its whole units to rank r, exactly as `plan_runs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from distpool.memory.arena import merge_runs
+from distpool.memory.sizing import align_up, slot_stride_bytes
+from distpool.model.shard import RankShard
+from transfer.plans.plan import moving_rows, plan_runs
+from transfer.plans.unit_templates import UNIT_KINDS, assign_pieces, source_preference, unit_templates
+
+
+@dataclass(frozen=True)
+class EnvelopeUnits:
+    """One rank's envelope as (offset, nbytes) rows per unit kind, each in canonical order."""
+
+    slot: np.ndarray  # (0 or 1, 2)
+    page: np.ndarray  # (P, 2) full-attention pages, token order
+    swa_page: np.ndarray  # (S, 2) window pages
+
+    @classmethod
+    def from_ranges(
+        cls, ranges: torch.Tensor | np.ndarray, *, num_pages: int, has_slot: bool, held_pages: int = 0
+    ) -> EnvelopeUnits:
+        """Split `Pool.envelope_ranges` rows (slot, `num_pages` pages, window pages), less the first
+        `held_pages` pages the destination holds already (`plan.moving_rows`)."""
+        table = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        first = int(has_slot)
+        if table.shape[0] < first + num_pages:
+            raise ValueError(f"{table.shape[0]} rows cannot hold a slot ({has_slot}) and {num_pages} pages")
+        table = moving_rows(table, held_pages, has_slot=has_slot)
+        pages_end = first + num_pages - held_pages
+        return cls(slot=table[:first], page=table[first:pages_end], swa_page=table[pages_end:])
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.concatenate([self.slot, self.page, self.swa_page])
+
+
+@dataclass(frozen=True)
+class RankRuns:
+    """What one source rank sends one destination rank: (m, 3) runs in stream order."""
+
+    src_rank: int
+    dst_rank: int
+    runs: np.ndarray  # int64 (src_offset, dst_offset, nbytes), offsets in each rank's arena
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.runs[:, 2].sum())
+
+
+@lru_cache(maxsize=256)  # a pure function of the shard, asked for every request's plan
+def _unit_bytes(shard: RankShard, kind: str, page_size: int) -> int:
+    """The stride of one unit of `kind` in a pool built from the rank's spec."""
+    spec = shard.spec
+    if kind == "slot":
+        return slot_stride_bytes(spec)
+    per_token = spec.full_kv_bytes_per_token if kind == "page" else spec.swa_kv_bytes_per_token
+    return align_up(page_size * per_token)
+
+
+def _check_units(shards: Sequence[RankShard], units: Sequence[EnvelopeUnits], page_size: int) -> None:
+    """Every unit is as large as the rank's shard says: the pools were built from the shards' specs."""
+    for shard, table in zip(shards, units, strict=True):
+        for kind in UNIT_KINDS:
+            sizes, expected = getattr(table, kind)[:, 1], _unit_bytes(shard, kind, page_size)
+            if (sizes != expected).any():
+                raise ValueError(
+                    f"rank {shard.rank} of TP {shard.tp} holds {kind}s of {sorted(set(sizes.tolist()))} "
+                    "bytes, but its "
+                    f"shard makes them {expected}. Fix: build each rank's pool from its shard's spec, "
+                    "sharding the spec with the run's dtypes and page size"
+                )
+
+
+def _check_layouts(src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard]) -> None:
+    for side, shards in (("source", src_shards), ("destination", dst_shards)):
+        if not shards or [(s.tp, s.rank) for s in shards] != [(len(shards), r) for r in range(len(shards))]:
+            raise ValueError(f"the {side} layout must list ranks 0..tp-1 of one TP size, in order")
+    if src_shards[0].model != dst_shards[0].model:
+        raise ValueError("the source and destination layouts shard different models")
+
+
+def source_ranks(
+    src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard], dst_rank: int
+) -> tuple[int, ...]:
+    """The source ranks destination rank `dst_rank` receives bytes from (the channels it needs)."""
+    _check_layouts(src_shards, dst_shards)
+    dst = dst_shards[dst_rank]
+    order = source_preference(len(src_shards), len(dst_shards), dst_rank)
+    ranks = {
+        rank
+        for t in dst.tensors
+        if t.nbytes
+        for rank, _, _ in assign_pieces(t, [s.tensor(t.name) for s in src_shards], order)
+    }
+    return tuple(sorted(ranks))
+
+
+def plan_reshard(
+    src_shards: Sequence[RankShard],
+    src_units: Sequence[EnvelopeUnits],
+    dst_shards: Sequence[RankShard],
+    dst_units: Sequence[EnvelopeUnits],
+    *,
+    page_size: int,
+) -> tuple[RankRuns, ...]:
+    """Every (source rank, destination rank) pair that moves bytes, with its runs.
+
+    `*_shards[r]` is rank r's shard of one layout (`shard(spec, tp, r)` for r in range(tp)) and
+    `*_units[r]` its envelope's units. Each destination rank receives exactly its shard's bytes of
+    every unit, each byte once. Raises ValueError when the layouts or the unit tables do not pair.
+    """
+    _check_layouts(src_shards, dst_shards)
+    if len(src_units) != len(src_shards) or len(dst_units) != len(dst_shards):
+        raise ValueError("give one unit table per rank on each side")
+    _check_units(src_shards, src_units, page_size)
+    _check_units(dst_shards, dst_units, page_size)
+    counts = {(kind, getattr(u, kind).shape[0]) for u in (*src_units, *dst_units) for kind in UNIT_KINDS}
+    if len(counts) != len(UNIT_KINDS):
+        raise ValueError(f"the ranks' envelopes do not pair: units per kind {sorted(counts)}")
+    if list(src_shards) == list(dst_shards):  # equal layouts: whole units, rank to rank
+        return tuple(
+            RankRuns(r, r, plan_runs(src_units[r].rows, dst_units[r].rows)) for r in range(len(src_shards))
+        )
+    plan = []
+    for dst in dst_shards:
+        for src_rank in range(len(src_shards)):
+            runs = _pair_runs(
+                tuple(src_shards), src_units[src_rank], dst, dst_units[dst.rank], src_rank, page_size
+            )
+            if runs.shape[0]:
+                plan.append(RankRuns(src_rank, dst.rank, runs))
+    return tuple(plan)
+
+
+def plan_pair(
+    src_shards: Sequence[RankShard],
+    src_units: EnvelopeUnits,
+    dst_shards: Sequence[RankShard],
+    dst_units: EnvelopeUnits,
+    *,
+    src_rank: int,
+    dst_rank: int,
+    page_size: int,
+) -> np.ndarray:
+    """The runs source rank `src_rank` sends destination rank `dst_rank`: that pair's entry of
+    `plan_reshard`, from the two ranks' unit tables alone (what one channel knows). (0, 3) when the
+    pair moves nothing of this envelope. Raises ValueError when the layouts or the tables do not pair.
+    """
+    _check_layouts(src_shards, dst_shards)
+    if not (0 <= src_rank < len(src_shards) and 0 <= dst_rank < len(dst_shards)):
+        raise ValueError(
+            f"no rank pair ({src_rank}, {dst_rank}) between TP {len(src_shards)} and {len(dst_shards)}"
+        )
+    _check_units([src_shards[src_rank]], [src_units], page_size)
+    _check_units([dst_shards[dst_rank]], [dst_units], page_size)
+    for kind in UNIT_KINDS:
+        src_count, dst_count = getattr(src_units, kind).shape[0], getattr(dst_units, kind).shape[0]
+        if src_count != dst_count:
+            raise ValueError(
+                f"the ranks' envelopes do not pair: {src_count} {kind}s at the source, {dst_count} here"
+            )
+    if list(src_shards) == list(dst_shards):
+        if src_rank != dst_rank:
+            return np.zeros((0, 3), dtype=np.int64)
+        return plan_runs(src_units.rows, dst_units.rows)
+    return _pair_runs(tuple(src_shards), src_units, dst_shards[dst_rank], dst_units, src_rank, page_size)
+
+
+def _pair_runs(
+    src_shards: tuple[RankShard, ...],
+    src_units: EnvelopeUnits,
+    dst: RankShard,
+    dst_units: EnvelopeUnits,
+    src_rank: int,
+    page_size: int,
+) -> np.ndarray:
+    """The templates of (source rank, unit kind) shifted to every unit's start, merged."""
+    templates = unit_templates(src_shards, dst, page_size)
+    pieces = []
+    for kind in UNIT_KINDS:
+        template = templates.get((src_rank, kind))
+        src_at, dst_at = getattr(src_units, kind)[:, 0], getattr(dst_units, kind)[:, 0]
+        if template is None or src_at.size == 0:
+            continue
+        shift = np.stack([src_at, dst_at, np.zeros_like(src_at)], axis=1)  # (units, 3)
+        pieces.append((template[None, :, :] + shift[:, None, :]).reshape(-1, 3))
+    if not pieces:
+        return np.zeros((0, 3), dtype=np.int64)
+    runs = np.concatenate(pieces)
+    return merge_runs(runs[:, 0], runs[:, 1], runs[:, 2])

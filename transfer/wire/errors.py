@@ -1,0 +1,70 @@
+"""Typed failures of the transfer path: a channel that cannot be (re)built, and a failed transfer."""
+
+from __future__ import annotations
+
+from transfer.wire.failure import FailureKind
+
+
+class ChannelError(Exception):
+    """A channel could not be connected, or is broken and must be rebuilt before it carries more.
+
+    `kind`: how a transfer that meets it fails; the link or the peer is gone unless said otherwise
+    (a wait that ran past its deadline says TIMEOUT)."""
+
+    kind = FailureKind.PEER_LOST
+
+    def __init__(self, message: str, *, kind: FailureKind | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
+
+class FingerprintMismatch(ChannelError):
+    """The two ends of a channel describe different pool layouts; `fields` maps each differing
+    field to (this end's value, the peer's value)."""
+
+    def __init__(self, fields: dict[str, tuple[object, object]]) -> None:
+        self.fields = fields
+        detail = "; ".join(
+            f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
+        )
+        super().__init__(
+            f"pool layout differs from the peer's: {detail}. Start both workers with the same model "
+            "config, page size and dtypes."
+        )
+
+
+class ReshardRefused(ChannelError):
+    """The two ends' TP layouts cannot be resharded into each other, or this pair of ranks has
+    nothing to move under the plan; the message names the tensor part and the sizes."""
+
+
+class TransferError(Exception):
+    """One envelope transfer failed; the caller must release what it holds for `request_id`.
+
+    `kind` says what kind of failure it was (read it, not the wording); `reason` says it to a
+    person. `channel_broken` says whether the channel went down with it (rebuild before the next
+    transfer).
+    """
+
+    def __init__(
+        self, request_id: str, kind: FailureKind, reason: str, *, channel_broken: bool = False
+    ) -> None:
+        super().__init__(f"transfer of request {request_id!r} failed ({kind.value}): {reason}")
+        self.request_id = request_id
+        self.kind = FailureKind(kind)
+        self.reason = reason
+        self.channel_broken = channel_broken
+
+    def __reduce__(self):  # crosses Ray's process boundary as itself
+        return _rebuild_transfer_error, (self.request_id, self.kind.value, self.reason, self.channel_broken)
+
+
+class ProtocolError(ChannelError):
+    """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
+
+    kind = FailureKind.PROTOCOL
+
+
+def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
+    return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)
