@@ -22,7 +22,8 @@ import torch.distributed as dist
 from tests.transfer.test_channel import make_channel
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port, make_arena
-from transfer import Channel, ChannelError
+from transfer import Channel
+from transfer.connect import SecretNotProven
 from transfer.connect.rendezvous import MAX_UNPROVEN
 from transfer.pair.control import frames
 from transfer.wire.protocol import (
@@ -178,8 +179,9 @@ def test_rank_1_refuses_a_rank_0_that_does_not_hold_the_secret():
     posing = threading.Thread(target=pose)
     posing.start()
     channel = make_channel(1, port, timeout_s=3, name="i")
-    with pytest.raises(ChannelError, match="does not hold this deployment's secret"):
+    with pytest.raises(SecretNotProven) as refused:
         channel.connect()
+    assert refused.value.port == port
     posing.join()
     impostor.close()
     channel.close()

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from transfer.connect.auth import ControlAuth
+from transfer.connect.errors import RankGroupNotFormed
 from transfer.connect.groups import gloo_group, nccl_group
 from transfer.connect.relay_store import RelayStore
 from transfer.connect.rendezvous import RendezvousPort, delta, is_loopback, join_peer
@@ -40,7 +41,7 @@ def form_rank_group(
 ) -> dist.ProcessGroup:
     """This rank's member of the `size`-rank group `name`: Gloo for a CPU `device`, NCCL for a CUDA
     one. Every rank calls it with the same name, size, host, port and secret; rank 0 binds the port.
-    `timeout_s` bounds the forming (ChannelError when a rank does not show up or prove the secret by
+    `timeout_s` bounds the forming (RankGroupNotFormed when a rank does not show up or prove the secret by
     then) and, as the group's timeout, every collective on it."""
     if size < 2:
         raise ValueError(f"rank group {name}: size {size} has nothing to form; a group needs 2 ranks or more")
@@ -55,7 +56,6 @@ def form_rank_group(
         )
     auth = ControlAuth(secret, name)  # ValueError for a secret too short
     deadline = time.monotonic() + timeout_s
-    where = f"rank group {name} rank {rank} of {size} at {host}:{port}"
     rendezvous_port, socks, store = None, [], None
     try:
         if rank == 0:
@@ -67,12 +67,9 @@ def form_rank_group(
         group = _group(store, rank, size, device, timeout_s, loopback=is_loopback(host))
         _all_formed(group, device, deadline)
         return group
-    except ChannelError as exc:
-        raise ChannelError(f"{where} did not form within {timeout_s:.1f} s: {exc}") from None
     except Exception as exc:  # store / Gloo / NCCL errors arrive as RuntimeError subclasses
-        raise ChannelError(
-            f"{where} did not form within {timeout_s:.1f} s: {type(exc).__name__}: {exc}"
-        ) from None
+        cause = exc if isinstance(exc, ChannelError) else ChannelError(f"{type(exc).__name__}: {exc}")
+        raise RankGroupNotFormed(name, rank, size, host, port, timeout_s, cause) from None
     finally:
         _close(store, socks, rendezvous_port)
 
