@@ -3,7 +3,7 @@
 `protocol.py`: the control messages (HEADER, READY, REFUSE, ...), their keys and tags, msgpack
 encoding and the row tables; `failure.py`: `FailureKind`, the kinds every failure carries (by value
 on the wire); `errors.py`: the typed errors of the transfer path (`TransferError`, `ChannelError`,
-`ProtocolError`, `FingerprintMismatch`, `ReshardRefused`).
+`ProtocolError`, `TrailerRefused`, `FingerprintMismatch`, `ReshardRefused`).
 """
 
 from transfer.wire.errors import (
@@ -11,6 +11,7 @@ from transfer.wire.errors import (
     FingerprintMismatch,
     ProtocolError,
     ReshardRefused,
+    TrailerRefused,
     TransferError,
 )
 from transfer.wire.failure import FailureKind
@@ -62,6 +63,7 @@ __all__ = [
     "TAG_LINK_GO",
     "TAG_LINK_PAYLOAD",
     "TRAILER_WORDS",
+    "TrailerRefused",
     "TransferError",
     "WITHDRAWN",
     "abort_key",

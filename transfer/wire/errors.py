@@ -28,10 +28,10 @@ class FingerprintMismatch(ChannelError):
         detail = "; ".join(
             f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
         )
-        super().__init__(
-            f"pool layout differs from the peer's: {detail}. Start both workers with the same model "
-            "config, page size and dtypes."
-        )
+        super().__init__(f"pool layout differs from the peer's: {detail}")
+
+    def __reduce__(self):
+        return type(self), (self.fields,)
 
 
 class ReshardRefused(ChannelError):
@@ -68,3 +68,20 @@ class ProtocolError(ChannelError):
 
 def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
     return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)
+
+
+class TrailerRefused(ProtocolError):
+    """The stream's trailer for transfer `seq` read `words` (seq, filled, checksum): another
+    transfer's (the stream is out of step) or no trailer at all."""
+
+    def __init__(self, seq: int, words: list[int]) -> None:
+        self.seq, self.words = seq, list(words)
+        super().__init__(f"the stream's trailer reads {self.words} for transfer {seq}")
+
+    @property
+    def out_of_step(self) -> bool:
+        """It is a trailer, of another transfer."""
+        return self.words[0] != self.seq
+
+    def __reduce__(self):
+        return type(self), (self.seq, self.words)
