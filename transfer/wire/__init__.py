@@ -7,6 +7,10 @@ on the wire); `errors.py`: the typed errors of the transfer path (`TransferError
 """
 
 from transfer.wire.errors import (
+    MALFORMED,
+    NO_TP_LAYOUT,
+    NOTHING_TO_MOVE,
+    UNSHARDABLE,
     ChannelError,
     FingerprintMismatch,
     ProtocolError,
@@ -51,6 +55,9 @@ __all__ = [
     "FingerprintMismatch",
     "GENERATION_KEY",
     "HEADER",
+    "MALFORMED",
+    "NOTHING_TO_MOVE",
+    "NO_TP_LAYOUT",
     "PROTOCOL_VERSION",
     "ProtocolError",
     "READY",
@@ -65,6 +72,7 @@ __all__ = [
     "TRAILER_WORDS",
     "TrailerRefused",
     "TransferError",
+    "UNSHARDABLE",
     "WITHDRAWN",
     "abort_key",
     "bell_key",

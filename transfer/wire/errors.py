@@ -34,9 +34,60 @@ class FingerprintMismatch(ChannelError):
         return type(self), (self.fields,)
 
 
+# Why two ends' TP layouts do not pair (`ReshardRefused.problem`).
+NO_TP_LAYOUT = "no_tp_layout"  # this end has none (TP 1), the peer is another rank or TP size
+MALFORMED = "malformed"  # the peer's rank is not an int in 0..size-1 of an int size
+UNSHARDABLE = "unshardable"  # the model cannot be sharded over the peer's TP size (`cause`)
+NOTHING_TO_MOVE = "nothing_to_move"  # the plan moves no bytes from this source rank to this destination
+
+
 class ReshardRefused(ChannelError):
     """The two ends' TP layouts cannot be resharded into each other, or this pair of ranks has
-    nothing to move under the plan; the message names the tensor part and the sizes."""
+    nothing to move under the plan: `problem` (one of the names above); `peer_rank` / `peer_size`:
+    what the peer's hello said. For NOTHING_TO_MOVE, the pair as (`src_rank`, `src_size`) ->
+    (`dst_rank`, `dst_size`) and `needed`, the source ranks the destination's shard comes from;
+    for UNSHARDABLE, `cause` (the model's refusal)."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        peer_rank: object,
+        peer_size: object,
+        src: tuple[int, int] | None = None,
+        dst: tuple[int, int] | None = None,
+        needed: tuple[int, ...] = (),
+        cause: Exception | None = None,
+    ) -> None:
+        self.problem, self.peer_rank, self.peer_size = problem, peer_rank, peer_size
+        self.src, self.dst, self.needed, self.cause = src, dst, tuple(needed), cause
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        if self.problem == NO_TP_LAYOUT:
+            return (
+                f"the peer is rank {self.peer_rank} of TP {self.peer_size}, this end has no TP layout (TP 1)"
+            )
+        if self.problem == MALFORMED:
+            return f"the peer's TP layout is malformed: rank {self.peer_rank!r} of TP {self.peer_size!r}"
+        if self.problem == UNSHARDABLE:
+            return f"the peer's layout cannot be resharded into this one's: {self.cause}"
+        (src_rank, src_size), (dst_rank, dst_size) = self.src, self.dst
+        return (
+            f"source rank {src_rank} of TP {src_size} sends nothing to destination rank {dst_rank} of "
+            f"TP {dst_size}: that rank's shard comes from source ranks {list(self.needed)}"
+        )
+
+    def __reduce__(self):
+        facts = {
+            "peer_rank": self.peer_rank,
+            "peer_size": self.peer_size,
+            "src": self.src,
+            "dst": self.dst,
+            "needed": self.needed,
+            "cause": self.cause,
+        }
+        return _rebuild_with_facts, (type(self), (self.problem,), facts)
 
 
 class TransferError(Exception):
@@ -85,3 +136,7 @@ class TrailerRefused(ProtocolError):
 
     def __reduce__(self):
         return type(self), (self.seq, self.words)
+
+
+def _rebuild_with_facts(cls: type, args: tuple, facts: dict) -> Exception:
+    return cls(*args, **facts)
