@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.transfer.transfer_peer import SECRET, free_port
-from transfer import ChannelError, ProtocolError, form_rank_group
+from transfer import ArgInvalid, ChannelError, ProtocolError, form_rank_group
 from transfer.connect import (
     PEER_FAILED,
     PEERS_DONE,
@@ -199,7 +199,7 @@ def test_a_rank_that_never_comes_fails_the_others_within_the_timeout(missing):
 
 
 def test_a_group_of_one_rank_is_refused():
-    with pytest.raises(ValueError, match="nothing to form"):
+    with pytest.raises(ArgInvalid) as refused:
         form_rank_group(
             name="solo",
             rank=0,
@@ -210,6 +210,7 @@ def test_a_group_of_one_rank_is_refused():
             device=torch.device("cpu"),
             timeout_s=1,
         )
+    assert (refused.value.field, refused.value.value) == ("size", 1)
 
 
 def test_rank_zero_hears_every_rank_that_connects_at_once():

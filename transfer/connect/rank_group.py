@@ -25,7 +25,7 @@ from transfer.connect.errors import RankGroupNotFormed
 from transfer.connect.groups import gloo_group, nccl_group
 from transfer.connect.relay_store import RelayStore
 from transfer.connect.rendezvous import RendezvousPort, delta, is_loopback, join_peer
-from transfer.wire import ChannelError
+from transfer.wire import ArgInvalid, ChannelError
 
 
 def form_rank_group(
@@ -44,16 +44,14 @@ def form_rank_group(
     `timeout_s` bounds the forming (RankGroupNotFormed when a rank does not show up or prove the secret by
     then) and, as the group's timeout, every collective on it."""
     if size < 2:
-        raise ValueError(f"rank group {name}: size {size} has nothing to form; a group needs 2 ranks or more")
+        raise ArgInvalid("size", size, "2 or more: one rank has no group to form")
     if not 0 <= rank < size:
-        raise ValueError(f"rank group {name}: rank {rank} is outside 0..{size - 1}")
+        raise ArgInvalid("rank", rank, f"in 0..{size - 1}")
     if timeout_s <= 0:
-        raise ValueError(f"rank group {name}: timeout_s must be positive, not {timeout_s}")
+        raise ArgInvalid("timeout_s", timeout_s, "> 0")
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"rank group {name}: a group forms on a CPU (Gloo) or CUDA (NCCL) device, not {device}"
-        )
+        raise ArgInvalid("device", str(device), "a CPU (Gloo) or CUDA (NCCL) device")
     auth = ControlAuth(secret, name)  # ValueError for a secret too short
     deadline = time.monotonic() + timeout_s
     rendezvous_port, socks, store = None, [], None

@@ -2,8 +2,9 @@
 
 `protocol.py`: the control messages (HEADER, READY, REFUSE, ...), their keys and tags, msgpack
 encoding and the row tables; `failure.py`: `FailureKind`, the kinds every failure carries (by value
-on the wire); `errors.py`: the typed errors of the transfer path (`TransferError`, `ChannelError`,
-`ProtocolError`, `TrailerRefused`, `FingerprintMismatch`, `ReshardRefused`).
+on the wire); `errors.py`: the typed errors of the transfer path (`ArgInvalid`, `AlreadyExpected`,
+`TransferError`, `ChannelError`, `ProtocolError`, `TrailerRefused`, `FingerprintMismatch`,
+`ReshardRefused`).
 """
 
 from transfer.wire.errors import (
@@ -11,6 +12,8 @@ from transfer.wire.errors import (
     NO_TP_LAYOUT,
     NOTHING_TO_MOVE,
     UNSHARDABLE,
+    AlreadyExpected,
+    ArgInvalid,
     ChannelError,
     FingerprintMismatch,
     ProtocolError,
@@ -50,6 +53,8 @@ from transfer.wire.protocol import (
 
 __all__ = [
     "ABORT",
+    "AlreadyExpected",
+    "ArgInvalid",
     "ChannelError",
     "FailureKind",
     "FingerprintMismatch",

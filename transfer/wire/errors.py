@@ -5,6 +5,30 @@ from __future__ import annotations
 from transfer.wire.failure import FailureKind
 
 
+class ArgInvalid(ValueError):
+    """An argument of the transfer engine (`field`: a channel's `port`, an arena `buffer`, a rank
+    group's `size`, ...) holds `value`; it must be `expected` (e.g. "> 0", "in 1..65535").
+    `value` is what the caller gave, or a description of it where it is a tensor."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"{field} must be {expected}, got {value!r}")
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.expected)
+
+
+class AlreadyExpected(ValueError):
+    """The receiver already expects request `request_id` on this channel."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(f"request {request_id!r} is already expected on this channel")
+
+    def __reduce__(self):
+        return type(self), (self.request_id,)
+
+
 class ChannelError(Exception):
     """A channel could not be connected, or is broken and must be rebuilt before it carries more.
 
