@@ -10,15 +10,34 @@ from dataclasses import dataclass
 
 
 class DoesNotFit(Exception):
-    """A reserve or extend that the pool cannot satisfy now; nothing was taken."""
+    """A reserve or extend that the pool cannot satisfy now; nothing was taken. Where the allocator
+    refuses: `low` / `pages`, the low-band units (slots, window pages) and the pages the call
+    needed; `low_free` / `pages_free`, what was free then; `pinned`, the requests a transfer held."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        reason: str,
+        *,
+        low: int = 0,
+        pages: int = 0,
+        low_free: int = 0,
+        pages_free: int = 0,
+        pinned: int = 0,
+    ) -> None:
         super().__init__(f"request {request_id!r} does not fit: {reason}")
         self.request_id = request_id
         self.reason = reason
+        self.low, self.pages, self.low_free, self.pages_free, self.pinned = (
+            low,
+            pages,
+            low_free,
+            pages_free,
+            pinned,
+        )
 
-    def __reduce__(self):  # crosses Ray's process boundary as itself, so callers can catch it by type
-        return type(self), (self.request_id, self.reason)
+    def __reduce__(self):  # crosses Ray's process boundary as itself, every fact kept
+        return type(self), (self.request_id, self.reason), vars(self)
 
 
 class NeedsCompaction(DoesNotFit):
@@ -36,21 +55,86 @@ class NeedsCompaction(DoesNotFit):
         pages: int = 0,
         window: int = 0,
         window_at: int = -1,
+        low_free: int = 0,
+        pages_free: int = 0,
     ) -> None:
-        super().__init__(request_id, reason)
-        self.low, self.pages, self.window, self.window_at = low, pages, window, window_at
+        super().__init__(request_id, reason, low=low, pages=pages, low_free=low_free, pages_free=pages_free)
+        self.window, self.window_at = window, window_at
 
 
 class UnknownRequest(KeyError):
-    """A request id the pool does not hold."""
+    """A request id the pool does not hold (`request_id`)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"unknown request {request_id!r}")
+        self.request_id = request_id
+
+    def __reduce__(self):
+        return type(self), (self.request_id,)
 
 
 class DuplicateRequest(ValueError):
-    """A reserve of a request id the pool already holds (or that appears twice in one batch)."""
+    """`call` ("reserve", "release", "extend") named `request_id` twice in one batch
+    (`in_batch`), or reserved a request id the pool already holds (not `in_batch`)."""
+
+    def __init__(self, call: str, request_id: str, in_batch: bool) -> None:
+        where = "appears twice in one batch" if in_batch else "is already reserved"
+        super().__init__(f"{call}: request {request_id!r} {where}")
+        self.call, self.request_id, self.in_batch = call, request_id, in_batch
+
+    def __reduce__(self):
+        return type(self), (self.call, self.request_id, self.in_batch)
 
 
 class RequestPinned(ValueError):
-    """A release or extend of a request whose envelope a transfer holds (pinned)."""
+    """`call` ("release", "extend") of a request (`request_id`) whose envelope a transfer holds
+    (pinned): it may not move or be released until it is unpinned."""
+
+    def __init__(self, call: str, request_id: str) -> None:
+        super().__init__(f"{call}: request {request_id!r} is pinned by a transfer")
+        self.call, self.request_id = call, request_id
+
+    def __reduce__(self):
+        return type(self), (self.call, self.request_id)
+
+
+class NotPinned(ValueError):
+    """An unpin of a request (`request_id`) no transfer holds."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"unpin: request {request_id!r} is not pinned")
+        self.request_id = request_id
+
+    def __reduce__(self):
+        return type(self), (self.request_id,)
+
+
+class TokenCountInvalid(ValueError):
+    """`call` gave a request (`request_id`) a token count (`value`) that is not an int >= 0 (a bool
+    is no count)."""
+
+    def __init__(self, call: str, request_id: str, value: object) -> None:
+        super().__init__(f"{call} {request_id!r}: token count must be a non-negative int; got {value!r}")
+        self.call, self.request_id, self.value = call, request_id, value
+
+    def __reduce__(self):
+        return type(self), (self.call, self.request_id, self.value)
+
+
+class NotALayerOfKind(ValueError):
+    """A view of `layer` as a layer of `kind` ("full-attention", "sliding-window", "Mamba"), which
+    it is not: the model's layers of that kind are `layers` (empty: it has none)."""
+
+    def __init__(self, layer: int, kind: str, layers: tuple[int, ...]) -> None:
+        if layers:
+            text = f"layer {layer} is not a {kind} layer of this model; {kind} layers: {list(layers)}"
+        else:
+            text = f"this model has no {kind} layers; asked for layer {layer}"
+        super().__init__(text)
+        self.layer, self.kind, self.layers = layer, kind, tuple(layers)
+
+    def __reduce__(self):
+        return type(self), (self.layer, self.kind, self.layers)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,10 @@ from distpool.memory.errors import (
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
+    NotALayerOfKind,
+    NotPinned,
     RequestPinned,
+    TokenCountInvalid,
     UnknownRequest,
 )
 
@@ -38,8 +41,11 @@ __all__ = [
     "DoesNotFit",
     "DuplicateRequest",
     "NeedsCompaction",
+    "NotALayerOfKind",
+    "NotPinned",
     "Pool",
     "RequestPinned",
+    "TokenCountInvalid",
     "UnknownRequest",
 ]
 

@@ -7,6 +7,8 @@ ends with `check_invariants()`.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,9 @@ from distpool.memory.pool import (
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
+    NotPinned,
     RequestPinned,
+    TokenCountInvalid,
     UnknownRequest,
 )
 from distpool.model.spec import DENSE, HYBRID_SWA
@@ -86,7 +90,7 @@ def test_a_batch_that_does_not_fit_takes_nothing():
     # Three 16-token requests need 3 slots (2304 bytes) + 12 pages (6144 bytes) > 7680 - a's 1280.
     with pytest.raises(DoesNotFit) as info:
         pool.reserve_batch([("x", 16), ("y", 16), ("z", 16)])
-    assert info.value.request_id == "x" and "3 slots and 12 pages" in info.value.reason
+    assert (info.value.request_id, info.value.low, info.value.pages) == ("x", 3, 12)
     assert not isinstance(info.value, NeedsCompaction)
     assert accounting(pool) == before and "x" not in pool
     with pytest.raises(DoesNotFit):
@@ -99,32 +103,61 @@ def test_bad_calls_raise_typed_errors_and_leave_accounting_intact():
     pool = make_pool()
     pool.reserve("a", 4)
     before = accounting(pool)
-    with pytest.raises(UnknownRequest):
-        pool.release("nope")
-    with pytest.raises(KeyError):  # UnknownRequest is a KeyError
-        pool.page_ids("nope")
-    with pytest.raises(DuplicateRequest, match="already reserved"):
-        pool.reserve("a", 1)
-    with pytest.raises(DuplicateRequest, match="twice"):
-        pool.reserve_batch([("b", 1), ("b", 1)])
-    with pytest.raises(ValueError, match="non-negative"):
-        pool.extend("a", -1)
-    with pytest.raises(ValueError, match="non-negative"):
-        pool.reserve("b", -4)
-    with pytest.raises(ValueError, match="int"):
-        pool.reserve("b", 2.5)
-    with pytest.raises(ValueError, match="not pinned"):
-        pool.unpin("a")
-    with pytest.raises(UnknownRequest):  # one unknown id in a batch frees nothing
-        pool.release_batch(["a", "nope"])
+    refusals = [
+        (lambda: pool.release("nope"), UnknownRequest, {"request_id": "nope"}),
+        (lambda: pool.page_ids("nope"), KeyError, {"request_id": "nope"}),  # UnknownRequest is a KeyError
+        (
+            lambda: pool.reserve("a", 1),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "a", "in_batch": False},
+        ),
+        (
+            lambda: pool.reserve_batch([("c", 1), ("b", 1), ("c", 1)]),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "c", "in_batch": True},
+        ),
+        (lambda: pool.release_batch(["a", "a"]), DuplicateRequest, {"call": "release", "in_batch": True}),
+        (lambda: pool.extend("a", -1), TokenCountInvalid, {"call": "extend", "request_id": "a", "value": -1}),
+        (
+            lambda: pool.reserve("b", -4),
+            TokenCountInvalid,
+            {"call": "reserve", "request_id": "b", "value": -4},
+        ),
+        (lambda: pool.reserve("b", 2.5), TokenCountInvalid, {"value": 2.5}),
+        (lambda: pool.reserve("b", True), TokenCountInvalid, {"value": True}),  # a bool is no count
+        (lambda: pool.unpin("a"), NotPinned, {"request_id": "a"}),
+        (lambda: pool.release_batch(["a", "nope"]), UnknownRequest, {"request_id": "nope"}),  # frees nothing
+    ]
+    for call, error, facts in refusals:
+        with pytest.raises(error) as info:
+            call()
+        assert {name: getattr(info.value, name) for name in facts} == facts
+        assert accounting(pool) == before
     pool.pin("a")
-    with pytest.raises(RequestPinned):
-        pool.release("a")
-    with pytest.raises(RequestPinned):
-        pool.extend("a", 1)
+    for call, name in ((lambda: pool.release("a"), "release"), (lambda: pool.extend("a", 1), "extend")):
+        with pytest.raises(RequestPinned) as info:
+            call()
+        assert (info.value.call, info.value.request_id) == (name, "a")
     pool.unpin("a")
     assert accounting(pool) == before
     pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnknownRequest("r1"),
+        DuplicateRequest("release", "r1", in_batch=True),
+        RequestPinned("extend", "r1"),
+        NotPinned("r1"),
+        TokenCountInvalid("reserve", "r1", -2),
+        DoesNotFit("r1", "no room", low=1, pages=3, low_free=0, pages_free=2, pinned=1),
+        NeedsCompaction("r1", "scattered", low=1, pages=3, window=3, window_at=5, pages_free=4),
+    ],
+)
+def test_memory_errors_cross_a_process_boundary_with_their_facts(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), vars(copy), str(copy)) == (type(error), vars(error), str(error))
 
 
 def test_fragmented_slots_need_compaction_and_compaction_moves_the_frontier():
@@ -135,8 +168,9 @@ def test_fragmented_slots_need_compaction_and_compaction_moves_the_frontier():
     assert pool.available()["pages"] == 6  # positions 9..14
     assert pool.available(after_compaction=True)["pages"] == 13  # s5 moved to slot 0 (ends at 768): 2..14
     assert not pool.can_reserve(28) and pool.can_reserve(28, compact=True)
-    with pytest.raises(NeedsCompaction, match="call compact"):
+    with pytest.raises(NeedsCompaction) as info:
         pool.reserve("long", 28)  # a slot and 7 pages
+    assert (info.value.low, info.value.pages, info.value.pages_free) == (1, 7, 6)
     assert pool.compact() == 768
     assert pool.slot_id("s5") == 0 and torch.equal(_read(pool, "s5"), content)
     pool.reserve("long", 28)
@@ -152,7 +186,7 @@ def test_pins_keep_an_envelope_in_place():
     assert pool.usage()["slots"].pinned == 1 and pool.usage()["slots"].used == 0
     with pytest.raises(DoesNotFit) as info:
         pool.reserve("long", 28)
-    assert not isinstance(info.value, NeedsCompaction) and "1 pinned" in info.value.reason
+    assert not isinstance(info.value, NeedsCompaction) and info.value.pinned == 1
     assert pool.compact() == 0 and pool.slot_id("s5") == 5
     pool.check_invariants()
     pool.unpin("s5")
@@ -238,8 +272,9 @@ def test_static_state_pool_full_while_kv_has_room_but_unified_takes_it():
     static = make_pool(unified=False, budget_bytes=7680)  # 5 slots, 7 pages
     static.reserve_batch([(f"r{i}", 1) for i in range(5)])
     assert static.available()["pages"] == 2
-    with pytest.raises(DoesNotFit, match="0 slots") as info:
+    with pytest.raises(DoesNotFit) as info:
         static.reserve("r5", 1)
+    assert (info.value.low, info.value.low_free) == (1, 0)
     assert not isinstance(info.value, NeedsCompaction)
     assert static.compact() == 0  # a fixed frontier: nothing to gain
     static.check_invariants()

@@ -39,6 +39,9 @@ class CheckpointError(ValueError):
         super().__init__(f"{path}: {problem}")
         self.path, self.problem = path, problem
 
+    def __reduce__(self):
+        return type(self), (self.path, self.problem)
+
 
 @dataclass(frozen=True)
 class StoredTensor:
