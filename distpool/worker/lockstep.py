@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 
 
@@ -49,20 +50,6 @@ class GroupBroken(RuntimeError):
 
 def _rebuild_group_broken(rank: int, tp: int, formed: bool, cause: str) -> GroupBroken:
     return GroupBroken(rank, tp, formed=formed, cause=cause)
-
-
-class GroupMismatch(ValueError):
-    """Rank `rank` of TP `tp` was given a process group of `group_size` ranks in which it is rank
-    `group_rank`."""
-
-    def __init__(self, rank: int, tp: int, group_size: int, group_rank: int) -> None:
-        self.rank, self.tp, self.group_size, self.group_rank = rank, tp, group_size, group_rank
-        super().__init__(
-            f"rank {rank} of TP {tp} was given a group of {group_size} ranks in which it is rank {group_rank}"
-        )
-
-    def __reduce__(self):
-        return type(self), (self.rank, self.tp, self.group_size, self.group_rank)
 
 
 def id_hash(text: str) -> int:
@@ -93,7 +80,7 @@ class Lockstep:
     def bind(self, group: dist.ProcessGroup) -> None:
         """The group the ranks formed: `tp` ranks, this one at `rank`."""
         if (group.size(), group.rank()) != (self._tp, self._rank):
-            raise GroupMismatch(self._rank, self._tp, group.size(), group.rank())
+            raise TpGroupMismatch(self._tp, self._rank, group.size(), group.rank())
         self._group = group
 
     def allreduce(self, tensors: list[torch.Tensor]) -> _Done:

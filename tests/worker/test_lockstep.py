@@ -18,9 +18,10 @@ from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs
 from distpool.model.sampling import SamplingParams
+from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.config import WorkerConfig
-from distpool.worker.lockstep import GroupBroken, GroupMismatch, Lockstep
+from distpool.worker.lockstep import GroupBroken, Lockstep
 from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillItem
 from distpool.worker.stats import PoolHeld
 from prefill.worker import PrefillWorker
@@ -119,10 +120,9 @@ def test_computing_before_the_group_formed_is_refused():
     assert (unformed.value.rank, unformed.value.tp, unformed.value.formed) == (1, 2, False)
     again = pickle.loads(pickle.dumps(unformed.value))  # Ray carries it with its fields
     assert (again.rank, again.formed, str(again)) == (1, False, str(unformed.value))
-    with pytest.raises(GroupMismatch) as mismatch:
+    with pytest.raises(TpGroupMismatch) as mismatch:
         Lockstep(tp=2, rank=1, device=torch.device("cpu")).bind(gloo_groups(2)[0])
     assert (mismatch.value.group_size, mismatch.value.group_rank) == (2, 0)
-    assert isinstance(mismatch.value, ValueError)
 
 
 def test_prefill_ranks_that_reserved_different_waves_compute_none_and_hold_nothing():
