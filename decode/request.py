@@ -80,24 +80,84 @@ class DecodeRequest:
         )
 
 
+# What is wrong with a request decode is asked to reserve (`RequestRefused.problem`).
+BAD_PROMPT = "bad_prompt"  # not a list of token ids in [0, vocab_size)
+NO_PARAMS = "no_params"  # no SamplingParams: `got` names what came instead
+NO_SEED = "no_seed"  # it samples (temperature > 0) without a seed
+NOTHING_TO_DO = "nothing_to_do"  # an empty prompt, or no new token asked for
+OVER_CONTEXT = "over_context"  # prompt and new tokens take `needed` tokens, over `context_len`
+
+
+class RequestRefused(ValueError):
+    """Decode refused to reserve `request_id`: `problem` (one of the names above) and its facts:
+    `vocab_size` (BAD_PROMPT), `got` (NO_PARAMS), `prompt_len` and `max_new_tokens` (NOTHING_TO_DO,
+    OVER_CONTEXT), `context_len` (OVER_CONTEXT). Nothing is held."""
+
+    def __init__(
+        self,
+        request_id: str,
+        problem: str,
+        *,
+        vocab_size: int = 0,
+        got: str = "",
+        prompt_len: int = 0,
+        max_new_tokens: int = 0,
+        context_len: int = 0,
+    ) -> None:
+        self.request_id, self.problem = request_id, problem
+        self.vocab_size, self.got = vocab_size, got
+        self.prompt_len, self.max_new_tokens, self.context_len = prompt_len, max_new_tokens, context_len
+        super().__init__(self._describe())
+
+    @property
+    def needed(self) -> int:
+        """The tokens the request would take: its prompt and every new token."""
+        return self.prompt_len + self.max_new_tokens
+
+    def _describe(self) -> str:
+        rid = self.request_id
+        if self.problem == BAD_PROMPT:
+            return f"the prompt of {rid!r} must be a list of token ids in [0, {self.vocab_size})"
+        if self.problem == NO_PARAMS:
+            return f"request {rid!r} needs its SamplingParams, got {self.got}"
+        if self.problem == NO_SEED:
+            return f"request {rid!r} samples without a seed"
+        if self.problem == NOTHING_TO_DO:
+            return f"prompt_len and max_new_tokens must be >= 1; got {self.prompt_len}, {self.max_new_tokens}"
+        return (
+            f"request {rid!r} needs {self.needed} tokens, more than the pool's context length "
+            f"{self.context_len}"
+        )
+
+    def __reduce__(self):
+        facts = {
+            "vocab_size": self.vocab_size,
+            "got": self.got,
+            "prompt_len": self.prompt_len,
+            "max_new_tokens": self.max_new_tokens,
+            "context_len": self.context_len,
+        }
+        return _rebuild_refused, (self.request_id, self.problem, facts)
+
+
+def _rebuild_refused(request_id: str, problem: str, facts: dict) -> RequestRefused:
+    return RequestRefused(request_id, problem, **facts)
+
+
 def check_request(
     request_id: str, prompt: object, params: SamplingParams, vocab_size: int, context_len: int
 ) -> None:
-    """Raise ValueError (with the fix) unless `prompt` is a non-empty list of token ids in the
-    vocabulary and the request fits the context length once it has all its new tokens."""
+    """Raise RequestRefused unless `prompt` is a non-empty list of token ids in the vocabulary, the
+    request brings its SamplingParams (a seed if it samples) and it fits the context length once it
+    has all its new tokens."""
     if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < vocab_size for t in prompt):
-        raise ValueError(f"the prompt of {request_id!r} must be a list of token ids in [0, {vocab_size})")
+        raise RequestRefused(request_id, BAD_PROMPT, vocab_size=vocab_size)
     if not isinstance(params, SamplingParams):
-        raise ValueError(f"request {request_id!r} needs its SamplingParams, got {type(params).__name__}")
+        raise RequestRefused(request_id, NO_PARAMS, got=type(params).__name__)
     if not params.greedy and params.seed is None:
-        raise ValueError(
-            f"request {request_id!r} samples without a seed; the server sets one where it enters"
-        )
-    max_new_tokens = params.max_tokens
-    if len(prompt) < 1 or max_new_tokens < 1:
-        raise ValueError(f"prompt_len and max_new_tokens must be >= 1; got {len(prompt)}, {max_new_tokens}")
-    if len(prompt) + max_new_tokens > context_len:
-        raise ValueError(
-            f"request {request_id!r} needs {len(prompt) + max_new_tokens} tokens, more than the pool's "
-            f"context length {context_len}; raise --context-len"
-        )
+        raise RequestRefused(request_id, NO_SEED)
+    facts = {"prompt_len": len(prompt), "max_new_tokens": params.max_tokens}
+    if len(prompt) < 1 or params.max_tokens < 1:
+        raise RequestRefused(request_id, NOTHING_TO_DO, **facts)
+    if len(prompt) + params.max_tokens > context_len:
+        raise RequestRefused(request_id, OVER_CONTEXT, **facts, context_len=context_len)

@@ -18,6 +18,8 @@ from transfer.pair import RECEIVER_RANK, SENDER_RANK, Channel
 from transfer.parts import Parts
 from transfer.plans import Chunk, Message, check_ranges, plan_messages, plan_runs
 from transfer.wire import (
+    AlreadyExpected,
+    ArgInvalid,
     ChannelError,
     FailureKind,
     FingerprintMismatch,
@@ -27,6 +29,8 @@ from transfer.wire import (
 )
 
 __all__ = [
+    "AlreadyExpected",
+    "ArgInvalid",
     "RECEIVER_RANK",
     "SENDER_RANK",
     "Channel",

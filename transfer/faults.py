@@ -20,6 +20,7 @@ import time
 import torch
 
 from transfer.ends import ChunkHook, Transfer
+from transfer.wire import ArgInvalid
 
 SENDER_ABORT, STALL, DELAY_CONTROL = "sender_abort", "stall", "delay_control"
 CORRUPT_PAYLOAD = "corrupt_payload"
@@ -78,8 +79,9 @@ class FaultInjector:
         """Inject `kind` (one of SENDER_FAULTS or RECEIVER_FAULTS) into the next transfer of
         `request_id` here; None forgets a plan not taken."""
         if kind is not None and kind not in SENDER_FAULTS + RECEIVER_FAULTS:
-            known = ", ".join(SENDER_FAULTS + RECEIVER_FAULTS)
-            raise ValueError(f"{kind!r} is not a transfer fault; those are {known}")
+            raise ArgInvalid(
+                "kind", kind, "a transfer fault: one of " + ", ".join(SENDER_FAULTS + RECEIVER_FAULTS)
+            )
         with self._lock:
             if kind is None:
                 self._planned.pop(request_id, None)

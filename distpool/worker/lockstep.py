@@ -27,11 +27,29 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 
 
 class GroupBroken(RuntimeError):
-    """A collective of the TP group failed: the group cannot be used again."""
+    """Rank `rank` of the TP group of `tp` ranks cannot run a collective: the group had not formed
+    (`formed` False: it was never bound to one), or a collective on it failed (`cause`, the process
+    group's error as it read) and the group cannot be used again."""
+
+    def __init__(self, rank: int, tp: int, *, formed: bool, cause: str = "") -> None:
+        self.rank, self.tp, self.formed, self.cause = rank, tp, formed, cause
+        if formed:
+            message = f"a collective of the TP group failed: {cause}"
+        else:
+            message = f"rank {rank} of TP {tp} computed before its group formed"
+        super().__init__(message)
+
+    def __reduce__(self):
+        return _rebuild_group_broken, (self.rank, self.tp, self.formed, self.cause)
+
+
+def _rebuild_group_broken(rank: int, tp: int, formed: bool, cause: str) -> GroupBroken:
+    return GroupBroken(rank, tp, formed=formed, cause=cause)
 
 
 def id_hash(text: str) -> int:
@@ -62,10 +80,7 @@ class Lockstep:
     def bind(self, group: dist.ProcessGroup) -> None:
         """The group the ranks formed: `tp` ranks, this one at `rank`."""
         if (group.size(), group.rank()) != (self._tp, self._rank):
-            raise ValueError(
-                f"rank {self._rank} of TP {self._tp} was given a group of {group.size()} ranks in which "
-                f"it is rank {group.rank()}"
-            )
+            raise TpGroupMismatch(self._tp, self._rank, group.size(), group.rank())
         self._group = group
 
     def allreduce(self, tensors: list[torch.Tensor]) -> _Done:
@@ -77,11 +92,11 @@ class Lockstep:
     def _collective(self, start: Callable[[dist.ProcessGroup], dist.Work]) -> None:
         """Run one collective to its end; GroupBroken if it fails (a rank died, or it timed out)."""
         if self._group is None:
-            raise GroupBroken(f"rank {self._rank} of TP {self._tp} computed before its group formed")
+            raise GroupBroken(self._rank, self._tp, formed=False)
         try:
             start(self._group).wait()
         except Exception as exc:  # Gloo raises RuntimeError (DistError): the group is out of step
-            raise GroupBroken(f"a collective of the TP group failed: {exc}") from exc
+            raise GroupBroken(self._rank, self._tp, formed=True, cause=str(exc)) from exc
 
     # ---- agreements -----------------------------------------------------------------------------
     def _gather(self, values: torch.Tensor) -> list[torch.Tensor]:

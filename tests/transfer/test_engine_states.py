@@ -20,7 +20,16 @@ from tests.transfer.transfer_peer import (
     fragmented_ranges,
     make_arena,
 )
-from transfer import FailureKind, Transfer, TransferError, TransferOptions, TransferState
+from transfer import (
+    AlreadyExpected,
+    ArgInvalid,
+    FailureKind,
+    Transfer,
+    TransferError,
+    TransferOptions,
+    TransferState,
+)
+from transfer.plans import PAST_ARENA, RangesRefused
 
 ARENA_BYTES = 4 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
@@ -256,13 +265,16 @@ def test_caller_mistakes_are_refused_before_queueing(pair):
         envelope_for("m" * 257, src, has_slot=True)
     with pytest.raises(ValueError, match="41 held pages, but the table has 40 pages"):
         Envelope(request_id="m", num_tokens=1, ranges=src, has_slot=True, held_pages=41)
-    with pytest.raises(ValueError, match="past the arena"):
+    with pytest.raises(RangesRefused) as past:
         sender.submit(envelope_for("m", src, has_slot=True), arena[: 1 << 20])
-    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
+    assert (past.value.problem, past.value.arena_bytes) == (PAST_ARENA, 1 << 20)
+    with pytest.raises(ArgInvalid) as buffer:
         receiver.expect(envelope_for("m", src, has_slot=True), arena.view(torch.int32))
+    assert buffer.value.field == "the arena buffer"
     receiver.expect(envelope_for("dup", src, has_slot=True), arena, deadline_s=5)
-    with pytest.raises(ValueError, match="already expected"):
+    with pytest.raises(AlreadyExpected) as again:
         receiver.expect(envelope_for("dup", src, has_slot=True), arena, deadline_s=5)
+    assert again.value.request_id == "dup"
 
 
 def test_a_later_larger_staged_chunk_does_not_replace_a_buffer_still_to_be_sent(pair):

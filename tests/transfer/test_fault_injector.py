@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from transfer import ArgInvalid
 from transfer.faults import CORRUPT_PAYLOAD, SENDER_ABORT, STALL, FaultInjector
 
 
@@ -27,5 +28,6 @@ def test_a_plan_can_be_forgotten_and_only_transfer_faults_are_planned():
     faults.plan("r", STALL)
     faults.plan("r", None)
     assert faults.sender_hook("r", timeout_s=1.0) is None
-    with pytest.raises(ValueError, match="not a transfer fault"):
+    with pytest.raises(ArgInvalid) as refused:
         faults.plan("r", "receiver_cancel")  # the driver's own action, not a transfer's
+    assert (refused.value.field, refused.value.value) == ("kind", "receiver_cancel")

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from tests.transfer.test_channel import make_channel
 from tests.transfer.test_engine_states import ARENA_BYTES, round_trip, tables
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, free_port, make_arena
-from transfer import Channel, ChannelError
+from transfer import ArgInvalid, Channel
+from transfer.connect import SecretNotProven
 from transfer.connect.rendezvous import MAX_UNPROVEN
 from transfer.pair.control import frames
 from transfer.wire.protocol import (
@@ -178,8 +179,9 @@ def test_rank_1_refuses_a_rank_0_that_does_not_hold_the_secret():
     posing = threading.Thread(target=pose)
     posing.start()
     channel = make_channel(1, port, timeout_s=3, name="i")
-    with pytest.raises(ChannelError, match="does not hold this deployment's secret"):
+    with pytest.raises(SecretNotProven) as refused:
         channel.connect()
+    assert refused.value.port == port
     posing.join()
     impostor.close()
     channel.close()
@@ -238,7 +240,7 @@ def test_replayed_authentic_messages_are_refused_under_any_other_name(pair):
 
 @pytest.mark.parametrize("secret", [b"", b"short"])
 def test_a_channel_refuses_to_run_unauthenticated(secret):
-    with pytest.raises(ValueError, match="at least 16 random bytes"):
+    with pytest.raises(ArgInvalid) as refused:
         Channel(
             rank=0,
             host="127.0.0.1",
@@ -249,3 +251,4 @@ def test_a_channel_refuses_to_run_unauthenticated(secret):
             timeout_s=1,
             secret=secret,
         )
+    assert (refused.value.field, refused.value.value) == ("the secret's length", len(secret))

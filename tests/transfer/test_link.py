@@ -8,7 +8,7 @@ import pytest
 
 from tests.transfer.test_engine_states import round_trip, tables
 from tests.transfer.transfer_peer import make_arena
-from transfer import ChannelError
+from transfer import ArgInvalid, ChannelError
 from transfer.ends.link import measure
 
 
@@ -42,8 +42,9 @@ def test_the_receiver_times_raw_messages_and_the_channel_still_moves_envelopes(p
 def test_bad_sizes_are_refused_before_anything_moves(pair):
     sender, _ = pair
     for nbytes, repeats in ((0, 5), (8, 0), (5 << 30, 1)):
-        with pytest.raises(ValueError, match="link measurement"):
+        with pytest.raises(ArgInvalid) as refused:
             measure(sender, nbytes, repeats)
+        assert refused.value.value == (nbytes, repeats)
 
 
 def test_a_peer_that_never_joins_fails_within_the_timeout(pair):

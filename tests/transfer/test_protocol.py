@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from distpool.memory.envelope import Envelope
 from transfer.plans.plan import plan_runs
-from transfer.wire.errors import ProtocolError
+from transfer.wire.errors import ProtocolError, TrailerRefused
 from transfer.wire.failure import FailureKind
 from transfer.wire.protocol import (
     ABORT,
@@ -132,8 +132,15 @@ def test_the_trailer_reads_back_and_refuses_what_is_not_this_transfers():
     cpu = torch.device("cpu")
     assert read_trailer(trailer(5, filled=True, checksum=0xFFFFFFFF, device=cpu), 5) == (True, 0xFFFFFFFF)
     assert read_trailer(trailer(5, filled=False, checksum=None, device=cpu), 5) == (False, None)
-    with pytest.raises(ProtocolError, match="for transfer 6"):  # out of step: another transfer's
+    with pytest.raises(TrailerRefused) as out_of_step:  # another transfer's
         read_trailer(trailer(5, filled=True, checksum=None, device=cpu), 6)
+    assert (out_of_step.value.seq, out_of_step.value.words, out_of_step.value.out_of_step) == (
+        6,
+        [5, 1, -1],
+        True,
+    )
+    assert isinstance(out_of_step.value, ProtocolError)
     for garbage in ([5, 2, -1], [5, 1, 1 << 32], [5, 1, -2]):
-        with pytest.raises(ProtocolError, match="trailer"):
+        with pytest.raises(TrailerRefused) as refused:
             read_trailer(torch.tensor(garbage), 5)
+        assert (refused.value.words, refused.value.out_of_step) == (garbage, False)

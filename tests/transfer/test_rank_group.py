@@ -18,7 +18,15 @@ import pytest
 import torch
 
 from tests.transfer.transfer_peer import SECRET, free_port
-from transfer import ChannelError, form_rank_group
+from transfer import ArgInvalid, ChannelError, ProtocolError, form_rank_group
+from transfer.connect import (
+    PEER_FAILED,
+    PEERS_DONE,
+    FrameTooLarge,
+    PeersMissing,
+    RankGroupNotFormed,
+    StoreEnded,
+)
 from transfer.connect.auth import ControlAuth
 from transfer.connect.relay_store import MAX_VALUE_BYTES, RelayStore
 from transfer.connect.rendezvous import NONCE_BYTES, PROOF_S, RendezvousPort, join_peer
@@ -34,8 +42,7 @@ class Outcome:
 
     rank: int
     total: float | None
-    error: str | None
-    error_type: str | None
+    error: Exception | None
     elapsed_s: float
 
 
@@ -56,9 +63,9 @@ def _rank_main(rank: int, size: int, port: int, timeout_s: float, results, devic
         )
         value = torch.tensor([10.0 * (rank + 1)], device=device)
         group.allreduce([value]).wait()
-        results.put(Outcome(rank, value.item(), None, None, time.monotonic() - start))
-    except Exception as exc:
-        results.put(Outcome(rank, None, str(exc), type(exc).__name__, time.monotonic() - start))
+        results.put(Outcome(rank, value.item(), None, time.monotonic() - start))
+    except Exception as exc:  # crosses to the test process as itself, with its fields
+        results.put(Outcome(rank, None, exc, time.monotonic() - start))
 
 
 def _context():
@@ -170,18 +177,29 @@ def test_a_rank_that_never_comes_fails_the_others_within_the_timeout(missing):
 
     assert sorted(outcomes) == [rank for rank in range(3) if rank != missing]
     for outcome in outcomes.values():
-        assert outcome.error_type == "ChannelError", outcome
-        assert f"rank group tp-test rank {outcome.rank} of 3" in outcome.error
+        error = outcome.error
+        assert isinstance(error, RankGroupNotFormed), outcome
+        assert (error.name, error.rank, error.size) == ("tp-test", outcome.rank, 3)
         assert outcome.elapsed_s < timeout_s + SLACK_S
-    if missing == 0:
-        assert all("the rank-0 peer never showed up" in o.error for o in outcomes.values())
-    else:
-        assert "1 of 2 peers proved the secret" in outcomes[0].error
-        assert "1 never showed up" in outcomes[0].error
+    causes = {rank: outcome.error.cause for rank, outcome in outcomes.items()}
+    if missing == 0:  # the joiners looked for rank 0 until the deadline
+        assert all(isinstance(cause, PeersMissing) for cause in causes.values()), causes
+        assert {rank: (c.listening, c.awaited, c.proven) for rank, c in causes.items()} == {
+            1: (False, 1, 0),
+            2: (False, 1, 0),
+        }
+    else:  # rank 0 waited for ranks 1 and 2 and heard from rank 1 only
+        assert isinstance(causes[0], PeersMissing), causes
+        assert (causes[0].listening, causes[0].awaited, causes[0].proven, causes[0].missing) == (
+            True,
+            2,
+            1,
+            1,
+        )
 
 
 def test_a_group_of_one_rank_is_refused():
-    with pytest.raises(ValueError, match="nothing to form"):
+    with pytest.raises(ArgInvalid) as refused:
         form_rank_group(
             name="solo",
             rank=0,
@@ -192,6 +210,7 @@ def test_a_group_of_one_rank_is_refused():
             device=torch.device("cpu"),
             timeout_s=1,
         )
+    assert (refused.value.field, refused.value.value) == ("size", 1)
 
 
 def test_rank_zero_hears_every_rank_that_connects_at_once():
@@ -255,8 +274,9 @@ def test_a_rank_done_with_the_store_does_not_end_it_for_the_others():
         assert two.get("rank_0") == b"0"
         assert hub.check(["rank_1", "rank_2"])  # still open at the hub
         two.close()
-        with pytest.raises(ChannelError, match="every peer ended the rendezvous"):
+        with pytest.raises(StoreEnded) as ended:
             hub.get("never set")
+        assert (ended.value.name, ended.value.why, ended.value.num_peers) == ("hub", PEERS_DONE, 2)
     finally:
         for store in (one, two, hub):
             store.close()
@@ -269,11 +289,20 @@ def test_an_over_limit_frame_ends_the_store_and_is_not_relayed():
     two = RelayStore([two_end], name="two", timeout_s=5)
     try:
         raw.sendall(struct.pack("<II", 4, MAX_VALUE_BYTES + 1) + b"huge")
-        with pytest.raises(ChannelError, match=r"a rendezvous frame of 4 \+ 16777217 bytes"):
+        with pytest.raises(StoreEnded) as failed:
             hub.get("rank_1")
+        assert failed.value.why == PEER_FAILED
+        frame = failed.value.cause
+        assert isinstance(frame, FrameTooLarge) and isinstance(frame, ProtocolError)
+        assert (frame.key_bytes, frame.value_bytes, frame.max_value_bytes) == (
+            4,
+            MAX_VALUE_BYTES + 1,
+            MAX_VALUE_BYTES,
+        )
         hub.close()  # the group cannot form: rank 0 gives up, and rank 2 hears it
-        with pytest.raises(ChannelError, match="the peer ended the rendezvous"):
+        with pytest.raises(StoreEnded) as ended:
             two.get("huge")
+        assert (ended.value.why, ended.value.num_peers) == (PEERS_DONE, 1)
         assert two.num_keys() == 0
     finally:
         raw.close()

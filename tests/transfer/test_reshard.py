@@ -14,6 +14,13 @@ from distpool.memory.arena_pool import ArenaPool
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, prefill_tokens, tp_spec
+from transfer.plans import (
+    DIFFERENT_MODELS,
+    RANKS_NOT_IN_ORDER,
+    UNIT_COUNTS_DIFFER,
+    LayoutsDoNotPair,
+    UnitSizesDiffer,
+)
 from transfer.plans.plan import plan_runs
 from transfer.plans.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
 
@@ -255,18 +262,22 @@ def test_tables_that_do_not_pair_are_refused():
     short = make_rank_pool(dst_shards[0], unified=True)
     short.reserve("r", 4)  # one page where the source holds three
     dst_units = [units_of(short, "r"), units_of(short, "r")]
-    with pytest.raises(ValueError, match="do not pair"):
+    with pytest.raises(LayoutsDoNotPair) as counts:
         plan_reshard(src_shards, [units_of(src_pools[0], "r")], dst_shards, dst_units, page_size=PAGE_SIZE)
-    with pytest.raises(ValueError, match="ranks 0..tp-1"):
+    assert counts.value.problem == UNIT_COUNTS_DIFFER
+    assert sorted(n for kind, n in counts.value.counts if kind == "page") == [1, 3]
+    with pytest.raises(LayoutsDoNotPair) as order:
         plan_reshard(
             src_shards, [units_of(src_pools[0], "r")], dst_shards[::-1], dst_units, page_size=PAGE_SIZE
         )
+    assert (order.value.problem, order.value.side) == (RANKS_NOT_IN_ORDER, "destination")
     other = layout(tp_spec("mamba2_groups8"), 2)
-    with pytest.raises(ValueError, match="different models"):
+    with pytest.raises(LayoutsDoNotPair) as models:
         plan_reshard(src_shards, [units_of(src_pools[0], "r")], other, dst_units, page_size=PAGE_SIZE)
+    assert models.value.problem == DIFFERENT_MODELS
 
 
-def test_a_pool_not_built_from_its_shard_is_refused_with_the_fix():
+def test_a_pool_not_built_from_its_shard_is_refused_naming_the_rank_and_sizes():
     """A rank pool sized with an fp8 KV override, planned with shards of the bf16 spec: the plan's
     offsets would miss; the unit sizes give it away."""
     spec = tp_spec("gdn_kv2")
@@ -275,5 +286,9 @@ def test_a_pool_not_built_from_its_shard_is_refused_with_the_fix():
     fp8 = [make_pool(s.spec, budget_bytes=64 << 10, context_len=32, kv_dtype="fp8_e4m3") for s in dst_shards]
     for pool in fp8:
         pool.reserve("r", len(PROMPT))
-    with pytest.raises(ValueError, match="rank 0 of TP 2 holds pages of .* Fix: build each rank's pool"):
+    with pytest.raises(UnitSizesDiffer) as differ:
         plan_between(src_shards, src_pools, dst_shards, fp8)
+    error = differ.value
+    assert (error.rank, error.tp, error.kind) == (0, 2, "page")
+    assert error.expected == PAGE_SIZE * dst_shards[0].kv_bytes_per_token  # bf16: twice the fp8 pages
+    assert error.sizes == [error.expected // 2]

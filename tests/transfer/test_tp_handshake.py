@@ -3,15 +3,18 @@ resharded, or that the plan never uses, is refused on both ends when the channel
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from distpool.memory.sizing import TpEnd, layout_description, layout_fingerprint
-from distpool.model.shard import shard
+from distpool.model.shard import TpUnshardable, shard
 from tests.factories import make_sizes, tp_spec
 from tests.transfer.test_channel import connect_both, make_channel
 from tests.transfer.transfer_peer import free_port
 from transfer import Channel, FingerprintMismatch, ReshardRefused
 from transfer.plans.tp_handshake import check_reshard
+from transfer.wire import MALFORMED, NO_TP_LAYOUT, NOTHING_TO_MOVE, UNSHARDABLE
 
 
 def tp_end(model: str, tp: int, rank: int, **size_args) -> tuple[TpEnd, dict, str]:
@@ -43,8 +46,7 @@ def test_a_pair_the_plan_never_uses_is_refused_on_both_ends_before_any_request()
     sender, receiver, errors = connect(tp_end("mamba2_groups1", 2, 1), tp_end("mamba2_groups1", 4, 0))
     for error in errors:
         assert isinstance(error, ReshardRefused)
-        assert "source rank 1 of TP 2 sends nothing to destination rank 0 of TP 4" in str(error)
-        assert "source ranks [0]" in str(error)
+        assert (error.problem, error.src, error.dst, error.needed) == (NOTHING_TO_MOVE, (1, 2), (0, 4), (0,))
     assert not sender.healthy and not receiver.healthy
     sender.close()
     receiver.close()
@@ -68,22 +70,36 @@ def hello_of(end: tuple) -> dict:
 
 
 @pytest.mark.parametrize(
-    "peer,sending,message",
+    "peer,sending,problem",
     [
-        ({"size": 3, "rank": 0}, True, "its 8 query heads do not divide by 3"),
-        ({"size": 2, "rank": 2}, True, "malformed: rank 2 of TP 2"),
-        ({"size": 2, "rank": 1}, False, "source rank 1 of TP 2 sends nothing to destination rank 0 of TP 2"),
+        ({"size": 3, "rank": 0}, True, UNSHARDABLE),
+        ({"size": 2, "rank": 2}, True, MALFORMED),
+        ({"size": 2, "rank": 1}, False, NOTHING_TO_MOVE),
     ],
     ids=["cannot-shard", "no-such-rank", "equal-tp-other-rank"],
 )
-def test_check_reshard_names_what_cannot_pair(peer, sending, message):
+def test_check_reshard_names_what_cannot_pair(peer, sending, problem):
     ours = tp_end("mamba2_groups1", 2, 0)[0]
-    with pytest.raises(ReshardRefused, match=message):
+    with pytest.raises(ReshardRefused) as refused:
         check_reshard(ours, {"tp": peer}, sending=sending)
+    error = refused.value
+    assert (error.problem, error.peer_rank, error.peer_size) == (problem, peer["rank"], peer["size"])
+    if problem == UNSHARDABLE:  # its 8 query heads do not divide by 3
+        assert isinstance(error.cause, TpUnshardable) and error.cause.tp == 3
+    if problem == NOTHING_TO_MOVE:
+        assert (error.src, error.dst, error.needed) == ((1, 2), (0, 2), (0,))
+    again = pickle.loads(pickle.dumps(error))  # Ray carries it with its facts
+    assert (type(again), again.problem, again.src, str(again)) == (
+        ReshardRefused,
+        problem,
+        error.src,
+        str(error),
+    )
 
 
 def test_one_rank_ends_without_tp_layouts_pair_as_they_always_did():
     check_reshard(None, {}, sending=True)
     check_reshard(tp_end("gdn_kv2", 1, 0)[0], {}, sending=False)
-    with pytest.raises(ReshardRefused, match="the peer is rank 1 of TP 2"):
+    with pytest.raises(ReshardRefused) as refused:
         check_reshard(None, hello_of(tp_end("gdn_kv2", 2, 1)), sending=False)
+    assert (refused.value.problem, refused.value.peer_rank, refused.value.peer_size) == (NO_TP_LAYOUT, 1, 2)

@@ -33,7 +33,14 @@ from tests.transfer.test_reshard import (
     units_of,
 )
 from tests.transfer.transfer_peer import failure_of, free_port
-from transfer import EnvelopeReceiver, EnvelopeSender, FailureKind, TransferError, TransferOptions
+from transfer import (
+    AlreadyExpected,
+    EnvelopeReceiver,
+    EnvelopeSender,
+    FailureKind,
+    TransferError,
+    TransferOptions,
+)
 from transfer.parts import Parts, expect_parts, submit_parts
 from transfer.plans.plan import plan_messages
 from transfer.plans.reshard import plan_pair, source_ranks
@@ -257,8 +264,9 @@ def test_parts_that_cannot_all_start_leave_nothing_expected(groups):
     aborted before the ValueError propagates, so nothing stays registered there."""
     pool, (first, second) = groups.dst_pools[0], groups.receivers[0]
     earlier = second.expect(pool.envelope("r"), pool.buffer)
-    with pytest.raises(ValueError, match="already expected"):
+    with pytest.raises(AlreadyExpected) as already:
         expect_parts([first, second], pool.envelope("r"), pool.buffer)
+    assert already.value.request_id == "r"
     assert first.expect(pool.envelope("r"), pool.buffer, deadline_s=0.2).request_id == "r"  # free again
     earlier.abort("the test is over")
     groups.release_all()

@@ -7,6 +7,15 @@ import pytest
 import torch
 
 from transfer import TransferOptions
+from transfer.plans import (
+    BAD_SHAPE,
+    EMPTY,
+    NEGATIVE,
+    OVERLAPPING,
+    PAST_ARENA,
+    RangesRefused,
+    RowsDoNotPair,
+)
 from transfer.plans.plan import (
     DST,
     NBYTES,
@@ -68,31 +77,39 @@ def test_descending_pages_never_merge():
 
 
 def test_refuses_tables_that_do_not_pair():
-    with pytest.raises(ValueError, match="source has 2 rows and destination 3"):
+    with pytest.raises(RowsDoNotPair) as counts:
         plan_runs(table([[0, 1], [1, 1]]), table([[0, 1], [1, 1], [2, 1]]))
-    with pytest.raises(ValueError, match="row 1 has 8 bytes at the source and 9 at the destination"):
+    assert (counts.value.src_rows, counts.value.dst_rows, counts.value.row) == (2, 3, None)
+    with pytest.raises(RowsDoNotPair) as sizes:
         plan_runs(table([[0, 8], [8, 8]]), table([[0, 8], [8, 9]]))
+    assert (sizes.value.row, sizes.value.src_bytes, sizes.value.dst_bytes) == (1, 8, 9)
 
 
 @pytest.mark.parametrize(
-    "rows, message",
+    "rows, problem",
     [
-        ([[0, 10], [5, 10]], "overlapping"),
-        ([[0, 10], [95, 10]], "reaches byte 105 past the arena's 100"),
-        ([[-1, 10]], "negative offset"),
-        ([[0, 0]], "non-positive nbytes"),
+        ([[0, 10], [5, 10]], OVERLAPPING),
+        ([[0, 10], [95, 10]], PAST_ARENA),
+        ([[-1, 10]], NEGATIVE),  # a negative offset
+        ([[0, 0]], NEGATIVE),  # a non-positive nbytes
     ],
 )
-def test_check_ranges_refuses_bad_tables(rows, message):
-    with pytest.raises(ValueError, match=message):
+def test_check_ranges_refuses_bad_tables(rows, problem):
+    with pytest.raises(RangesRefused) as refused:
         check_ranges(table(rows), 100)
+    assert (refused.value.name, refused.value.problem) == ("ranges", problem)
+    if problem == PAST_ARENA:
+        assert (refused.value.reach, refused.value.arena_bytes) == (105, 100)
 
 
 def test_check_ranges_refuses_wrong_shape_and_empty():
-    with pytest.raises(ValueError, match=r"\(n, 2\) int64"):
+    with pytest.raises(RangesRefused) as shape:
         check_ranges(torch.zeros(3, 3, dtype=torch.int64), 100)
-    with pytest.raises(ValueError, match="empty"):
+    assert (shape.value.problem, shape.value.shape) == (BAD_SHAPE, "(3, 3) torch.int64")
+    with pytest.raises(RangesRefused) as empty:
         check_ranges(torch.zeros(0, 2, dtype=torch.int64), 100)
+    assert empty.value.problem == EMPTY
+    assert isinstance(empty.value, ValueError)  # callers that catch ValueError still do
 
 
 def test_small_runs_are_batched_into_one_staged_message_per_chunk():

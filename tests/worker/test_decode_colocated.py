@@ -13,7 +13,7 @@ import pytest
 from decode.worker import DecodeWorker
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
-from distpool.worker.messages import DecodeFinished, LocalPrefillRefused, LocalPrefillStarted
+from distpool.worker.messages import DecodeFinished, LocalPrefillRefused, LocalPrefillStarted, Refusal
 from distpool.worker.stats import PoolHeld
 from tests.worker.test_decode_prefix_reuse import FIRST, MAX_NEW, reference_config
 from tests.worker.test_synthetic_workers import synthetic_config
@@ -103,7 +103,7 @@ def test_a_fresh_request_beyond_the_room_left_is_refused_holding_nothing():
         long = SamplingParams(max_tokens=70)
         answers = [d.local_prefill(f"r{i}", list(range(3, 53)), long, fresh=True) for i in range(12)]
         refused = [a for a in answers if isinstance(a, LocalPrefillRefused)]
-        assert refused and "no room" in refused[0].reason
+        assert refused and {a.kind for a in refused} == {Refusal.NO_ROOM}
         started = [f"r{i}" for i, a in enumerate(answers) if isinstance(a, LocalPrefillStarted)]
         assert started and len(wait_finished(d, started, timeout_s=60)) == len(started)
         drained(d)

@@ -9,7 +9,13 @@ import dataclasses
 
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
-from distpool.worker.messages import DecodeFinished, LocalPrefillRefused, LocalPrefillStarted, PrefillSent
+from distpool.worker.messages import (
+    DecodeFinished,
+    LocalPrefillRefused,
+    LocalPrefillStarted,
+    PrefillSent,
+    Refusal,
+)
 from distpool.worker.stats import PoolHeld
 from tests.worker.test_decode_prefix_reuse import FIRST, MAX_NEW, reference_config
 from tests.worker.test_synthetic_workers import synthetic_config
@@ -83,7 +89,7 @@ def test_a_worker_that_lost_the_state_refuses_and_the_transfer_serves_the_turn()
         second = FIRST + first.tokens + NEW_MESSAGE
         d.pool.prefix_cache.final_states.evict(1)  # as making room for others would
         answer = d.local_prefill("t1", second, SamplingParams(max_tokens=MAX_NEW))
-        assert isinstance(answer, LocalPrefillRefused) and "no kept state" in answer.reason
+        assert isinstance(answer, LocalPrefillRefused) and answer.kind is Refusal.NO_STATE
         assert_nothing_held(p, d)
         d.pool.check_invariants()
         assert isinstance(serve(p, d, {"t1": second}, MAX_NEW)["t1"], PrefillSent)

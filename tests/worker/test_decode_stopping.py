@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from decode.request import NO_SEED, RequestRefused
 from distpool.model.sampling import Finish, SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.worker.config import WorkerConfig
@@ -85,6 +86,7 @@ def test_stop_ids_min_tokens_ignore_eos_and_sampling_in_one_batch(pair):
 
 def test_a_sampled_request_without_a_seed_is_refused_holding_nothing(pair):
     p, d = pair
-    with pytest.raises(ValueError, match="samples without a seed"):
+    with pytest.raises(RequestRefused) as refused:
         d.reserve("no-seed", PROMPT, SamplingParams(max_tokens=4, temperature=1.0), "prefill-0")
+    assert (refused.value.request_id, refused.value.problem) == ("no-seed", NO_SEED)
     assert_nothing_held(p, d)

@@ -4,6 +4,7 @@ prefill wave, and on stopping; a collective that fails breaks the group for good
 from __future__ import annotations
 
 import datetime
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.sizing import PoolArgs
 from distpool.model.sampling import SamplingParams
+from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.config import WorkerConfig
 from distpool.worker.lockstep import GroupBroken, Lockstep
@@ -106,15 +108,21 @@ def test_the_model_sums_over_the_group_it_was_bound_to():
 
 def test_a_rank_that_never_comes_breaks_the_group_within_its_timeout():
     steps = locksteps(2, timeout_s=1.0)
-    with pytest.raises(GroupBroken, match="collective of the TP group failed"):
+    with pytest.raises(GroupBroken) as broken:
         steps[0].go(False)  # rank 1 never joins this round
+    assert (broken.value.rank, broken.value.tp, broken.value.formed) == (0, 2, True)
+    assert broken.value.cause  # the process group's own error, as it read
 
 
 def test_computing_before_the_group_formed_is_refused():
-    with pytest.raises(GroupBroken, match="before its group formed"):
+    with pytest.raises(GroupBroken) as unformed:
         Lockstep(tp=2, rank=1, device=torch.device("cpu")).allreduce([torch.zeros(1)])
-    with pytest.raises(ValueError, match="group of 2 ranks in which it is rank 0"):
+    assert (unformed.value.rank, unformed.value.tp, unformed.value.formed) == (1, 2, False)
+    again = pickle.loads(pickle.dumps(unformed.value))  # Ray carries it with its fields
+    assert (again.rank, again.formed, str(again)) == (1, False, str(unformed.value))
+    with pytest.raises(TpGroupMismatch) as mismatch:
         Lockstep(tp=2, rank=1, device=torch.device("cpu")).bind(gloo_groups(2)[0])
+    assert (mismatch.value.group_size, mismatch.value.group_rank) == (2, 0)
 
 
 def test_prefill_ranks_that_reserved_different_waves_compute_none_and_hold_nothing():

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from decode.request import BAD_PROMPT, RequestRefused
 from distpool.memory.sizing import PoolArgs
 from distpool.model.sampling import SamplingParams
 from distpool.model.spec import DENSE, HYBRID_MAMBA, HYBRID_SWA
@@ -188,8 +189,9 @@ def test_damage_while_decoding_is_caught_before_release(pair):
 def test_hostile_prompts_and_first_tokens_hold_nothing_and_keep_the_loop_alive(pair):
     p, d = pair
     for prompt in ([-1, 2], [1, 10**9], [1.5], "abc"):
-        with pytest.raises(ValueError, match="token ids"):
+        with pytest.raises(RequestRefused) as refused:
             d.reserve("bad", prompt, SamplingParams(max_tokens=2), "prefill-0")
+        assert (refused.value.problem, refused.value.vocab_size) == (BAD_PROMPT, d.model.vocab_size)
     assert_nothing_held(d)
     original = d._landed
 

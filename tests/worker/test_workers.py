@@ -1,11 +1,13 @@
 """Prefill and decode workers built directly (no Ray), joined by a real Gloo channel in one process."""
 
 import inspect
+import pickle
 import threading
 import time
 
 import pytest
 
+from decode.request import OVER_CONTEXT, RequestRefused
 from decode.worker import DecodeWorker
 from distpool.memory.pool import DoesNotFit, Pool
 from distpool.memory.sizing import PoolArgs
@@ -120,10 +122,14 @@ def test_injected_fault_frees_both_sides_and_the_channel_still_works(pair):
 
 def test_decode_refuses_what_it_cannot_grow_and_holds_nothing(pair):
     _, d = pair
-    with pytest.raises(ValueError, match="context"):
-        d.reserve(
-            "long", [1] * 100, SamplingParams(max_tokens=29), "prefill-0"
-        )  # 129 tokens > --context-len 128
+    with pytest.raises(RequestRefused) as refused:
+        d.reserve("long", [1] * 100, SamplingParams(max_tokens=29), "prefill-0")
+    assert (refused.value.problem, refused.value.needed, refused.value.context_len) == (
+        OVER_CONTEXT,
+        129,
+        128,
+    )
+    assert pickle.loads(pickle.dumps(refused.value)).needed == 129  # Ray carries it with its facts
     with pytest.raises(ValueError):
         d.reserve("bad", [], SamplingParams(max_tokens=1), "prefill-0")
     admitted = 0

@@ -3,10 +3,22 @@
 `rendezvous.py`: rank 0's port, proofs on fresh nonces, one generation agreed; `auth.py`: the proof
 and sealed messages; `relay_store.py`: the store every rank keeps a copy of while a group forms;
 `groups.py`: the Gloo and NCCL groups made and their links closed (torch's private Gloo options);
-`rank_group.py`: a TP group's own process group, formed the same way.
+`rank_group.py`: a TP group's own process group, formed the same way; `errors.py`: what the
+rendezvous and the forming fail with, as facts.
 """
 
 from transfer.connect.auth import MAC_BYTES, ControlAuth
+from transfer.connect.errors import (
+    FORMED,
+    PEER_FAILED,
+    PEERS_DONE,
+    FrameTooLarge,
+    PeersMissing,
+    RankGroupNotFormed,
+    RendezvousHungUp,
+    SecretNotProven,
+    StoreEnded,
+)
 from transfer.connect.groups import channel_groups, close_links, destroy_group
 from transfer.connect.rank_group import form_rank_group
 from transfer.connect.relay_store import RelayStore
@@ -21,7 +33,16 @@ from transfer.connect.rendezvous import (
 
 __all__ = [
     "ControlAuth",
+    "FORMED",
+    "FrameTooLarge",
     "MAC_BYTES",
+    "PEERS_DONE",
+    "PEER_FAILED",
+    "PeersMissing",
+    "RankGroupNotFormed",
+    "RendezvousHungUp",
+    "SecretNotProven",
+    "StoreEnded",
     "RelayStore",
     "RendezvousPort",
     "agree_generation",

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from transfer.wire import ArgInvalid
+
 MAC_BYTES = 32
 MIN_SECRET_BYTES = 16
 
@@ -27,7 +29,8 @@ class ControlAuth:
 
     def __init__(self, secret: bytes, channel: str) -> None:
         if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"a channel secret is at least {MIN_SECRET_BYTES} random bytes")
+            length = len(secret) if isinstance(secret, bytes) else type(secret).__name__
+            raise ArgInvalid("the secret's length", length, f"at least {MIN_SECRET_BYTES} random bytes")
         self._secret, self.channel = secret, channel
 
     def _mac(self, *parts: bytes) -> bytes:

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from transfer.connect.auth import ControlAuth
+from transfer.connect.errors import RankGroupNotFormed
 from transfer.connect.groups import gloo_group, nccl_group
 from transfer.connect.relay_store import RelayStore
 from transfer.connect.rendezvous import RendezvousPort, delta, is_loopback, join_peer
-from transfer.wire import ChannelError
+from transfer.wire import ArgInvalid, ChannelError
 
 
 def form_rank_group(
@@ -40,22 +41,19 @@ def form_rank_group(
 ) -> dist.ProcessGroup:
     """This rank's member of the `size`-rank group `name`: Gloo for a CPU `device`, NCCL for a CUDA
     one. Every rank calls it with the same name, size, host, port and secret; rank 0 binds the port.
-    `timeout_s` bounds the forming (ChannelError when a rank does not show up or prove the secret by
+    `timeout_s` bounds the forming (RankGroupNotFormed when a rank does not show up or prove the secret by
     then) and, as the group's timeout, every collective on it."""
     if size < 2:
-        raise ValueError(f"rank group {name}: size {size} has nothing to form; a group needs 2 ranks or more")
+        raise ArgInvalid("size", size, "2 or more: one rank has no group to form")
     if not 0 <= rank < size:
-        raise ValueError(f"rank group {name}: rank {rank} is outside 0..{size - 1}")
+        raise ArgInvalid("rank", rank, f"in 0..{size - 1}")
     if timeout_s <= 0:
-        raise ValueError(f"rank group {name}: timeout_s must be positive, not {timeout_s}")
+        raise ArgInvalid("timeout_s", timeout_s, "> 0")
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"rank group {name}: a group forms on a CPU (Gloo) or CUDA (NCCL) device, not {device}"
-        )
+        raise ArgInvalid("device", str(device), "a CPU (Gloo) or CUDA (NCCL) device")
     auth = ControlAuth(secret, name)  # ValueError for a secret too short
     deadline = time.monotonic() + timeout_s
-    where = f"rank group {name} rank {rank} of {size} at {host}:{port}"
     rendezvous_port, socks, store = None, [], None
     try:
         if rank == 0:
@@ -67,12 +65,9 @@ def form_rank_group(
         group = _group(store, rank, size, device, timeout_s, loopback=is_loopback(host))
         _all_formed(group, device, deadline)
         return group
-    except ChannelError as exc:
-        raise ChannelError(f"{where} did not form within {timeout_s:.1f} s: {exc}") from None
     except Exception as exc:  # store / Gloo / NCCL errors arrive as RuntimeError subclasses
-        raise ChannelError(
-            f"{where} did not form within {timeout_s:.1f} s: {type(exc).__name__}: {exc}"
-        ) from None
+        cause = exc if isinstance(exc, ChannelError) else ChannelError(f"{type(exc).__name__}: {exc}")
+        raise RankGroupNotFormed(name, rank, size, host, port, timeout_s, cause) from None
     finally:
         _close(store, socks, rendezvous_port)
 

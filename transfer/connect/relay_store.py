@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
+from transfer.connect.errors import FORMED, PEER_FAILED, PEERS_DONE, FrameTooLarge, StoreEnded
 from transfer.wire import ChannelError
 
 MAX_KEY_BYTES = 8 << 10
@@ -54,7 +55,7 @@ class RelayStore(dist.Store):
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()  # one frame at a time down any connection
         self._done: set[socket.socket] = set()  # connections whose peer ended them (under _send_lock)
-        self._ended: str | None = None
+        self._ended: StoreEnded | None = None
         for sock in self._socks:
             sock.settimeout(None)
         self._readers = [
@@ -74,8 +75,8 @@ class RelayStore(dist.Store):
         try:
             self._send(key, value, but=None)
         except OSError as exc:
-            self._end(f"a peer went while the group formed: {exc}")
-            raise ChannelError(f"{self._name}: {self._ended}") from None
+            self._end(PEER_FAILED, exc)
+            self._check_open()
 
     def get(self, key) -> bytes:
         key = _text(key)
@@ -123,7 +124,7 @@ class RelayStore(dist.Store):
         writing first, then drained until its peer shuts its side, at most CLOSE_DRAIN_S in all),
         then they close."""
         with self._cond:
-            self._ended = self._ended or "the group formed: its rendezvous is over"
+            self._ended = self._ended or StoreEnded(self._name, FORMED, len(self._socks))
             self._cond.notify_all()
         for sock in self._socks:  # not under the send lock: this also wakes a send to a stuck peer
             _shut_for_writing(sock)
@@ -134,12 +135,12 @@ class RelayStore(dist.Store):
             sock.close()
 
     def _check_open(self) -> None:
-        if self._ended is not None:
-            raise ChannelError(f"{self._name}: {self._ended}")
+        if (ended := self._ended) is not None:  # a fresh one per call: each has its own traceback
+            raise StoreEnded(ended.name, ended.why, ended.num_peers, ended.cause)
 
-    def _end(self, reason: str) -> None:
+    def _end(self, why: str, cause: BaseException | None = None) -> None:
         with self._cond:
-            self._ended = self._ended or reason
+            self._ended = self._ended or StoreEnded(self._name, why, len(self._socks), cause)
             self._cond.notify_all()
 
     def _send(self, key: str, value: bytes, *, but: socket.socket | None) -> None:
@@ -156,10 +157,7 @@ class RelayStore(dist.Store):
             while (head := _read_exactly(sock, _FRAME.size)) is not None:
                 key_len, value_len = _FRAME.unpack(head)
                 if key_len > MAX_KEY_BYTES or value_len > MAX_VALUE_BYTES:
-                    raise ChannelError(
-                        f"a rendezvous frame of {key_len} + {value_len} bytes "
-                        f"(at most {MAX_KEY_BYTES} + {MAX_VALUE_BYTES})"
-                    )
+                    raise FrameTooLarge(key_len, value_len, MAX_KEY_BYTES, MAX_VALUE_BYTES)
                 body = _read_exactly(sock, key_len + value_len)
                 if body is None:
                     break
@@ -169,7 +167,7 @@ class RelayStore(dist.Store):
                     self._values[key] = value
                     self._cond.notify_all()
         except (OSError, ChannelError) as exc:
-            self._end(f"the rendezvous with a peer failed: {exc}")
+            self._end(PEER_FAILED, exc)
             return
         self._peer_ended(sock)
 
@@ -181,11 +179,7 @@ class RelayStore(dist.Store):
             _shut_for_writing(sock)
             everyone = len(self._done) == len(self._socks)
         if everyone:
-            self._end(
-                "the peer ended the rendezvous"
-                if len(self._socks) == 1
-                else "every peer ended the rendezvous"
-            )
+            self._end(PEERS_DONE)
 
 
 def _shut_for_writing(sock: socket.socket) -> None:

@@ -29,6 +29,7 @@ import time
 import torch.distributed as dist
 
 from transfer.connect.auth import MAC_BYTES, ControlAuth
+from transfer.connect.errors import PeersMissing, RendezvousHungUp, SecretNotProven
 from transfer.wire import GENERATION_KEY, ChannelError
 
 POLL_S = 0.05
@@ -161,13 +162,8 @@ class RendezvousPort:
                     for sock, (_, _, expiry) in list(unproven.items()):
                         if time.monotonic() > expiry:
                             _drop(sock, selector, unproven)
-                if num_peers == 1:
-                    raise ChannelError(
-                        f"no rank-1 peer proved the secret at {self.host}:{self.port}: it never showed up"
-                    )
-                raise ChannelError(
-                    f"{len(proven)} of {num_peers} peers proved the secret at {self.host}:{self.port}; "
-                    f"{num_peers - len(proven)} never showed up"
+                raise PeersMissing(
+                    self.host, self.port, awaited=num_peers, proven=len(proven), listening=True
                 )
             except BaseException:
                 for sock in proven:
@@ -258,7 +254,7 @@ def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socke
         except (OSError, ChannelError):
             sock.close()
             if deadline - time.monotonic() <= POLL_S:
-                raise ChannelError(f"the rendezvous at {host}:{port} hung up before it began") from None
+                raise RendezvousHungUp(host, port) from None
             time.sleep(POLL_S)
             continue
         break
@@ -266,7 +262,7 @@ def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socke
         nonce = os.urandom(NONCE_BYTES)
         sock.sendall(nonce + auth.proof("client", theirs, nonce))
         if not auth.proves("server", nonce, theirs, _receive(sock, MAC_BYTES)):
-            raise ChannelError(f"whatever listens at {host}:{port} does not hold this deployment's secret")
+            raise SecretNotProven(host, port)
         sock.settimeout(None)
         return sock
     except (OSError, ChannelError) as exc:
@@ -281,7 +277,7 @@ def _connect(host: str, port: int, deadline: float) -> socket.socket:
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ChannelError(f"no rendezvous at {host}:{port}: the rank-0 peer never showed up")
+            raise PeersMissing(host, port, awaited=1, proven=0, listening=False)
         try:
             return socket.create_connection((host, port), timeout=min(remaining, 0.5))
         except OSError:

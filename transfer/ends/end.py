@@ -25,7 +25,7 @@ from transfer.ends.handle import ChunkHook, Transfer
 from transfer.ends.staging import CopyStream, StagingBuffers
 from transfer.pair import Channel
 from transfer.plans import check_ranges
-from transfer.wire import ChannelError, FailureKind, ProtocolError, TransferError, decode_message
+from transfer.wire import ArgInvalid, ChannelError, FailureKind, ProtocolError, TransferError, decode_message
 
 
 @dataclass
@@ -123,10 +123,8 @@ class ChannelEnd(abc.ABC):
         """Check the caller's arguments (ValueError) and make the job and its transfer."""
         channel = self.channel
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
-            raise ValueError(
-                "the arena buffer must be a contiguous 1-D uint8 tensor, "
-                f"got {tuple(buffer.shape)} {buffer.dtype}"
-            )
+            got = f"{tuple(buffer.shape)} {buffer.dtype}"
+            raise ArgInvalid("the arena buffer", got, "a contiguous 1-D uint8 tensor")
         if buffer.device != channel.device and not (
             buffer.device.type == channel.device.type == "cuda" and channel.device.index is None
         ):

@@ -18,7 +18,7 @@ import torch
 
 from transfer.ends.end import ChannelEnd
 from transfer.ends.receiver import EnvelopeReceiver
-from transfer.wire import TAG_LINK_GO, TAG_LINK_PAYLOAD
+from transfer.wire import TAG_LINK_GO, TAG_LINK_PAYLOAD, ArgInvalid
 
 MAX_LINK_BYTES = 4 << 30
 
@@ -36,7 +36,9 @@ def measure(end: ChannelEnd, nbytes: int, repeats: int, chunk_bytes: int | None 
     None. Raises ChannelError when the link fails (the channel is then broken, as after a failed
     transfer)."""
     if not 0 < nbytes <= MAX_LINK_BYTES or not 0 < repeats <= 100:
-        raise ValueError(f"a link measurement takes 1 B to 4 GiB, 1 to 100 times; got {nbytes} x {repeats}")
+        raise ArgInvalid(
+            "a link measurement (bytes, repeats)", (nbytes, repeats), "1 B to 4 GiB, 1 to 100 times"
+        )
     channel = end.channel
     payload = torch.empty(nbytes, dtype=torch.uint8, device=channel.device)
     go = torch.zeros(1, dtype=torch.uint8, device=channel.device)

@@ -52,6 +52,7 @@ from transfer.wire import (
     READY,
     REFUSE,
     STATUS,
+    AlreadyExpected,
     ChannelError,
     FailureKind,
     ProtocolError,
@@ -125,7 +126,7 @@ class EnvelopeReceiver(ChannelEnd):
             if self.closed:
                 raise ChannelError("the receiver is closed")
             if envelope.request_id in self._expected:
-                raise ValueError(f"request {envelope.request_id!r} is already expected on this channel")
+                raise AlreadyExpected(envelope.request_id)
             self._refused.pop(envelope.request_id, None)
             self._expected[envelope.request_id] = job
             self.cond.notify_all()

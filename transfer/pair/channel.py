@@ -44,7 +44,7 @@ from transfer.connect import (
 from transfer.pair.control import ControlPlane
 from transfer.pair.handshake import exchange_hello, make_hello
 from transfer.plans import TpPair
-from transfer.wire import TAG_DATA, ChannelError, FailureKind, bell_key
+from transfer.wire import TAG_DATA, ArgInvalid, ChannelError, FailureKind, bell_key
 
 SENDER_RANK, RECEIVER_RANK = 0, 1
 # Gloo payload connections a rank's channels share by default: a channel of an equal-TP pair has
@@ -79,14 +79,12 @@ class Channel:
         tp: TpEnd | None = None,
     ) -> None:
         if rank not in (SENDER_RANK, RECEIVER_RANK):
-            raise ValueError(
-                f"rank must be {SENDER_RANK} (prefill, sender) or {RECEIVER_RANK} (decode, receiver), "
-                f"got {rank}"
-            )
+            expected = f"{SENDER_RANK} (prefill, sender) or {RECEIVER_RANK} (decode, receiver)"
+            raise ArgInvalid("rank", rank, expected)
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            raise ArgInvalid("timeout_s", timeout_s, "> 0")
         if not 0 < port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {port}")
+            raise ArgInvalid("port", port, "in 1..65535")
         self.rank, self.peer_rank = rank, 1 - rank
         self.host, self.port, self.name = host, port, name
         self.device = torch.device(device)
@@ -95,7 +93,7 @@ class Channel:
         self._streams_asked, self._default_streams = num_streams, default_streams
         self.num_streams = default_streams if num_streams is None else num_streams
         if self.num_streams < 1 or (self.backend == "nccl" and self.num_streams != 1):
-            raise ValueError(f"num_streams must be >= 1 (exactly 1 with NCCL), got {num_streams}")
+            raise ArgInvalid("num_streams", num_streams, ">= 1 (exactly 1 with NCCL)")
         self.fingerprint = fingerprint
         self.layout = dict(layout or {})
         self.tp = tp  # this end's TP layout (None: TP 1), checked against the peer's in the handshake

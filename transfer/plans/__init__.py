@@ -3,9 +3,25 @@
 `plan.py`: one rank to one rank (coalesced runs, chunks, streams); `reshard.py`: between two TP
 layouts, which source rank sends which bytes to which destination rank, with `unit_templates.py`
 (inside one unit, which source rank sends which pieces); `tp_pair.py`: what one channel moves across
-TP sizes; `tp_handshake.py`: the hello fields two TP layouts must share, and whether they reshard.
+TP sizes; `tp_handshake.py`: the hello fields two TP layouts must share, and whether they reshard;
+`errors.py`: what a plan refuses, as facts.
 """
 
+from transfer.plans.errors import (
+    BAD_SHAPE,
+    DIFFERENT_MODELS,
+    EMPTY,
+    NEGATIVE,
+    OVERLAPPING,
+    PAST_ARENA,
+    RANKS_NOT_IN_ORDER,
+    TABLES_PER_RANK,
+    UNIT_COUNTS_DIFFER,
+    LayoutsDoNotPair,
+    RangesRefused,
+    RowsDoNotPair,
+    UnitSizesDiffer,
+)
 from transfer.plans.plan import (
     DST,
     NBYTES,
@@ -23,7 +39,20 @@ from transfer.plans.tp_handshake import check_reshard, tp_differing_fields, tp_o
 from transfer.plans.tp_pair import TpPair, channel_runs
 
 __all__ = [
+    "BAD_SHAPE",
     "Chunk",
+    "DIFFERENT_MODELS",
+    "EMPTY",
+    "LayoutsDoNotPair",
+    "NEGATIVE",
+    "OVERLAPPING",
+    "PAST_ARENA",
+    "RANKS_NOT_IN_ORDER",
+    "RangesRefused",
+    "RowsDoNotPair",
+    "TABLES_PER_RANK",
+    "UNIT_COUNTS_DIFFER",
+    "UnitSizesDiffer",
     "DST",
     "Message",
     "NBYTES",

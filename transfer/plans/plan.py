@@ -25,6 +25,15 @@ import torch
 
 from distpool.memory.arena import DST, NBYTES, SRC, merge_runs
 from distpool.memory.envelope import moving_rows  # the rows a transfer moves: the envelope's rule
+from transfer.plans.errors import (
+    BAD_SHAPE,
+    EMPTY,
+    NEGATIVE,
+    OVERLAPPING,
+    PAST_ARENA,
+    RangesRefused,
+    RowsDoNotPair,
+)
 
 __all__ = [
     "DST",
@@ -41,43 +50,35 @@ __all__ = [
 
 
 def check_ranges(ranges: torch.Tensor, arena_bytes: int, *, name: str = "ranges") -> None:
-    """Raise ValueError unless `ranges` is an (n, 2) int64 table of disjoint ranges inside the arena."""
+    """Raise RangesRefused unless `ranges` is an (n, 2) int64 table of disjoint ranges inside the arena."""
     if ranges.dtype != torch.int64 or ranges.dim() != 2 or ranges.shape[1] != 2:
-        shape = f"{tuple(ranges.shape)} {ranges.dtype}"
-        raise ValueError(f"{name} must be an (n, 2) int64 tensor of (offset, nbytes), got {shape}")
+        raise RangesRefused(name, BAD_SHAPE, shape=f"{tuple(ranges.shape)} {ranges.dtype}")
     if ranges.shape[0] == 0:
-        raise ValueError(f"{name} is empty: an envelope holds at least one byte range")
+        raise RangesRefused(name, EMPTY)
     table = ranges.cpu().numpy()
     offsets, nbytes = table[:, 0], table[:, 1]
     if (offsets < 0).any() or (nbytes <= 0).any():
-        raise ValueError(f"{name} has a negative offset or a non-positive nbytes")
-    if int((offsets + nbytes).max()) > arena_bytes:
-        raise ValueError(
-            f"{name} reaches byte {int((offsets + nbytes).max())} past the arena's {arena_bytes}"
-        )
+        raise RangesRefused(name, NEGATIVE)
+    if (reach := int((offsets + nbytes).max())) > arena_bytes:
+        raise RangesRefused(name, PAST_ARENA, reach=reach, arena_bytes=arena_bytes)
     order = np.argsort(offsets, kind="stable")
     if (offsets[order][1:] < (offsets + nbytes)[order][:-1]).any():
-        raise ValueError(f"{name} has overlapping rows: one byte cannot belong to two positions")
+        raise RangesRefused(name, OVERLAPPING)
 
 
 def plan_runs(src_ranges: torch.Tensor | np.ndarray, dst_ranges: torch.Tensor | np.ndarray) -> np.ndarray:
     """Pair rows and merge neighbours contiguous on both sides: (m, 3) int64 (src, dst, nbytes).
 
-    Raises ValueError when the tables cannot pair (row count or a row's nbytes differ).
+    Raises RowsDoNotPair when the tables cannot pair (row count or a row's nbytes differ).
     """
     src_table, dst_table = np.asarray(src_ranges, dtype=np.int64), np.asarray(dst_ranges, dtype=np.int64)
     if src_table.shape != dst_table.shape:
-        raise ValueError(
-            f"source has {src_table.shape[0]} rows and destination {dst_table.shape[0]}: "
-            "the envelopes do not pair (different page counts or layouts)"
-        )
+        raise RowsDoNotPair(src_table.shape[0], dst_table.shape[0])
     differ = np.flatnonzero(src_table[:, 1] != dst_table[:, 1])
     if differ.size:
         i = int(differ[0])
-        raise ValueError(
-            f"row {i} has {int(src_table[i, 1])} bytes at the source and {int(dst_table[i, 1])} at the "
-            "destination: the layouts differ"
-        )
+        rows = src_table.shape[0]
+        raise RowsDoNotPair(rows, rows, row=i, src_bytes=int(src_table[i, 1]), dst_bytes=int(dst_table[i, 1]))
     return merge_runs(src_table[:, 0], dst_table[:, 0], src_table[:, 1])
 
 

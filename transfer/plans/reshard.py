@@ -30,6 +30,14 @@ import torch
 from distpool.memory.arena import merge_runs
 from distpool.memory.sizing import align_up, slot_stride_bytes
 from distpool.model.shard import RankShard
+from transfer.plans.errors import (
+    DIFFERENT_MODELS,
+    RANKS_NOT_IN_ORDER,
+    TABLES_PER_RANK,
+    UNIT_COUNTS_DIFFER,
+    LayoutsDoNotPair,
+    UnitSizesDiffer,
+)
 from transfer.plans.plan import moving_rows, plan_runs
 from transfer.plans.unit_templates import UNIT_KINDS, assign_pieces, source_preference, unit_templates
 
@@ -90,20 +98,15 @@ def _check_units(shards: Sequence[RankShard], units: Sequence[EnvelopeUnits], pa
         for kind in UNIT_KINDS:
             sizes, expected = getattr(table, kind)[:, 1], _unit_bytes(shard, kind, page_size)
             if (sizes != expected).any():
-                raise ValueError(
-                    f"rank {shard.rank} of TP {shard.tp} holds {kind}s of {sorted(set(sizes.tolist()))} "
-                    "bytes, but its "
-                    f"shard makes them {expected}. Fix: build each rank's pool from its shard's spec, "
-                    "sharding the spec with the run's dtypes and page size"
-                )
+                raise UnitSizesDiffer(shard.rank, shard.tp, kind, sorted(set(sizes.tolist())), expected)
 
 
 def _check_layouts(src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard]) -> None:
     for side, shards in (("source", src_shards), ("destination", dst_shards)):
         if not shards or [(s.tp, s.rank) for s in shards] != [(len(shards), r) for r in range(len(shards))]:
-            raise ValueError(f"the {side} layout must list ranks 0..tp-1 of one TP size, in order")
+            raise LayoutsDoNotPair(RANKS_NOT_IN_ORDER, side=side)
     if src_shards[0].model != dst_shards[0].model:
-        raise ValueError("the source and destination layouts shard different models")
+        raise LayoutsDoNotPair(DIFFERENT_MODELS)
 
 
 def source_ranks(
@@ -138,12 +141,12 @@ def plan_reshard(
     """
     _check_layouts(src_shards, dst_shards)
     if len(src_units) != len(src_shards) or len(dst_units) != len(dst_shards):
-        raise ValueError("give one unit table per rank on each side")
+        raise LayoutsDoNotPair(TABLES_PER_RANK)
     _check_units(src_shards, src_units, page_size)
     _check_units(dst_shards, dst_units, page_size)
     counts = {(kind, getattr(u, kind).shape[0]) for u in (*src_units, *dst_units) for kind in UNIT_KINDS}
     if len(counts) != len(UNIT_KINDS):
-        raise ValueError(f"the ranks' envelopes do not pair: units per kind {sorted(counts)}")
+        raise LayoutsDoNotPair(UNIT_COUNTS_DIFFER, counts=tuple(counts))
     if list(src_shards) == list(dst_shards):  # equal layouts: whole units, rank to rank
         return tuple(
             RankRuns(r, r, plan_runs(src_units[r].rows, dst_units[r].rows)) for r in range(len(src_shards))

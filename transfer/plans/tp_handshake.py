@@ -16,7 +16,7 @@ from typing import Any
 from distpool.memory.sizing import TpEnd
 from distpool.model.shard import check_tp, shard
 from transfer.plans.reshard import source_ranks
-from transfer.wire import ReshardRefused
+from transfer.wire import MALFORMED, NO_TP_LAYOUT, NOTHING_TO_MOVE, UNSHARDABLE, ReshardRefused
 
 _ONE_RANK = {"size": 1, "rank": 0}
 
@@ -50,22 +50,25 @@ def check_reshard(end: TpEnd | None, theirs: dict[str, Any], *, sending: bool) -
     mine = (1, 0) if end is None else (end.shard.tp, end.shard.rank)
     if end is None:
         if (size, rank) != mine:
-            raise ReshardRefused(f"the peer is rank {rank} of TP {size}, this end has no TP layout (TP 1)")
+            raise ReshardRefused(NO_TP_LAYOUT, peer_rank=rank, peer_size=size)
         return
     model = end.shard.model
     if type(size) is not int or type(rank) is not int or not 0 <= rank < size:
-        raise ReshardRefused(f"the peer's TP layout is malformed: rank {rank!r} of TP {size!r}")
+        raise ReshardRefused(MALFORMED, peer_rank=rank, peer_size=size)
     try:
         check_tp(model, size)
     except ValueError as exc:
-        raise ReshardRefused(f"the peer's layout cannot be resharded into this one's: {exc}") from None
+        raise ReshardRefused(UNSHARDABLE, peer_rank=rank, peer_size=size, cause=exc) from None
     (src_size, src_rank), (dst_size, dst_rank) = (mine, (size, rank)) if sending else ((size, rank), mine)
     src = [shard(model, src_size, r) for r in range(src_size)]
     dst = [shard(model, dst_size, r) for r in range(dst_size)]
     needed = source_ranks(src, dst, dst_rank)
     if src_rank not in needed:
         raise ReshardRefused(
-            f"source rank {src_rank} of TP {src_size} sends nothing to destination rank {dst_rank} of TP "
-            f"{dst_size}: that rank's shard comes from source ranks {list(needed)}. Fix: connect each "
-            "destination rank to the source ranks its shard needs (transfer.plans.reshard.source_ranks)"
+            NOTHING_TO_MOVE,
+            peer_rank=rank,
+            peer_size=size,
+            src=(src_rank, src_size),
+            dst=(dst_rank, dst_size),
+            needed=needed,
         )

@@ -2,15 +2,23 @@
 
 `protocol.py`: the control messages (HEADER, READY, REFUSE, ...), their keys and tags, msgpack
 encoding and the row tables; `failure.py`: `FailureKind`, the kinds every failure carries (by value
-on the wire); `errors.py`: the typed errors of the transfer path (`TransferError`, `ChannelError`,
-`ProtocolError`, `FingerprintMismatch`, `ReshardRefused`).
+on the wire); `errors.py`: the typed errors of the transfer path (`ArgInvalid`, `AlreadyExpected`,
+`TransferError`, `ChannelError`, `ProtocolError`, `TrailerRefused`, `FingerprintMismatch`,
+`ReshardRefused`).
 """
 
 from transfer.wire.errors import (
+    MALFORMED,
+    NO_TP_LAYOUT,
+    NOTHING_TO_MOVE,
+    UNSHARDABLE,
+    AlreadyExpected,
+    ArgInvalid,
     ChannelError,
     FingerprintMismatch,
     ProtocolError,
     ReshardRefused,
+    TrailerRefused,
     TransferError,
 )
 from transfer.wire.failure import FailureKind
@@ -45,11 +53,16 @@ from transfer.wire.protocol import (
 
 __all__ = [
     "ABORT",
+    "AlreadyExpected",
+    "ArgInvalid",
     "ChannelError",
     "FailureKind",
     "FingerprintMismatch",
     "GENERATION_KEY",
     "HEADER",
+    "MALFORMED",
+    "NOTHING_TO_MOVE",
+    "NO_TP_LAYOUT",
     "PROTOCOL_VERSION",
     "ProtocolError",
     "READY",
@@ -62,7 +75,9 @@ __all__ = [
     "TAG_LINK_GO",
     "TAG_LINK_PAYLOAD",
     "TRAILER_WORDS",
+    "TrailerRefused",
     "TransferError",
+    "UNSHARDABLE",
     "WITHDRAWN",
     "abort_key",
     "bell_key",

@@ -5,6 +5,30 @@ from __future__ import annotations
 from transfer.wire.failure import FailureKind
 
 
+class ArgInvalid(ValueError):
+    """An argument of the transfer engine (`field`: a channel's `port`, an arena `buffer`, a rank
+    group's `size`, ...) holds `value`; it must be `expected` (e.g. "> 0", "in 1..65535").
+    `value` is what the caller gave, or a description of it where it is a tensor."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"{field} must be {expected}, got {value!r}")
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.expected)
+
+
+class AlreadyExpected(ValueError):
+    """The receiver already expects request `request_id` on this channel."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(f"request {request_id!r} is already expected on this channel")
+
+    def __reduce__(self):
+        return type(self), (self.request_id,)
+
+
 class ChannelError(Exception):
     """A channel could not be connected, or is broken and must be rebuilt before it carries more.
 
@@ -28,15 +52,66 @@ class FingerprintMismatch(ChannelError):
         detail = "; ".join(
             f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
         )
-        super().__init__(
-            f"pool layout differs from the peer's: {detail}. Start both workers with the same model "
-            "config, page size and dtypes."
-        )
+        super().__init__(f"pool layout differs from the peer's: {detail}")
+
+    def __reduce__(self):
+        return type(self), (self.fields,)
+
+
+# Why two ends' TP layouts do not pair (`ReshardRefused.problem`).
+NO_TP_LAYOUT = "no_tp_layout"  # this end has none (TP 1), the peer is another rank or TP size
+MALFORMED = "malformed"  # the peer's rank is not an int in 0..size-1 of an int size
+UNSHARDABLE = "unshardable"  # the model cannot be sharded over the peer's TP size (`cause`)
+NOTHING_TO_MOVE = "nothing_to_move"  # the plan moves no bytes from this source rank to this destination
 
 
 class ReshardRefused(ChannelError):
     """The two ends' TP layouts cannot be resharded into each other, or this pair of ranks has
-    nothing to move under the plan; the message names the tensor part and the sizes."""
+    nothing to move under the plan: `problem` (one of the names above); `peer_rank` / `peer_size`:
+    what the peer's hello said. For NOTHING_TO_MOVE, the pair as (`src_rank`, `src_size`) ->
+    (`dst_rank`, `dst_size`) and `needed`, the source ranks the destination's shard comes from;
+    for UNSHARDABLE, `cause` (the model's refusal)."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        peer_rank: object,
+        peer_size: object,
+        src: tuple[int, int] | None = None,
+        dst: tuple[int, int] | None = None,
+        needed: tuple[int, ...] = (),
+        cause: Exception | None = None,
+    ) -> None:
+        self.problem, self.peer_rank, self.peer_size = problem, peer_rank, peer_size
+        self.src, self.dst, self.needed, self.cause = src, dst, tuple(needed), cause
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        if self.problem == NO_TP_LAYOUT:
+            return (
+                f"the peer is rank {self.peer_rank} of TP {self.peer_size}, this end has no TP layout (TP 1)"
+            )
+        if self.problem == MALFORMED:
+            return f"the peer's TP layout is malformed: rank {self.peer_rank!r} of TP {self.peer_size!r}"
+        if self.problem == UNSHARDABLE:
+            return f"the peer's layout cannot be resharded into this one's: {self.cause}"
+        (src_rank, src_size), (dst_rank, dst_size) = self.src, self.dst
+        return (
+            f"source rank {src_rank} of TP {src_size} sends nothing to destination rank {dst_rank} of "
+            f"TP {dst_size}: that rank's shard comes from source ranks {list(self.needed)}"
+        )
+
+    def __reduce__(self):
+        facts = {
+            "peer_rank": self.peer_rank,
+            "peer_size": self.peer_size,
+            "src": self.src,
+            "dst": self.dst,
+            "needed": self.needed,
+            "cause": self.cause,
+        }
+        return _rebuild_with_facts, (type(self), (self.problem,), facts)
 
 
 class TransferError(Exception):
@@ -68,3 +143,24 @@ class ProtocolError(ChannelError):
 
 def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
     return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)
+
+
+class TrailerRefused(ProtocolError):
+    """The stream's trailer for transfer `seq` read `words` (seq, filled, checksum): another
+    transfer's (the stream is out of step) or no trailer at all."""
+
+    def __init__(self, seq: int, words: list[int]) -> None:
+        self.seq, self.words = seq, list(words)
+        super().__init__(f"the stream's trailer reads {self.words} for transfer {seq}")
+
+    @property
+    def out_of_step(self) -> bool:
+        """It is a trailer, of another transfer."""
+        return self.words[0] != self.seq
+
+    def __reduce__(self):
+        return type(self), (self.seq, self.words)
+
+
+def _rebuild_with_facts(cls: type, args: tuple, facts: dict) -> Exception:
+    return cls(*args, **facts)

@@ -35,7 +35,7 @@ from typing import Any
 import msgpack
 import torch
 
-from transfer.wire.errors import ProtocolError
+from transfer.wire.errors import ProtocolError, TrailerRefused
 from transfer.wire.failure import WIRE_VALUES, FailureKind
 
 PROTOCOL_VERSION = 8  # 8: the stream ends with a trailer, no END message (7: one Gloo frame a message)
@@ -195,9 +195,9 @@ def trailer(seq: int, *, filled: bool, checksum: int | None, device: torch.devic
 
 
 def read_trailer(received: torch.Tensor, seq: int) -> tuple[bool, int | None]:
-    """(filled, checksum or None) of a received trailer; ProtocolError unless it is transfer `seq`'s
+    """(filled, checksum or None) of a received trailer; TrailerRefused unless it is transfer `seq`'s
     (the stream is out of step, or not a trailer at all)."""
     got_seq, filled, checksum = received.tolist()
     if got_seq != seq or filled not in (0, 1) or not NO_CHECKSUM <= checksum < 1 << 32:
-        raise ProtocolError(f"the stream's trailer reads {[got_seq, filled, checksum]} for transfer {seq}")
+        raise TrailerRefused(seq, [got_seq, filled, checksum])
     return bool(filled), None if checksum == NO_CHECKSUM else checksum
