@@ -46,8 +46,9 @@ def test_decode_candidates_put_avoided_workers_last_and_skip_dead():
 def test_all_dead_is_a_typed_error():
     router = Router(["p0"], ["d0"], page_size=16)
     router.mark_dead("d0")
-    with pytest.raises(NoWorkerAlive, match="decode"):
+    with pytest.raises(NoWorkerAlive) as caught:
         router.decode_candidates()
+    assert caught.value.role == "decode"
     with pytest.raises(ValueError, match="at least one decode worker"):
         Router(["p0"], [], page_size=16)
 

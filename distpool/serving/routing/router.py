@@ -26,7 +26,14 @@ AFFINITY_SLACK = 8
 
 
 class NoWorkerAlive(RuntimeError):
-    """Every worker of one role is dead: nothing can be served."""
+    """Every worker of `role` ("prefill" or "decode") is dead: nothing can be served."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__(f"every {role} worker is dead")
+        self.role = role
+
+    def __reduce__(self):
+        return type(self), (self.role,)
 
 
 class Router:
@@ -57,7 +64,7 @@ class Router:
         live = self.alive(self.prefill_names)
         if not live:
             assert self.prefill_names, "a colocated deployment has no prefill worker to pick"
-            raise NoWorkerAlive("every prefill worker is dead")
+            raise NoWorkerAlive("prefill")
         return min(live, key=lambda n: self.in_flight[n])
 
     def learned(self, decode_name: str, news: CacheNews) -> None:
@@ -83,7 +90,7 @@ class Router:
         least-loaded non-avoided worker."""
         live = self.alive(self.decode_names)
         if not live:
-            raise NoWorkerAlive("every decode worker is dead")
+            raise NoWorkerAlive("decode")
         order = sorted(live, key=lambda n: (n in avoid, self.in_flight[n]))
         if tokens is None or order[0] in avoid:
             return order
