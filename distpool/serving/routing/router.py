@@ -36,6 +36,18 @@ class NoWorkerAlive(RuntimeError):
         return type(self), (self.role,)
 
 
+class RouterArgInvalid(ValueError):
+    """A router given `value` for `field` (a constructor argument, or the worker a call names), which
+    must be `expected`."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        super().__init__(f"{field} must be {expected}; got {value!r}")
+        self.field, self.value, self.expected = field, value, expected
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.expected)
+
+
 class Router:
     def __init__(
         self,
@@ -45,9 +57,9 @@ class Router:
         page_size: int,  # the decode pools' (PoolArgs.page_size): a cache view's block
     ) -> None:
         if not decode_names:  # no prefill worker: colocated, each decode worker prefills its own
-            raise ValueError("a deployment needs at least one decode worker")
+            raise RouterArgInvalid("decode_names", decode_names, "at least one decode worker")
         if page_size < 1:
-            raise ValueError(f"page_size must be >= 1; got {page_size}")
+            raise RouterArgInvalid("page_size", page_size, ">= 1")
         self.prefill_names = list(prefill_names)
         self.decode_names = list(decode_names)
         self.page_size = page_size
@@ -71,7 +83,7 @@ class Router:
         """`decode_name` reported what its cache cached and evicted since its last report (with its
         results): its view follows. Ignored for a dead worker: its cache died with it."""
         if decode_name not in self.views:
-            raise ValueError(f"{decode_name!r} is not a decode worker")
+            raise RouterArgInvalid("decode_name", decode_name, "a decode worker")
         if decode_name not in self.dead:
             self.views[decode_name].apply(news)
 
