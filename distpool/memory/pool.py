@@ -25,19 +25,23 @@ import torch
 
 from distpool.memory.envelope import Envelope
 from distpool.memory.errors import (
+    BadTokenCount,
     BandUsage,
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
+    NotPinned,
     RequestPinned,
     UnknownRequest,
 )
 
 __all__ = [
+    "BadTokenCount",
     "BandUsage",
     "DoesNotFit",
     "DuplicateRequest",
     "NeedsCompaction",
+    "NotPinned",
     "Pool",
     "RequestPinned",
     "UnknownRequest",

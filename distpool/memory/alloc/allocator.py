@@ -118,7 +118,7 @@ class Allocator:
         ids, array = checked_batch(requests, "reserve")
         for rid in ids:
             if rid in self.holdings:
-                raise DuplicateRequest(f"reserve: request {rid!r} is already reserved")
+                raise DuplicateRequest("reserve", rid)
         counts = array.tolist()
         rooms = self.footprint.growth_pages(ids, counts, final_tokens)
         shared = self.sharing.checked_prefixes(prefixes, counts, self.footprint.page_size)
@@ -164,7 +164,7 @@ class Allocator:
     def release_batch(self, request_ids: Sequence[str]) -> None:
         """Free everything the requests hold. All or nothing (unknown or pinned ids free nothing)."""
         if len(set(request_ids)) != len(request_ids):
-            raise DuplicateRequest(f"release: a request id appears twice in one batch: {list(request_ids)}")
+            raise DuplicateRequest.in_batch("release", request_ids)
         if not request_ids:
             return
         rows = self.holdings.unpinned_rows(request_ids, "release")

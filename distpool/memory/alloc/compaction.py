@@ -74,7 +74,15 @@ class CompactionPlanner:
                 pages=high_count,
             )
         pinned = len(self.table.pinned_rows())
-        return DoesNotFit(request_ids[0], reason + f" ({len(self.table)} live requests, {pinned} pinned)")
+        return DoesNotFit(
+            request_ids[0],
+            reason + f" ({len(self.table)} live requests, {pinned} pinned)",
+            low=low_count,
+            pages=high_count,
+            low_free=low_now,
+            pages_free=high_now,
+            pinned=pinned,
+        )
 
     # ---- when moving pays -----------------------------------------------------------------------
     def window_pays(self, high_counts: list[int], rooms: list[int], low_count: int) -> bool:

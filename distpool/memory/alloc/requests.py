@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from distpool.memory.errors import DuplicateRequest, RequestPinned, UnknownRequest
+from distpool.memory.errors import BadTokenCount, DuplicateRequest, NotPinned, RequestPinned, UnknownRequest
 
 # Checks of a batch of (request_id, count) entries, and what a check keeps for the next one.
 #
@@ -41,12 +41,12 @@ def checked_counts(ids: Sequence[str], counts: Sequence[int], what: str) -> np.n
     if not plain_ints(counts):
         for rid, n in zip(ids, counts, strict=True):
             if not isinstance(n, numbers.Integral) or isinstance(n, bool):
-                raise ValueError(f"{what} {rid!r}: token count must be a non-negative int; got {n!r}")
+                raise BadTokenCount(what, rid, n)
         counts = [int(n) for n in counts]
     array = np.fromiter(counts, dtype=np.int64, count=len(counts))
     if array.size and array.min() < 0:
         i = int(np.flatnonzero(array < 0)[0])
-        raise ValueError(f"{what} {ids[i]!r}: token count must be a non-negative int; got {counts[i]!r}")
+        raise BadTokenCount(what, ids[i], counts[i])
     return array
 
 
@@ -91,7 +91,7 @@ def checked_batch(requests: Sequence[tuple[str, int]], what: str) -> tuple[tuple
     ValueError before anything changes."""
     ids, counts = zip(*requests, strict=True) if requests else ((), ())
     if len(set(ids)) != len(ids):
-        raise DuplicateRequest(f"{what}: a request id appears twice in one batch: {list(ids)}")
+        raise DuplicateRequest.in_batch(what, ids)
     return ids, checked_counts(ids, counts, what)
 
 
@@ -191,7 +191,7 @@ class RequestTable:
         else:
             ids, counts = zip(*requests, strict=True) if requests else ((), ())
         if len(set(ids)) != len(ids):
-            raise DuplicateRequest(f"{what}: a request id appears twice in one batch: {list(ids)}")
+            raise DuplicateRequest.in_batch(what, ids)
         if not ids:
             return ids, np.empty(0, dtype=np.int64), _NO_ROWS
         added = self._counts_of(ids, counts, what)  # before the lookup: checked_batch's order of errors
@@ -232,7 +232,7 @@ class RequestTable:
             pins = self.pins[rows]
             if pins.any():
                 rid = request_ids[int(np.flatnonzero(pins)[0])]
-                raise RequestPinned(f"{what}: request {rid!r} is pinned by a transfer; unpin it first")
+                raise RequestPinned(what, rid)
 
     def pin(self, request_id: str) -> None:
         row = self.row(request_id)
@@ -242,7 +242,7 @@ class RequestTable:
     def unpin(self, request_id: str) -> None:
         row = self.row(request_id)
         if self.pins[row] == 0:
-            raise ValueError(f"unpin: request {request_id!r} is not pinned")
+            raise NotPinned(request_id)
         self.pins[row] -= 1
         self.num_pinned -= int(self.pins[row] == 0)
 
