@@ -96,3 +96,38 @@ class ShardMismatch(ValueError):
 
     def __reduce__(self):
         return type(self), (self.field, self.expected, self.got, str(self))
+
+
+class GroupMismatch(ValueError):
+    """Rank `rank` of a `tp`-rank TP group given a process group of `group_size` ranks (0: none) in
+    which it is rank `group_rank`: not exactly its TP group, ranks in order (None at TP 1)."""
+
+    def __init__(self, tp: int, rank: int, group_size: int, group_rank: int) -> None:
+        if tp == 1:
+            message = f"TP 1 computes alone; got a group of {group_size} ranks. Fix: pass group=None"
+        elif group_size == 0:
+            message = f"TP {tp} needs its process group (all-reduce). Fix: pass the TP group's group"
+        else:
+            message = (
+                f"rank {rank} of TP {tp} was given a group of {group_size} ranks in which it is rank "
+                f"{group_rank}. Fix: pass the process group of exactly this TP group, ranks in order"
+            )
+        super().__init__(message)
+        self.tp, self.rank, self.group_size, self.group_rank = tp, rank, group_size, group_rank
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.rank, self.group_size, self.group_rank)
+
+
+class UnitsUnsplittable(ValueError):
+    """`count` `unit`s (query heads, MLP channels) that `tp` ranks cannot split in equal blocks."""
+
+    def __init__(self, tp: int, count: int, unit: str) -> None:
+        super().__init__(
+            f"tensor parallelism of {tp} ranks cannot split the reference model's {count} {unit}. "
+            f"Fix: use a TP size that divides {count}"
+        )
+        self.tp, self.count, self.unit = tp, count, unit
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.count, self.unit)

@@ -9,12 +9,13 @@ decodes at the other to TP 1's tokens: what a cross-TP transfer relies on.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 import torch
 
 from distpool.model.shard import TpUnshardable, check_tp, shard
-from distpool.model_impl.errors import ImplCannotRun
+from distpool.model_impl.errors import GroupMismatch, ImplCannotRun, UnitsUnsplittable
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from distpool.model_impl.select import build_model_impl
@@ -137,8 +138,9 @@ def test_a_tp_size_the_config_cannot_shard_is_refused_with_the_shard_rules_error
 
 
 def test_a_rank_without_its_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="TP 2 needs its process group"):
+    with pytest.raises(GroupMismatch) as refused:
         ReferenceModel.for_rank(SPEC, tp=2, rank=1, group=None)
+    assert (refused.value.tp, refused.value.rank, refused.value.group_size) == (2, 1, 0)
 
 
 def test_tp1_through_every_entry_point_is_the_plain_model(tp1_model: ReferenceModel) -> None:
@@ -157,8 +159,9 @@ def test_the_selection_builds_each_implementation_for_its_rank() -> None:
     rank_shard = shard(SPEC, 2, 1)
     cache = build_model_impl(SPEC, model_impl="synthetic", seed=0, device="cpu", tp=2, rank=1)
     assert cache.pattern.shard == rank_shard  # writes and verifies rank 1's shard, no group needed
-    with pytest.raises(ValueError, match="TP 2 needs its process group"):
+    with pytest.raises(GroupMismatch) as missing:
         build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
+    assert missing.value.group_size == 0
     with pytest.raises(ImplCannotRun) as refused:
         build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
     assert (refused.value.impl, refused.value.source) == ("transformers", SPEC.source)
@@ -178,11 +181,18 @@ class _GroupOf:
 
 
 def test_a_group_that_is_not_the_tp_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="rank 1 of TP 2 was given a group of 4 ranks in which it is rank 1"):
+    with pytest.raises(GroupMismatch) as refused:
         ReferenceModel.for_rank(SPEC, tp=2, rank=1, group=_GroupOf(4, 1))
+    assert vars(refused.value) == {"tp": 2, "rank": 1, "group_size": 4, "group_rank": 1}
+    assert vars(pickle.loads(pickle.dumps(refused.value))) == vars(refused.value)
 
 
 def test_an_mlp_width_the_ranks_cannot_split_is_refused_with_the_fix() -> None:
     spec = dataclasses.replace(SPEC, intermediate_size=66)  # the cached tensors still shard at TP 4
-    with pytest.raises(ValueError, match="cannot split the reference model's 66 MLP channels.*divides 66"):
+    with pytest.raises(UnitsUnsplittable) as refused:
         ReferenceModel.for_rank(spec, tp=4, rank=0, group=_GroupOf(4, 0))
+    assert (refused.value.tp, refused.value.count, refused.value.unit) == (
+        4,
+        66,
+        "MLP channels (intermediate_size)",
+    )

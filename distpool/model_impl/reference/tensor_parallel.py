@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from distpool.model.shard import RankShard, TensorShard, shard
 from distpool.model.spec import ModelSpec
+from distpool.model_impl.errors import GroupMismatch, UnitsUnsplittable
 
 
 @dataclass(frozen=True)
@@ -39,21 +40,16 @@ class TPRank:
     @classmethod
     def of(cls, spec: ModelSpec, *, tp: int, rank: int, group: dist.ProcessGroup | None) -> TPRank:
         """Rank `rank` of `tp` over `group`; ValueError (the shard rules') for a TP size the spec
-        cannot shard, or a group that is not this TP group."""
+        cannot shard, GroupMismatch for a group that is not this TP group."""
         rank_shard = shard(spec, tp, rank)
         if tp == 1:
             if group is not None and group.size() != 1:
-                raise ValueError(
-                    f"TP 1 computes alone; got a group of {group.size()} ranks. Fix: pass group=None"
-                )
+                raise GroupMismatch(tp, rank, group.size(), group.rank())
             return cls(shard=rank_shard, group=None)
         if group is None:
-            raise ValueError(f"TP {tp} needs its process group (all-reduce). Fix: pass the TP group's group")
+            raise GroupMismatch(tp, rank, 0, 0)
         if (group.size(), group.rank()) != (tp, rank):
-            raise ValueError(
-                f"rank {rank} of TP {tp} was given a group of {group.size()} ranks in which it is rank "
-                f"{group.rank()}. Fix: pass the process group of exactly this TP group, ranks in order"
-            )
+            raise GroupMismatch(tp, rank, group.size(), group.rank())
         return cls(shard=rank_shard, group=group)
 
     @property
@@ -73,12 +69,9 @@ class TPRank:
 
     def block(self, count: int, unit: str) -> torch.Tensor:
         """The rank's contiguous block of `count` `unit`s that no cache holds (query heads, MLP
-        channels): ids (count / tp,). ValueError with the fix when `count` does not split."""
+        channels): ids (count / tp,). UnitsUnsplittable when `count` does not split."""
         if count % self.tp:
-            raise ValueError(
-                f"tensor parallelism of {self.tp} ranks cannot split the reference model's {count} {unit}. "
-                f"Fix: use a TP size that divides {count}"
-            )
+            raise UnitsUnsplittable(self.tp, count, unit)
         per_rank = count // self.tp
         return torch.arange(self.rank * per_rank, (self.rank + 1) * per_rank)
 
