@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from distpool.memory.pool import Pool
-from distpool.model_impl.errors import DUPLICATE_REQUEST, NOT_EXTENDED, BatchRefused
+from distpool.model_impl.errors import DUPLICATE_REQUEST, NOT_EXTENDED, BatchRefused, TokensOutOfVocab
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int, what: str) -> None:
-    """ValueError unless every id in `tokens` is in [0, vocab_size)."""
+    """TokensOutOfVocab unless every id in `tokens` is in [0, vocab_size)."""
     if any(not 0 <= t < vocab_size for t in tokens):
-        raise ValueError(f"{what} has token ids outside [0, {vocab_size}): {list(tokens)}")
+        raise TokensOutOfVocab(what, tokens, vocab_size)
 
 
 @dataclass(frozen=True)

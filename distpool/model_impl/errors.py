@@ -4,6 +4,8 @@ The command line turns them into sentences with its flags and the fix (`distpool
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ImplCannotRun(ValueError):
     """Implementation `impl` ("reference", "transformers") cannot run the model at `source`:
@@ -131,3 +133,15 @@ class UnitsUnsplittable(ValueError):
 
     def __reduce__(self):
         return type(self), (self.tp, self.count, self.unit)
+
+
+class TokensOutOfVocab(ValueError):
+    """`tokens` (a call's `what`: a prompt, a decode step's last tokens) hold ids outside
+    [0, `vocab_size`)."""
+
+    def __init__(self, what: str, tokens: Sequence[int], vocab_size: int) -> None:
+        self.what, self.tokens, self.vocab_size = what, tuple(tokens), vocab_size
+        super().__init__(f"{what} has token ids outside [0, {vocab_size}): {list(self.tokens)}")
+
+    def __reduce__(self):
+        return type(self), (self.what, self.tokens, self.vocab_size)

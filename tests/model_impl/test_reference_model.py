@@ -18,6 +18,7 @@ from distpool.model_impl.errors import (
     TOKENS_NOT_RESERVED,
     BatchRefused,
     ImplCannotRun,
+    TokensOutOfVocab,
 )
 from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
@@ -251,8 +252,9 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
     with pytest.raises(BatchRefused) as refused:
         model.decode_step(pool, ["one", "one"], first * 2)
     assert refused.value.problem == DUPLICATE_REQUEST
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(TokensOutOfVocab) as outside:
         model.decode_step(pool, ["one"], [model.vocab_size])
+    assert (outside.value.tokens, outside.value.vocab_size) == ((model.vocab_size,), model.vocab_size)
     with pytest.raises(ValueError, match="at least one token"):
         model.generate_nocache([], 1)
 

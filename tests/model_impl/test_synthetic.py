@@ -22,6 +22,7 @@ from distpool.model_impl.errors import (
     WRONG_TOKEN,
     BatchRefused,
     ImplCannotRun,
+    TokensOutOfVocab,
 )
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
@@ -272,8 +273,9 @@ def test_misuse_is_refused_with_the_fix() -> None:
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short", "short"], [first, first])
     assert refused.value.problem == DUPLICATE_REQUEST
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(TokensOutOfVocab) as outside:
         cache.decode_step(pool, ["short"], [NEMOTRON.vocab_size])
+    assert (outside.value.tokens, outside.value.vocab_size) == ((NEMOTRON.vocab_size,), NEMOTRON.vocab_size)
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [(first + 1) % NEMOTRON.vocab_size])
     assert refused.value.problem == WRONG_TOKEN
