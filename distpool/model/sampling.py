@@ -29,6 +29,9 @@ class SamplingError(ValueError):
         super().__init__(f"{field} must be {allowed}; got {value!r}")
         self.field, self.value, self.allowed = field, value, allowed
 
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.allowed)
+
 
 def _is_int(value: object) -> bool:
     return type(value) is int
