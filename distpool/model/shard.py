@@ -32,6 +32,20 @@ class TpUnshardable(ValueError):
         return type(self), (self.tp, self.architectures, self.reason, self.valid_sizes)
 
 
+class ShardArgInvalid(ValueError):
+    """A TP size `tp` that is not a positive integer (`rank` None), or rank `rank` outside 0..tp - 1."""
+
+    def __init__(self, tp: object, rank: object = None) -> None:
+        if rank is None:
+            super().__init__(f"a TP size must be a positive integer; got {tp!r}")
+        else:
+            super().__init__(f"rank must be in 0..{tp - 1} for TP {tp}; got {rank!r}")
+        self.tp, self.rank = tp, rank
+
+    def __reduce__(self):
+        return type(self), (self.tp, self.rank)
+
+
 @dataclass(frozen=True)
 class TensorShard:
     """One rank's part of one cached tensor: `pieces` of the unsharded shard axis, in its order.
@@ -163,7 +177,7 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
     """Raise `TpUnshardable` (the units, their count, the TP sizes that work) unless `tp` ranks can
     each hold a shard of every cached tensor of `spec`."""
     if type(tp) is not int or tp < 1:
-        raise ValueError(f"a TP size must be a positive integer; got {tp!r}")
+        raise ShardArgInvalid(tp)
     reason = _refusal(spec.shard_table, tp)
     if reason is not None:
         raise TpUnshardable(tp, _arch(spec), reason, tuple(valid_tp_sizes(spec)))
@@ -219,7 +233,7 @@ def shard(spec: ModelSpec, tp: int, rank: int) -> RankShard:
     """
     check_tp(spec, tp)
     if type(rank) is not int or not 0 <= rank < tp:
-        raise ValueError(f"rank must be in 0..{tp - 1} for TP {tp}; got {rank!r}")
+        raise ShardArgInvalid(tp, rank)
     table = spec.shard_table
     tensors = tuple(_tensor_shard(t, tp, rank) for t in table.tensors)
     rank_spec = spec if tp == 1 else _rank_spec(spec, tp, {t.name: t for t in tensors})

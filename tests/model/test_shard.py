@@ -8,7 +8,14 @@ import pytest
 from distpool.memory.sizing import PoolArgs, layout_fingerprint, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import PRESETS_DIR
-from distpool.model.shard import TpUnshardable, check_tp, replicated_parts, shard, valid_tp_sizes
+from distpool.model.shard import (
+    ShardArgInvalid,
+    TpUnshardable,
+    check_tp,
+    replicated_parts,
+    shard,
+    valid_tp_sizes,
+)
 from tests.factories import TP_CONFIGS, make_spec, tp_spec
 
 
@@ -144,7 +151,9 @@ def test_a_state_without_a_rule_shards_only_at_tp_one():
     assert shard(spec, 1, 0).spec is spec
     with pytest.raises(ValueError, match=r"no shard rule is known for its state tensor conv \(3, 16\)"):
         shard(spec, 2, 0)
-    with pytest.raises(ValueError, match="rank must be in 0..1"):
+    with pytest.raises(ShardArgInvalid) as refused:
         shard(tp_spec("gdn_kv2"), 2, 2)
-    with pytest.raises(ValueError, match="positive integer"):
+    assert (refused.value.tp, refused.value.rank) == (2, 2)
+    with pytest.raises(ShardArgInvalid) as refused:
         check_tp(spec, 0)
+    assert (refused.value.tp, refused.value.rank) == (0, None)
