@@ -18,6 +18,39 @@ NUM_LAYERS = ("num_hidden_layers", "num_layers", "n_layer")
 MAX_LAYERS = 10_000
 
 
+class ConfigValueOutOfRange(ValueError):
+    """Config `source`'s integer field `field` holds `value`, below `minimum` or above `maximum`
+    (None: no upper bound)."""
+
+    def __init__(self, source: str, field: str, value: int, minimum: int, maximum: int | None) -> None:
+        if value < minimum:
+            super().__init__(f"{source}: field {field!r} must be at least {minimum}, got {value}")
+        else:
+            super().__init__(f"{source}: field {field!r} must be at most {maximum}, got {value}")
+        self.source, self.field, self.value, self.minimum, self.maximum = (
+            source,
+            field,
+            value,
+            minimum,
+            maximum,
+        )
+
+    def __reduce__(self):
+        return type(self), (self.source, self.field, self.value, self.minimum, self.maximum)
+
+
+class ConfigListTooLong(ValueError):
+    """Config `source`'s per-layer field `field` has `length` `unit` ("entries" of a list, "layers"
+    of a pattern string), more than `limit` (MAX_LAYERS)."""
+
+    def __init__(self, source: str, field: str, length: int, limit: int, unit: str) -> None:
+        super().__init__(f"{source}: field {field!r} has {length} {unit}; at most {limit}")
+        self.source, self.field, self.length, self.limit, self.unit = source, field, length, limit, unit
+
+    def __reduce__(self):
+        return type(self), (self.source, self.field, self.length, self.limit, self.unit)
+
+
 class ConfigFields:
     """Typed reads from one config dict; every failure is a ValueError naming the file and the field.
 
@@ -53,10 +86,8 @@ class ConfigFields:
     def _int(self, field: str, value: Any, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(f"field {self.name(field)!r} must be an integer, got {value!r}")
-        if value < minimum:
-            raise self.error(f"field {self.name(field)!r} must be at least {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise self.error(f"field {self.name(field)!r} must be at most {maximum}, got {value}")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ConfigValueOutOfRange(self.source, self.name(field), value, minimum, maximum)
         return value
 
     def int(self, *names: str, minimum: int = 1, maximum: int | None = None, default: Any = _MISSING) -> Any:
@@ -92,7 +123,7 @@ class ConfigFields:
         if not isinstance(value, list):
             raise self.error(f"field {self.name(name)!r} must be a list, got {value!r}")
         if len(value) > MAX_LAYERS:
-            raise self.error(f"field {self.name(name)!r} has {len(value)} entries; at most {MAX_LAYERS}")
+            raise ConfigListTooLong(self.source, self.name(name), len(value), MAX_LAYERS, "entries")
         return value
 
     def int_list(self, name: str, minimum: int = 0) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from distpool.model.hf_families import FAMILIES
-from distpool.model.hf_fields import MAX_LAYERS, ConfigFields
+from distpool.model.hf_fields import MAX_LAYERS, ConfigFields, ConfigListTooLong
 
 # The attention a tagged layer caches (None: no KV), and the tags that keep a recurrent state.
 ATTENTION_OF_TAG = {"full": "full", "hybrid": "full", "sliding": "sliding", "hybrid_sliding": "sliding"}
@@ -72,7 +72,7 @@ def _override_pattern(f: ConfigFields, _: str) -> list[str] | None:
         return None
     if len(pattern) > MAX_LAYERS:
         field = f.name("hybrid_override_pattern")
-        raise f.error(f"field {field!r} has {len(pattern)} layers; at most {MAX_LAYERS}")
+        raise ConfigListTooLong(f.source, field, len(pattern), MAX_LAYERS, "layers")
     bad = sorted({c for c in pattern if c not in _PATTERN_TAGS})
     if bad:
         raise f.error(

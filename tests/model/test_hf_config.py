@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distpool.model.hf_config import spec_from_hf
-from distpool.model.hf_fields import MAX_LAYERS
+from distpool.model.hf_fields import MAX_LAYERS, ConfigListTooLong, ConfigValueOutOfRange
 from distpool.model.spec import (
     DEEPSEEK_V4,
     DENSE,
@@ -548,15 +548,25 @@ def test_bad_overrides():
 @pytest.mark.parametrize("layers", [MAX_LAYERS + 1, 10**12, 10**20])
 def test_a_layer_count_beyond_any_model_is_refused_before_building_per_layer_lists(fixture, layers):
     config = {**config_of(fixture), "num_hidden_layers": layers}  # 10**12 layers: a MemoryError once
-    with pytest.raises(ValueError, match=f"'num_hidden_layers' must be at most {MAX_LAYERS}, got {layers}"):
+    with pytest.raises(ConfigValueOutOfRange) as refused:
         spec_from_hf(config)
+    assert (refused.value.field, refused.value.value, refused.value.maximum) == (
+        "num_hidden_layers",
+        layers,
+        MAX_LAYERS,
+    )
 
 
 def test_per_layer_lists_and_patterns_longer_than_any_model_are_refused():
     config = {**config_of("nemotron_h"), "num_hidden_layers": None}
-    with pytest.raises(ValueError, match=f"has {MAX_LAYERS + 1} layers; at most {MAX_LAYERS}"):
+    with pytest.raises(ConfigListTooLong) as refused:
         spec_from_hf({**config, "hybrid_override_pattern": "M*" * (MAX_LAYERS // 2) + "M"})
-    with pytest.raises(ValueError, match=f"has {MAX_LAYERS + 1} entries; at most {MAX_LAYERS}"):
+    assert (refused.value.field, refused.value.length, refused.value.limit) == (
+        "hybrid_override_pattern",
+        MAX_LAYERS + 1,
+        MAX_LAYERS,
+    )
+    with pytest.raises(ConfigListTooLong) as refused:
         spec_from_hf(
             {
                 **config_of("llama3"),
@@ -564,6 +574,11 @@ def test_per_layer_lists_and_patterns_longer_than_any_model_are_refused():
                 "layer_types": ["full_attention"] * (MAX_LAYERS + 1),
             }
         )
+    assert (refused.value.field, refused.value.length, refused.value.unit) == (
+        "layer_types",
+        MAX_LAYERS + 1,
+        "entries",
+    )
     assert (
         spec_from_hf({**config, "hybrid_override_pattern": "M*" * (MAX_LAYERS // 2)}).num_layers == MAX_LAYERS
     )
