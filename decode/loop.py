@@ -129,7 +129,8 @@ class DecodeLoop:
 
     def _run_in_lockstep(self) -> None:
         worker, lockstep = self.worker, self.worker.lockstep
-        assert lockstep is not None
+        if lockstep is None:
+            raise RuntimeError("lockstep rounds need the worker's Lockstep (a TP group)")
         behind = False  # the last round ended waiting for what this rank lacked
         try:
             while True:
@@ -163,7 +164,8 @@ class DecodeLoop:
         those that passed on every rank, and fail the others as corrupt on every rank. Whether
         another rank holds an arrived request that has not landed here."""
         worker, lockstep = self.worker, self.worker.lockstep
-        assert lockstep is not None
+        if lockstep is None:
+            raise RuntimeError("lockstep rounds need the worker's Lockstep (a TP group)")
         landed = lockstep.agree(list(worker.arrived))
         if not landed.common:  # the same answer on every rank: none gathers further
             return landed.lacking

@@ -85,6 +85,19 @@ def test_invalid_json_and_unknown_architecture(tmp_path, capsys):
     assert str(bad) in err and "unknown architecture Mystery" in err
 
 
+def test_a_hybrid_config_without_its_layer_schedule_is_refused_with_the_fix(tmp_path, capsys):
+    config = json.loads((FIXTURES / "nemotron_h.json").read_text())
+    del config["hybrid_override_pattern"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"distpool: error: {path}: a nemotron_h model keeps mamba2 state in some layers")
+    assert err.endswith(
+        ". Fix: add the one its checkpoint's config.json has (e.g. hybrid_override_pattern or layer_types)\n"
+    )
+
+
 def test_unified_hybrid_swa_is_allowed_colocated(capsys):
     out = check_json(capsys, str(FIXTURES / "gpt_oss.json"), "--enable-unified-memory")
     assert out["model_kind"] == "hybrid_swa" and out["unified"] is True and out["num_swa_layers"] > 0

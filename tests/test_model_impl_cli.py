@@ -15,11 +15,14 @@ from distpool.cli import main
 from distpool.cli.errors import error_text
 from distpool.memory.sizing import GIB
 from distpool.model_impl.errors import (
+    NOT_MAMBA2_HYBRID,
+    TOO_LARGE,
     CheckpointDtypeUnsupported,
     ImplCannotRun,
     NoWeights,
     WeightOptionsUnused,
 )
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.job.preflight import check_fits_this_machine
 from distpool.serving.job.run_memory import RunMemory
 from distpool.worker.config import WorkerConfig
@@ -123,6 +126,16 @@ def test_outputs_is_checked_before_the_run_and_never_replaces_an_input(capsys, t
         (
             ImplCannotRun("reference", "m.json", "m.json is dense"),
             "m.json is dense; or run it with the synthetic cache (--model-impl synthetic)",
+        ),
+        (
+            ImplCannotRun("reference", "m.json", "m.json is dense", NOT_MAMBA2_HYBRID),
+            f"m.json is dense. Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config; or run it "
+            "with the synthetic cache (--model-impl synthetic)",
+        ),
+        (
+            ImplCannotRun("reference", "m.json", "m.json is big", TOO_LARGE),
+            f"m.json is big. Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / "
+            "layers; or run it with the synthetic cache (--model-impl synthetic)",
         ),
         (
             ImplCannotRun("transformers", "m.json", "m.json: LlamaForCausalLM is not one of them"),

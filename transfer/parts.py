@@ -82,7 +82,8 @@ class Parts:
             except TransferError:
                 pass  # the first failure is raised below, once every part has concluded
         # Every part concluded: their callbacks, ours among them, ran before their waits returned.
-        assert self._done.is_set(), self
+        if not self._done.is_set():
+            raise RuntimeError(f"{self}: every part concluded, the whole did not")
         if self._error is not None:
             raise self._error
         return self

@@ -102,7 +102,8 @@ class PeerChannels:
     def submit(self, peer: str, envelope: Envelope, buffer: torch.Tensor, *, first_token: int) -> Transfer:
         """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""
         end = self._end(peer)
-        assert isinstance(end, EnvelopeSender), "only the rank-0 end sends"
+        if not isinstance(end, EnvelopeSender):
+            raise TypeError("only the rank-0 end sends")
         hook = self.faults.sender_hook(envelope.request_id, self.options.timeout_s)
         return end.submit(envelope, buffer, first_token=first_token, on_chunk=hook)
 
@@ -116,7 +117,8 @@ class PeerChannels:
     ) -> Transfer:
         """Expect `envelope` from `peer` within `wait_s`; once it begins, the timeout bounds it."""
         end = self._end(peer)
-        assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
+        if not isinstance(end, EnvelopeReceiver):
+            raise TypeError("only the rank-1 end receives")
         hook = self.faults.receiver_hook(envelope.request_id, buffer, envelope.moving)
         timeout_s = self.options.timeout_s
         return end.expect(envelope, buffer, deadline_s=wait_s, active_timeout_s=timeout_s, on_chunk=hook)
@@ -129,7 +131,8 @@ class PeerChannels:
         with self._lock:
             ends = [self._ends[peer]] if peer in self._ends else [] if peer else list(self._ends.values())
         for end in ends:
-            assert isinstance(end, EnvelopeReceiver), "only the rank-1 end receives"
+            if not isinstance(end, EnvelopeReceiver):
+                raise TypeError("only the rank-1 end receives")
             end.refuse(request_id, kind, reason)
 
     def measure_link(self, peer: str, nbytes: int, repeats: int) -> float | None:

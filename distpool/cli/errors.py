@@ -16,13 +16,20 @@ from distpool.memory.sizing import (
     PoolArgInvalid,
     UnifiedMemoryRefused,
 )
+from distpool.model.hf_schedule import ScheduleMissing
 from distpool.model.shard import MAX_LISTED_TP, TpUnshardable
 from distpool.model_impl.errors import (
+    NOT_MAMBA2_HYBRID,
+    TOO_LARGE,
+    CacheDtypesUnused,
     CheckpointDtypeUnsupported,
     ImplCannotRun,
     NoWeights,
+    TokenizerUnloadable,
     WeightOptionsUnused,
 )
+from distpool.model_impl.hf.checkpoint import CheckpointError
+from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.deploy import (
     COLOCATED_DECODE_TP,
     COLOCATED_WITHOUT_STATE,
@@ -91,7 +98,12 @@ def _budget(exc: BudgetTooSmall) -> str:
 
 def _impl(exc: ImplCannotRun) -> str:
     if exc.impl == "reference":
-        return f"{exc.reason}; or run it with the synthetic cache (--model-impl synthetic)"
+        fixes = {
+            NOT_MAMBA2_HYBRID: f". Fix: use {REFERENCE_HYBRID_CONFIG} or another Mamba2 hybrid config",
+            TOO_LARGE: f". Fix: use {REFERENCE_HYBRID_CONFIG} or shrink hidden_size / vocab_size / layers",
+        }
+        fix = fixes.get(exc.problem, "")
+        return f"{exc.reason}{fix}; or run it with the synthetic cache (--model-impl synthetic)"
     return f"{exc.reason}. Fix: run it at its true sizes without weights (--model-impl synthetic)"
 
 
@@ -117,9 +129,39 @@ def _checkpoint_dtype(exc: CheckpointDtypeUnsupported) -> str:
     )
 
 
+def _checkpoint(exc: CheckpointError) -> str:
+    if exc.path.name == "config.json":
+        return f"{exc}. Fix: correct config.json"
+    return (
+        f"{exc}. Fix: save or download the checkpoint again (or --load-format dummy: weights from the config)"
+    )
+
+
+def _cache_dtypes(exc: CacheDtypesUnused) -> str:
+    return (
+        f"the transformers runner keeps K/V and state as its modeling code computes them (--dtype "
+        f"{exc.dtype}); --kv-dtype and --ssm-dtype apply to the reference model and the synthetic cache. "
+        "Fix: drop them"
+    )
+
+
+def _tokenizer(exc: TokenizerUnloadable) -> str:
+    return (
+        f"{exc}. Fix: repair or remove them (without a tokenizer, text prompts are UTF-8 bytes), or give "
+        "prompt_ids"
+    )
+
+
 def _tp_unshardable(exc: TpUnshardable) -> str:
     sizes = ", ".join(map(str, exc.valid_sizes)) or "none"
     return f"{exc}. Fix: use a TP size that shards every tensor (up to {MAX_LISTED_TP}: {sizes})"
+
+
+def _schedule_missing(exc: ScheduleMissing) -> str:
+    return (
+        f"{exc}. Fix: add the one its checkpoint's config.json has (e.g. hybrid_override_pattern or "
+        "layer_types)"
+    )
 
 
 def _deployment(exc: DeploymentRefused) -> str:
@@ -165,6 +207,10 @@ _TEXTS: dict[type, Callable] = {
     NoWeights: _no_weights,
     CheckpointDtypeUnsupported: _checkpoint_dtype,
     TpUnshardable: _tp_unshardable,
+    TokenizerUnloadable: _tokenizer,
+    CheckpointError: _checkpoint,
+    CacheDtypesUnused: _cache_dtypes,
+    ScheduleMissing: _schedule_missing,
 }
 
 

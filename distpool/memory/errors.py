@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 
 class DoesNotFit(Exception):
-    """A reserve or extend that the pool cannot satisfy now; nothing was taken. Where the pool
-    counted: `low` / `pages` the low-band units (slots, window pages) and the pages the call needed,
-    `low_free` / `pages_free` those free then, `pinned` the requests a transfer held (0 where not
-    counted)."""
+    """A reserve or extend that the pool cannot satisfy now; nothing was taken. Where the allocator
+    refuses: `low` / `pages`, the low-band units (slots, window pages) and the pages the call
+    needed; `low_free` / `pages_free`, what was free then; `pinned`, the requests a transfer held."""
 
     def __init__(
         self,
@@ -30,11 +29,16 @@ class DoesNotFit(Exception):
         super().__init__(f"request {request_id!r} does not fit: {reason}")
         self.request_id = request_id
         self.reason = reason
-        self.low, self.pages, self.low_free, self.pages_free = low, pages, low_free, pages_free
-        self.pinned = pinned
+        self.low, self.pages, self.low_free, self.pages_free, self.pinned = (
+            low,
+            pages,
+            low_free,
+            pages_free,
+            pinned,
+        )
 
-    def __reduce__(self):  # crosses Ray's process boundary as itself, so callers can catch it by type
-        return type(self), (self.request_id, self.reason), self.__dict__
+    def __reduce__(self):  # crosses Ray's process boundary as itself, every fact kept
+        return type(self), (self.request_id, self.reason), vars(self)
 
 
 class NeedsCompaction(DoesNotFit):
@@ -52,42 +56,43 @@ class NeedsCompaction(DoesNotFit):
         pages: int = 0,
         window: int = 0,
         window_at: int = -1,
+        low_free: int = 0,
+        pages_free: int = 0,
     ) -> None:
-        super().__init__(request_id, reason, low=low, pages=pages)
+        super().__init__(request_id, reason, low=low, pages=pages, low_free=low_free, pages_free=pages_free)
         self.window, self.window_at = window, window_at
 
 
 class UnknownRequest(KeyError):
-    """A request id the pool does not hold."""
+    """A request id the pool does not hold (`request_id`)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"unknown request {request_id!r}")
+        self.request_id = request_id
+
+    def __reduce__(self):
+        return type(self), (self.request_id,)
 
 
 class DuplicateRequest(ValueError):
-    """Call `call` (reserve, extend, release, ...) named request `request_id` that the pool already
-    holds, or, where `batch` holds the batch's ids, twice in that one batch."""
+    """`call` ("reserve", "release", "extend") named `request_id` twice in one batch
+    (`in_batch`), or reserved a request id the pool already holds (not `in_batch`)."""
 
-    def __init__(self, call: str, request_id: str, batch: Sequence[str] = ()) -> None:
-        self.call, self.request_id, self.batch = call, request_id, tuple(batch)
-        if self.batch:
-            super().__init__(f"{call}: a request id appears twice in one batch: {list(self.batch)}")
-        else:
-            super().__init__(f"{call}: request {request_id!r} is already reserved")
-
-    @classmethod
-    def in_batch(cls, call: str, ids: Sequence[str]) -> DuplicateRequest:
-        """The refusal of batch `ids`, in which some id appears twice (the first such names it)."""
-        repeated = next(rid for i, rid in enumerate(ids) if rid in ids[:i])  # an error path: n^2 is fine
-        return cls(call, repeated, ids)
+    def __init__(self, call: str, request_id: str, in_batch: bool) -> None:
+        where = "appears twice in one batch" if in_batch else "is already reserved"
+        super().__init__(f"{call}: request {request_id!r} {where}")
+        self.call, self.request_id, self.in_batch = call, request_id, in_batch
 
     def __reduce__(self):
-        return type(self), (self.call, self.request_id, self.batch)
+        return type(self), (self.call, self.request_id, self.in_batch)
 
 
 class RequestPinned(ValueError):
-    """Call `call` (a release or extend) of request `request_id`, whose envelope a transfer holds
-    (pinned)."""
+    """`call` ("release", "extend") of a request (`request_id`) whose envelope a transfer holds
+    (pinned): it may not move or be released until it is unpinned."""
 
     def __init__(self, call: str, request_id: str) -> None:
-        super().__init__(f"{call}: request {request_id!r} is pinned by a transfer; unpin it first")
+        super().__init__(f"{call}: request {request_id!r} is pinned by a transfer")
         self.call, self.request_id = call, request_id
 
     def __reduce__(self):
@@ -95,7 +100,7 @@ class RequestPinned(ValueError):
 
 
 class NotPinned(ValueError):
-    """An unpin of request `request_id`, which no transfer pins."""
+    """An unpin of a request (`request_id`) no transfer holds."""
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"unpin: request {request_id!r} is not pinned")
@@ -105,9 +110,9 @@ class NotPinned(ValueError):
         return type(self), (self.request_id,)
 
 
-class BadTokenCount(ValueError):
-    """Call `call` gave request `request_id` the token count `value`, which is not a non-negative
-    int (a bool is not a count)."""
+class TokenCountInvalid(ValueError):
+    """`call` gave a request (`request_id`) a token count (`value`) that is not an int >= 0 (a bool
+    is no count)."""
 
     def __init__(self, call: str, request_id: str, value: object) -> None:
         super().__init__(f"{call} {request_id!r}: token count must be a non-negative int; got {value!r}")
@@ -117,18 +122,17 @@ class BadTokenCount(ValueError):
         return type(self), (self.call, self.request_id, self.value)
 
 
-class NotALayerOf(ValueError):
-    """A view of layer `layer` as a `kind` layer ("full-attention", "sliding-window", "Mamba"),
-    which it is not: the pool's `kind` layers are `layers` (none: the pool keeps no such layer)."""
+class NotALayerOfKind(ValueError):
+    """A view of `layer` as a layer of `kind` ("full-attention", "sliding-window", "Mamba"), which
+    it is not: the model's layers of that kind are `layers` (empty: it has none)."""
 
-    def __init__(self, layer: int, kind: str, layers: Sequence[int]) -> None:
-        self.layer, self.kind, self.layers = layer, kind, tuple(layers)
-        if self.layers:
-            super().__init__(
-                f"layer {layer} is not a {kind} layer of this model; {kind} layers: {list(self.layers)}"
-            )
+    def __init__(self, layer: int, kind: str, layers: tuple[int, ...]) -> None:
+        if layers:
+            text = f"layer {layer} is not a {kind} layer of this model; {kind} layers: {list(layers)}"
         else:
-            super().__init__(f"this model has no {kind} layers; asked for layer {layer}")
+            text = f"this model has no {kind} layers; asked for layer {layer}"
+        super().__init__(text)
+        self.layer, self.kind, self.layers = layer, kind, tuple(layers)
 
     def __reduce__(self):
         return type(self), (self.layer, self.kind, self.layers)

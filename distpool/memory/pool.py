@@ -25,25 +25,27 @@ import torch
 
 from distpool.memory.envelope import Envelope
 from distpool.memory.errors import (
-    BadTokenCount,
     BandUsage,
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
+    NotALayerOfKind,
     NotPinned,
     RequestPinned,
+    TokenCountInvalid,
     UnknownRequest,
 )
 
 __all__ = [
-    "BadTokenCount",
     "BandUsage",
     "DoesNotFit",
     "DuplicateRequest",
     "NeedsCompaction",
+    "NotALayerOfKind",
     "NotPinned",
     "Pool",
     "RequestPinned",
+    "TokenCountInvalid",
     "UnknownRequest",
 ]
 

@@ -32,7 +32,8 @@ in float32. The `kv_dtype`, `conv_dtype` and `ssm_dtype` overrides replace these
 "fp32", "half" or "torch.float16" are accepted.
 
 Multimodal wrappers are read through their nested `text_config` (or `language_config` / `llm_config`).
-Anything missing or malformed raises ValueError naming the file (or "<dict>") and the field.
+Anything missing or malformed raises `ConfigInvalid` (a ValueError) naming the file (or "<dict>"), the
+field and its value; a file that cannot be read raises `ConfigUnreadable`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from distpool.model.dtypes import canonical_dtype
+from distpool.model.dtypes import DTYPE_NAMES, canonical_dtype
 from distpool.model.hf_families import FAMILIES
 from distpool.model.hf_fields import NUM_LAYERS, ConfigFields, load_config
 from distpool.model.hf_schedule import ATTENTION_OF_TAG, RECURRENT_TAGS, SCHEDULE_FIELDS, layer_schedule
@@ -140,16 +141,24 @@ def _architectures(root: ConfigFields, text: ConfigFields) -> tuple[str, ...]:
         if f.has("architectures"):
             names = f.seq("architectures")
             if not all(isinstance(n, str) for n in names):
-                raise f.error(f"field {f.name('architectures')!r} must be a list of strings, got {names!r}")
+                raise f.error("architectures", names, "a list of strings")
             return tuple(names)
     return ()
+
+
+def _dtype(fields: ConfigFields, name: str, value: Any) -> str:
+    try:
+        return canonical_dtype(value)
+    except ValueError:
+        message = f"field {fields.name(name)!r}: unknown dtype {value!r}; use {DTYPE_NAMES}"
+        raise fields.error(name, value, DTYPE_NAMES, message) from None
 
 
 def _model_dtype(f: ConfigFields, root: ConfigFields) -> str:
     for fields in (f, root):
         found = fields.find("torch_dtype", "dtype")
         if found is not None and found[1] != "auto":
-            return canonical_dtype(found[1], f"{fields.source}: field {fields.name(found[0])!r}")
+            return _dtype(fields, *found)
     return "bfloat16"
 
 
@@ -157,8 +166,7 @@ def _ssm_dtype(f: ConfigFields, root: ConfigFields, model_dtype: str) -> str:
     for fields in (f, root):
         found = fields.find("mamba_ssm_cache_dtype", "mamba_ssm_dtype")
         if found is not None:
-            where = f"{fields.source}: field {fields.name(found[0])!r}"
-            return model_dtype if found[1] == "auto" else canonical_dtype(found[1], where)
+            return model_dtype if found[1] == "auto" else _dtype(fields, *found)
     return "float32"
 
 
@@ -167,10 +175,14 @@ def _uniform_schedule(f: ConfigFields, common: dict[str, Any], model_type: str) 
     standard = (NUM_LAYERS, ("num_attention_heads",), ("hidden_size", "head_dim"))
     if missing := [f.name(names[0]) for names in standard if f.find(*names) is None]:
         name = ", ".join(common["architectures"]) or model_type or "(no architectures, no model_type)"
-        raise f.error(
+        fields = (
+            f"one of the hybrid layer fields ({', '.join(SCHEDULE_FIELDS)}) or the standard attention fields"
+        )
+        message = (
             f"unknown architecture {name}: the config has none of the hybrid layer fields "
             f"({', '.join(SCHEDULE_FIELDS)}) and lacks the standard attention fields {missing}"
         )
+        raise f.error(None, name, fields, message)
     windowed = f.find("sliding_window") is not None and f.flag("use_sliding_window", True)
     return ["sliding" if windowed else "full"] * f.num_layers()
 
@@ -179,7 +191,8 @@ def _drop_shared_kv(f: ConfigFields, tags: list[str]) -> list[str]:
     """The last `num_kv_shared_layers` layers (Gemma 3n/4) reuse earlier layers' KV: no cache of their own."""
     shared = f.int("num_kv_shared_layers", minimum=0, default=0)
     if shared and shared >= len(tags):
-        raise f.error(f"num_kv_shared_layers ({shared}) must be below the layer count ({len(tags)})")
+        message = f"num_kv_shared_layers ({shared}) must be below the layer count ({len(tags)})"
+        raise f.error("num_kv_shared_layers", shared, f"below {len(tags)}", message)
     keep = len(tags) - shared
     return tags[:keep] + ["recurrent" if t in RECURRENT_TAGS else "none" for t in tags[keep:]]
 
@@ -191,9 +204,10 @@ def _window(f: ConfigFields, tags: list[str]) -> int:
     if any(ATTENTION_OF_TAG[t] == "sliding" for t in tags):
         windows.add(f.int("sliding_window", "sliding_window_size"))
     if len(windows) > 1:
-        raise f.error(
+        message = (
             f"sliding_window and attention_chunk_size differ ({sorted(windows)}); one window is supported"
         )
+        raise f.error("sliding_window", sorted(windows), "one window, equal to attention_chunk_size", message)
     return windows.pop()
 
 
@@ -203,7 +217,8 @@ def _head_dim(f: ConfigFields, model_type: str) -> int:
     width = f.int("hidden_size", "d_model") * _ATTENTION_WIDTH.get(model_type, 1)
     heads = f.int("num_attention_heads")
     if width % heads:
-        raise f.error(f"hidden_size ({width}) does not split into {heads} attention heads; set head_dim")
+        message = f"hidden_size ({width}) does not split into {heads} attention heads; set head_dim"
+        raise f.error("hidden_size", width, f"a multiple of {heads} heads (or head_dim set)", message)
     return width // heads
 
 
@@ -217,7 +232,8 @@ def _attention(f: ConfigFields, model_type: str, dtype: str, window: int | None)
     kv_heads = f.int("num_key_value_heads", "num_kv_heads", default=None) or f.int("num_attention_heads")
     heads = f.int("num_attention_heads", default=None)
     if heads is not None and heads % kv_heads:
-        raise f.error(f"num_attention_heads ({heads}) must be a multiple of the KV heads ({kv_heads})")
+        message = f"num_attention_heads ({heads}) must be a multiple of the KV heads ({kv_heads})"
+        raise f.error("num_attention_heads", heads, f"a multiple of {kv_heads}", message)
     if window is not None:  # MiMo spells its sliding layers' shapes separately
         kv_heads = f.int("swa_num_key_value_heads", default=kv_heads)
         head_dim = f.int("swa_head_dim", default=None) or _head_dim(f, model_type)
@@ -238,11 +254,13 @@ def _deepseek_v4(f: ConfigFields, dtype: str, common: dict[str, Any]) -> ModelSp
         ratios = f.int_list("compress_ratios")
         mtp = f.int("num_nextn_predict_layers", minimum=0, default=0)
         if len(ratios) not in (n, n + mtp):  # the Hub config appends the MTP layers' ratios
-            raise f.error(f"compress_ratios has {len(ratios)} entries for {n} layers (+ {mtp} MTP layers)")
+            message = f"compress_ratios has {len(ratios)} entries for {n} layers (+ {mtp} MTP layers)"
+            raise f.error("compress_ratios", len(ratios), f"{n} or {n + mtp} entries", message)
     else:
         types = f.seq("layer_types")
         if len(types) != n or not all(isinstance(t, str) and t in _V4_RATIO_OF_TYPE for t in types):
-            raise f.error(f"layer_types must list {n} of {sorted(_V4_RATIO_OF_TYPE)}; got {types}")
+            expected = f"{n} of {sorted(_V4_RATIO_OF_TYPE)}"
+            raise f.error("layer_types", types, expected, f"layer_types must list {expected}; got {types}")
         ratios = [_V4_RATIO_OF_TYPE[t] for t in types]
     entry = {
         "num_kv_heads": f.int("num_key_value_heads", default=1),

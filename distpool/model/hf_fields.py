@@ -1,6 +1,7 @@
 """Typed reads from a Hugging Face config dict, and loading one from disk.
 
-Every failure is a ValueError naming the file (or "<dict>") and the field.
+Every failure is a `ConfigInvalid` (a ValueError) naming the file (or "<dict>"), the field and its
+value, or a `ConfigUnreadable` naming the file and what kept it from being read.
 """
 
 from __future__ import annotations
@@ -17,42 +18,66 @@ NUM_LAYERS = ("num_hidden_layers", "num_layers", "n_layer")
 # budget check could refuse them.
 MAX_LAYERS = 10_000
 
-
-class ConfigValueOutOfRange(ValueError):
-    """Config `source`'s integer field `field` holds `value`, below `minimum` or above `maximum`
-    (None: no upper bound)."""
-
-    def __init__(self, source: str, field: str, value: int, minimum: int, maximum: int | None) -> None:
-        if value < minimum:
-            super().__init__(f"{source}: field {field!r} must be at least {minimum}, got {value}")
-        else:
-            super().__init__(f"{source}: field {field!r} must be at most {maximum}, got {value}")
-        self.source, self.field, self.value, self.minimum, self.maximum = (
-            source,
-            field,
-            value,
-            minimum,
-            maximum,
-        )
-
-    def __reduce__(self):
-        return type(self), (self.source, self.field, self.value, self.minimum, self.maximum)
+# Why a config could not be read at all (`ConfigUnreadable.problem`).
+NOT_A_CONFIG = "not_a_config"  # neither a dict nor a path
+NO_SUCH_FILE = "no_such_file"
+INVALID_JSON = "invalid_json"
+NESTS_TOO_DEEPLY = "nests_too_deeply"
+CANNOT_READ = "cannot_read"  # an OS or decoding error
+NOT_AN_OBJECT = "not_an_object"  # the top level is not a JSON object
 
 
-class ConfigListTooLong(ValueError):
-    """Config `source`'s per-layer field `field` has `length` `unit` ("entries" of a list, "layers"
-    of a pattern string), more than `limit` (MAX_LAYERS)."""
+class ConfigInvalid(ValueError):
+    """A config whose `field` (dotted inside a nested config, "layer_types[3]" for an entry; None: no
+    one field) holds `value` where it must be `expected`, in the config at `source`. `message` says
+    it in the config's own terms; by default "field F must be EXPECTED, got VALUE"."""
 
-    def __init__(self, source: str, field: str, length: int, limit: int, unit: str) -> None:
-        super().__init__(f"{source}: field {field!r} has {length} {unit}; at most {limit}")
-        self.source, self.field, self.length, self.limit, self.unit = source, field, length, limit, unit
+    def __init__(
+        self, source: str, field: str | None, value: object, expected: str, message: str | None = None
+    ) -> None:
+        self.source, self.field, self.value, self.expected = source, field, value, expected
+        self.message = message or f"field {field!r} must be {expected}, got {value!r}"
+        super().__init__(f"{source}: {self.message}")
 
     def __reduce__(self):
-        return type(self), (self.source, self.field, self.length, self.limit, self.unit)
+        return type(self), (self.source, self.field, self.value, self.expected, self.message)
+
+
+class ConfigFieldMissing(ConfigInvalid):
+    """No spelling of a field the classifier needs is set: `field` and its other spellings
+    (`alternatives`)."""
+
+    def __init__(self, source: str, field: str, alternatives: tuple[str, ...] = ()) -> None:
+        also = f" (nor {', '.join(alternatives)})" if alternatives else ""
+        super().__init__(source, field, None, "set", f"missing field {field!r}{also}")
+        self.alternatives = alternatives
+
+    def __reduce__(self):
+        return type(self), (self.source, self.field, self.alternatives)
+
+
+class ConfigUnreadable(ValueError):
+    """The config at `source` could not be read: `problem` (one of the names above); `detail` what
+    the reader said (the JSON error, the OS error, the type found), or ""."""
+
+    def __init__(self, source: str, problem: str, detail: str = "") -> None:
+        texts = {
+            NOT_A_CONFIG: "not a dict, a config.json path or a directory holding one",
+            NO_SUCH_FILE: "no such file",
+            INVALID_JSON: f"invalid JSON ({detail})",
+            NESTS_TOO_DEEPLY: "the JSON nests too deeply to be a model config",
+            CANNOT_READ: f"cannot read the config ({detail})",
+            NOT_AN_OBJECT: f"the top level must be a JSON object, got {detail}",
+        }
+        super().__init__(f"{source}: {texts.get(problem, problem)}")
+        self.source, self.problem, self.detail = source, problem, detail
+
+    def __reduce__(self):
+        return type(self), (self.source, self.problem, self.detail)
 
 
 class ConfigFields:
-    """Typed reads from one config dict; every failure is a ValueError naming the file and the field.
+    """Typed reads from one config dict; every failure is a `ConfigInvalid` naming the file and the field.
 
     Reads take alternative spellings in order. `defaults` (the family's transformers defaults) are
     used only when none of the spellings is set in the config.
@@ -63,8 +88,13 @@ class ConfigFields:
     ):
         self.data, self.source, self.prefix, self.defaults = data, source, prefix, defaults or {}
 
-    def error(self, message: str) -> ValueError:
-        return ValueError(f"{self.source}: {message}")
+    def error(
+        self, field: str | None, value: object, expected: str, message: str | None = None
+    ) -> ConfigInvalid:
+        """`field` (unprefixed; None: no one field) of this config holds `value`, not `expected`."""
+        return ConfigInvalid(
+            self.source, None if field is None else self.name(field), value, expected, message
+        )
 
     def name(self, field: str) -> str:
         return f"{self.prefix}{field}"
@@ -85,9 +115,11 @@ class ConfigFields:
 
     def _int(self, field: str, value: Any, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(f"field {self.name(field)!r} must be an integer, got {value!r}")
-        if value < minimum or (maximum is not None and value > maximum):
-            raise ConfigValueOutOfRange(self.source, self.name(field), value, minimum, maximum)
+            raise self.error(field, value, "an integer")
+        if value < minimum:
+            raise self.error(field, value, f"at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise self.error(field, value, f"at most {maximum}")
         return value
 
     def int(self, *names: str, minimum: int = 1, maximum: int | None = None, default: Any = _MISSING) -> Any:
@@ -95,8 +127,7 @@ class ConfigFields:
         if found is not None:
             return self._int(found[0], found[1], minimum, maximum)
         if default is _MISSING:
-            also = f" (nor {', '.join(self.name(n) for n in names[1:])})" if names[1:] else ""
-            raise self.error(f"missing field {self.name(names[0])!r}{also}")
+            raise ConfigFieldMissing(self.source, self.name(names[0]), tuple(map(self.name, names[1:])))
         return default
 
     def num_layers(self, default: Any = _MISSING) -> Any:
@@ -106,7 +137,7 @@ class ConfigFields:
     def text(self, *names: str) -> str | None:
         found = self.find(*names)
         if found is not None and not isinstance(found[1], str):
-            raise self.error(f"field {self.name(found[0])!r} must be a string, got {found[1]!r}")
+            raise self.error(found[0], found[1], "a string")
         return None if found is None else found[1]
 
     def flag(self, name: str, default: bool) -> bool:
@@ -114,16 +145,17 @@ class ConfigFields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.error(f"field {self.name(name)!r} must be true or false, got {value!r}")
+            raise self.error(name, value, "true or false")
         return value
 
     def seq(self, name: str) -> list[Any]:
         """A list of at most MAX_LAYERS entries (config lists are per layer, or shorter)."""
         value = self.data.get(name)
         if not isinstance(value, list):
-            raise self.error(f"field {self.name(name)!r} must be a list, got {value!r}")
+            raise self.error(name, value, "a list")
         if len(value) > MAX_LAYERS:
-            raise ConfigListTooLong(self.source, self.name(name), len(value), MAX_LAYERS, "entries")
+            message = f"field {self.name(name)!r} has {len(value)} entries; at most {MAX_LAYERS}"
+            raise self.error(name, len(value), f"at most {MAX_LAYERS} entries", message)
         return value
 
     def int_list(self, name: str, minimum: int = 0) -> list[int]:
@@ -132,7 +164,7 @@ class ConfigFields:
     def sub(self, name: str) -> ConfigFields:
         value = self.data.get(name)
         if not isinstance(value, dict):
-            raise self.error(f"field {self.name(name)!r} must be an object, got {value!r}")
+            raise self.error(name, value, "an object")
         return ConfigFields(value, self.source, f"{self.name(name)}.")
 
 
@@ -140,23 +172,20 @@ def load_config(config: Mapping[str, Any] | str | Path) -> tuple[Mapping[str, An
     if isinstance(config, Mapping):
         return config, "<dict>"
     if not isinstance(config, (str, Path)):
-        raise ValueError(
-            f"<{type(config).__name__}>: pass a dict, a config.json path or a directory holding one"
-        )
+        raise ConfigUnreadable(f"<{type(config).__name__}>", NOT_A_CONFIG)
     path = Path(config)
     path = path / "config.json" if path.is_dir() else path
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file; pass a config.json or the directory holding one") from None
+        raise ConfigUnreadable(str(path), NO_SUCH_FILE) from None
     except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-        ) from None
+        detail = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        raise ConfigUnreadable(str(path), INVALID_JSON, detail) from None
     except RecursionError:
-        raise ValueError(f"{path}: the JSON nests too deeply to be a model config") from None
+        raise ConfigUnreadable(str(path), NESTS_TOO_DEEPLY) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the config ({exc})") from None
+        raise ConfigUnreadable(str(path), CANNOT_READ, str(exc)) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a JSON object, got {type(data).__name__}")
+        raise ConfigUnreadable(str(path), NOT_AN_OBJECT, type(data).__name__)
     return data, str(path)

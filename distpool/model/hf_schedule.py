@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from distpool.model.hf_families import FAMILIES
-from distpool.model.hf_fields import MAX_LAYERS, ConfigFields, ConfigListTooLong
+from distpool.model.hf_fields import MAX_LAYERS, ConfigFields, ConfigInvalid
 
 # The attention a tagged layer caches (None: no KV), and the tags that keep a recurrent state.
 ATTENTION_OF_TAG = {"full": "full", "hybrid": "full", "sliding": "sliding", "hybrid_sliding": "sliding"}
@@ -46,7 +46,8 @@ def _checked_length(f: ConfigFields, field: str, tags: list[str]) -> list[str]:
     """Explicit per-layer lists decide the layer count; a stated `num_hidden_layers` must agree."""
     stated = f.num_layers(default=None)
     if not tags or (stated is not None and stated != len(tags)):
-        raise f.error(f"field {f.name(field)!r} lists {len(tags)} layers but num_hidden_layers is {stated}")
+        message = f"field {f.name(field)!r} lists {len(tags)} layers but num_hidden_layers is {stated}"
+        raise f.error(field, len(tags), f"{stated} layers (num_hidden_layers)", message)
     return tags
 
 
@@ -59,7 +60,8 @@ def _named_types(field: str) -> Reader:
             tag = _LAYER_TYPE_TAGS.get(value.lower()) if isinstance(value, str) else None
             if tag is None:
                 known = ", ".join(sorted(_LAYER_TYPE_TAGS))
-                raise f.error(f"field {f.name(field)}[{i}] is {value!r}, not a known layer type ({known})")
+                message = f"field {f.name(field)}[{i}] is {value!r}, not a known layer type ({known})"
+                raise f.error(f"{field}[{i}]", value, f"one of {known}", message)
             tags.append(tag)
         return _checked_length(f, field, tags)
 
@@ -71,13 +73,14 @@ def _override_pattern(f: ConfigFields, _: str) -> list[str] | None:
     if pattern is None:
         return None
     if len(pattern) > MAX_LAYERS:
-        field = f.name("hybrid_override_pattern")
-        raise ConfigListTooLong(f.source, field, len(pattern), MAX_LAYERS, "layers")
+        message = (
+            f"field {f.name('hybrid_override_pattern')!r} has {len(pattern)} layers; at most {MAX_LAYERS}"
+        )
+        raise f.error("hybrid_override_pattern", len(pattern), f"at most {MAX_LAYERS} layers", message)
     bad = sorted({c for c in pattern if c not in _PATTERN_TAGS})
     if bad:
-        raise f.error(
-            f"field {f.name('hybrid_override_pattern')!r} has unknown characters {bad} (known: M * - E)"
-        )
+        message = f"field {f.name('hybrid_override_pattern')!r} has unknown characters {bad} (known: M * - E)"
+        raise f.error("hybrid_override_pattern", bad, "characters among M * - E", message)
     return _checked_length(f, "hybrid_override_pattern", [_PATTERN_TAGS[c] for c in pattern])
 
 
@@ -85,7 +88,8 @@ def _indices(f: ConfigFields, field: str, n: int, first: int = 0) -> set[int]:
     values = f.int_list(field, minimum=first)
     out = {v - first for v in values}
     if any(i >= n for i in out) or len(out) != len(values):
-        raise f.error(f"field {f.name(field)!r} = {values} must name distinct layers among {n}")
+        message = f"field {f.name(field)!r} = {values} must name distinct layers among {n}"
+        raise f.error(field, values, f"distinct layers among {n}", message)
     return out
 
 
@@ -98,8 +102,9 @@ def _kimi_linear(f: ConfigFields, _: str) -> list[str] | None:
         return None
     full, kda = _indices(sub, "full_attn_layers", n, first=1), _indices(sub, "kda_layers", n, first=1)
     if full & kda or len(full | kda) != n:
+        message = f"{sub.name('full_attn_layers')} and {sub.name('kda_layers')} must split all {n} layers"
         raise sub.error(
-            f"{sub.name('full_attn_layers')} and {sub.name('kda_layers')} must split all {n} layers"
+            "full_attn_layers", sorted(full), f"the layers among {n} that kda_layers does not list", message
         )
     return ["full" if i in full else "recurrent" for i in range(n)]
 
@@ -110,7 +115,9 @@ def _binary_list(field: str, one: str, zero: str) -> Reader:
             return None
         values = f.int_list(field)
         if any(v > 1 for v in values):
-            raise f.error(f"field {f.name(field)!r} must hold only 0 and 1, got {values}")
+            raise f.error(
+                field, values, "only 0 and 1", f"field {f.name(field)!r} must hold only 0 and 1, got {values}"
+            )
         return _checked_length(f, field, [one if v else zero for v in values])
 
     return read
@@ -132,7 +139,8 @@ def _jamba_period(f: ConfigFields, _: str) -> list[str] | None:
         return None
     period, offset, n = f.int("attn_layer_period"), f.int("attn_layer_offset", minimum=0), f.num_layers()
     if offset >= period:
-        raise f.error(f"attn_layer_offset ({offset}) must be smaller than attn_layer_period ({period})")
+        message = f"attn_layer_offset ({offset}) must be smaller than attn_layer_period ({period})"
+        raise f.error("attn_layer_offset", offset, f"below {period} (attn_layer_period)", message)
     return ["full" if i % period == offset else "recurrent" for i in range(n)]
 
 
@@ -157,7 +165,9 @@ def _llama4_chunks(f: ConfigFields, model_type: str) -> list[str] | None:
     if f.data.get("no_rope_layers"):
         flags = f.int_list("no_rope_layers")
         if len(flags) != n or any(v > 1 for v in flags):
-            raise f.error(f"field {f.name('no_rope_layers')!r} must hold {n} values of 0 or 1, got {flags}")
+            expected = f"{n} values of 0 or 1"
+            message = f"field {f.name('no_rope_layers')!r} must hold {expected}, got {flags}"
+            raise f.error("no_rope_layers", flags, expected, message)
     elif model_type in ("llama4", "llama4_text"):  # transformers' default: every 4th layer is NoPE, global
         every = f.int("no_rope_layer_interval", default=4)
         flags = [int((i + 1) % every != 0) for i in range(n)]
@@ -184,6 +194,24 @@ SCHEDULE_READERS: tuple[tuple[str, Reader], ...] = (
 SCHEDULE_FIELDS = tuple(name for name, _ in SCHEDULE_READERS)
 
 
+class ScheduleMissing(ConfigInvalid):
+    """A config of `model_type`, whose family (`family`) keeps a recurrent state in some layers, names
+    none of the layer schedule fields (`SCHEDULE_FIELDS`): read as a plain transformer, it would keep
+    no state at all."""
+
+    def __init__(self, source: str, model_type: str, family: str) -> None:
+        fields = ", ".join(SCHEDULE_FIELDS)
+        message = (
+            f"a {model_type} model keeps {family} state in some layers, but its config names none of the "
+            f"layer schedule fields ({fields})"
+        )
+        super().__init__(source, None, model_type, f"one of {fields}", message)
+        self.model_type, self.family = model_type, family
+
+    def __reduce__(self):
+        return type(self), (self.source, self.model_type, self.family)
+
+
 def layer_schedule(f: ConfigFields, model_type: str) -> list[str] | None:
     """One tag per layer, or None when nothing but a uniform transformer layout is stated."""
     for _, read in SCHEDULE_READERS:
@@ -193,9 +221,5 @@ def layer_schedule(f: ConfigFields, model_type: str) -> list[str] | None:
     family, _, every_layer = FAMILIES.get(model_type, (None, {}, None))
     if family is not None and every_layer is None:
         # Without its schedule, such a config would read as a plain transformer: no state at all.
-        raise f.error(
-            f"a {model_type} model keeps {family} state in some layers, but its config names none of "
-            f"the layer schedule fields ({', '.join(SCHEDULE_FIELDS)}). Fix: add the one its "
-            "checkpoint's config.json has (e.g. hybrid_override_pattern or layer_types)"
-        )
+        raise ScheduleMissing(f.source, model_type, family)
     return [every_layer] * f.num_layers() if every_layer else None

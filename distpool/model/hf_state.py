@@ -53,12 +53,16 @@ def _mamba2(f: ConfigFields, model_type: str, conv_dtype: str, ssm_dtype: str) -
         # mamba_d_ssm (Falcon-H1) or mamba_expand * hidden_size.
         intermediate = d_ssm or f.int(*_EXPAND) * f.int(*_HIDDEN)
         if intermediate % heads:
-            raise f.error(f"the Mamba intermediate size {intermediate} does not split into {heads} heads")
+            message = f"the Mamba intermediate size {intermediate} does not split into {heads} heads"
+            raise f.error(
+                "mamba_d_ssm" if d_ssm else _EXPAND[0], intermediate, f"a multiple of {heads}", message
+            )
         head_dim = intermediate // heads
     else:
         head_dim = f.int(*head_dim_names)
     if d_ssm is not None and d_ssm != heads * head_dim:
-        raise f.error(f"mamba_d_ssm ({d_ssm}) must equal Mamba heads x head dim ({heads} x {head_dim})")
+        message = f"mamba_d_ssm ({d_ssm}) must equal Mamba heads x head dim ({heads} x {head_dim})"
+        raise f.error("mamba_d_ssm", d_ssm, f"{heads * head_dim} ({heads} x {head_dim})", message)
     state, groups = f.int(*_names(_M2_STATE, "state_size", model_type)), f.int(*_M2_GROUPS)
     # x, B and C all pass the conv: conv_dim = heads * head_dim + 2 * n_groups * state
     x = Segment("x", "Mamba heads", heads, head_dim)
@@ -134,10 +138,11 @@ def recurrent_state(f: ConfigFields, model_type: str, conv_dtype: str, ssm_dtype
     family = family or next((name for name, fields in _FAMILY_FIELDS if f.has(*fields)), None)
     if family is None:
         looked = ", ".join(n for _, names in _FAMILY_FIELDS for n in names)
-        raise f.error(
+        message = (
             f"layers of model type {model_type!r} keep a recurrent state, but the config names no known "
             f"state family (looked for {looked})"
         )
+        raise f.error(None, model_type, f"a state family's fields ({looked})", message)
     states = STATE_SHAPES[family](f, model_type, conv_dtype, ssm_dtype)
     return MambaSpec(
         family=family, tensors=tuple(t for t, _ in states), shard_rules=tuple(r for _, r in states)

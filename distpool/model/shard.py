@@ -21,29 +21,37 @@ MAX_LISTED_TP = 64  # refusals list the TP sizes up to this that would work
 
 
 class TpUnshardable(ValueError):
-    """`tp` ranks cannot each hold a shard of every cached tensor of a model (`architectures`):
-    `reason` names the units and their count; `valid_sizes`: the TP sizes up to MAX_LISTED_TP that can."""
+    """`tp` ranks cannot each hold a shard of every cached tensor of a model (`architectures`): its
+    `count` `unit` (e.g. 6 "query heads"; count None: `unit` names a state tensor no shard rule is
+    known for) do not split; `reason` says so in a sentence; `valid_sizes`: the TP sizes up to
+    MAX_LISTED_TP that can."""
 
-    def __init__(self, tp: int, architectures: str, reason: str, valid_sizes: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        tp: int,
+        architectures: str,
+        reason: str,
+        valid_sizes: tuple[int, ...],
+        unit: str = "",
+        count: int | None = None,
+    ) -> None:
         super().__init__(f"tensor parallelism of {tp} ranks cannot shard {architectures}: {reason}")
         self.tp, self.architectures, self.reason, self.valid_sizes = tp, architectures, reason, valid_sizes
+        self.unit, self.count = unit, count
 
     def __reduce__(self):
-        return type(self), (self.tp, self.architectures, self.reason, self.valid_sizes)
+        return type(self), (self.tp, self.architectures, self.reason, self.valid_sizes, self.unit, self.count)
 
 
 class ShardArgInvalid(ValueError):
-    """A TP size `tp` that is not a positive integer (`rank` None), or rank `rank` outside 0..tp - 1."""
+    """A TP size or rank (`field`: "tp" or "rank") of `value`, where it must be `expected`."""
 
-    def __init__(self, tp: object, rank: object = None) -> None:
-        if rank is None:
-            super().__init__(f"a TP size must be a positive integer; got {tp!r}")
-        else:
-            super().__init__(f"rank must be in 0..{tp - 1} for TP {tp}; got {rank!r}")
-        self.tp, self.rank = tp, rank
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        super().__init__(f"{field} must be {expected}; got {value!r}")
+        self.field, self.value, self.expected = field, value, expected
 
     def __reduce__(self):
-        return type(self), (self.tp, self.rank)
+        return type(self), (self.field, self.value, self.expected)
 
 
 @dataclass(frozen=True)
@@ -132,26 +140,27 @@ def _arch(spec: ModelSpec) -> str:
     return ", ".join(spec.architectures) or spec.model_type or "this model"
 
 
-def _refusal(table: ShardTable, tp: int) -> str | None:
-    """Why `tp` ranks cannot hold the table, naming the units, their count and where they are."""
+def _refusal(table: ShardTable, tp: int) -> tuple[str, int | None, str] | None:
+    """(unit, count, why) when `tp` ranks cannot hold the table: the units, their count and where
+    they are; count None for a state tensor without a rule (unit: its name)."""
     if tp == 1:
         return None  # one rank holds everything, with or without rules
     for unit, count in table.split_counts:
         if count % tp:
-            return f"its {count} {unit} do not divide by {tp}"
+            return unit, count, f"its {count} {unit} do not divide by {tp}"
     for tensor in table.tensors:
         if tensor.rule is None:
-            return f"no shard rule is known for its state tensor {tensor.name} {tensor.shape}"
+            why = f"no shard rule is known for its state tensor {tensor.name} {tensor.shape}"
+            return tensor.name, None, why
         for segment in tensor.rule.segments:
             if segment.splits(tp):
                 continue
             where = _places(table, segment.unit, segment.count)
+            its = f"its {segment.count} {segment.unit} ({where})"
             if segment.replicable:
-                return (
-                    f"its {segment.count} {segment.unit} ({where}) neither divide by {tp} nor divide {tp} "
-                    "(ranks split them, or each keeps a copy of the one its heads use)"
-                )
-            return f"its {segment.count} {segment.unit} ({where}) do not divide by {tp}"
+                copies = "(ranks split them, or each keeps a copy of the one its heads use)"
+                return segment.unit, segment.count, f"{its} neither divide by {tp} nor divide {tp} {copies}"
+            return segment.unit, segment.count, f"{its} do not divide by {tp}"
     return None
 
 
@@ -177,10 +186,11 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
     """Raise `TpUnshardable` (the units, their count, the TP sizes that work) unless `tp` ranks can
     each hold a shard of every cached tensor of `spec`."""
     if type(tp) is not int or tp < 1:
-        raise ShardArgInvalid(tp)
-    reason = _refusal(spec.shard_table, tp)
-    if reason is not None:
-        raise TpUnshardable(tp, _arch(spec), reason, tuple(valid_tp_sizes(spec)))
+        raise ShardArgInvalid("tp", tp, "a positive integer")
+    refusal = _refusal(spec.shard_table, tp)
+    if refusal is not None:
+        unit, count, reason = refusal
+        raise TpUnshardable(tp, _arch(spec), reason, tuple(valid_tp_sizes(spec)), unit, count)
 
 
 def replicated_parts(spec: ModelSpec, tp: int) -> tuple[str, ...]:
@@ -233,7 +243,7 @@ def shard(spec: ModelSpec, tp: int, rank: int) -> RankShard:
     """
     check_tp(spec, tp)
     if type(rank) is not int or not 0 <= rank < tp:
-        raise ShardArgInvalid(tp, rank)
+        raise ShardArgInvalid("rank", rank, f"in 0..{tp - 1} for TP {tp}")
     table = spec.shard_table
     tensors = tuple(_tensor_shard(t, tp, rank) for t in table.tensors)
     rank_spec = spec if tp == 1 else _rank_spec(spec, tp, {t.name: t for t in tensors})

@@ -39,6 +39,9 @@ class SpecInvalid(ValueError):
         super().__init__(f"{source}: ModelSpec.{field} is {value!r}; it must be {expected}")
         self.source, self.field, self.value, self.expected = source, field, value, expected
 
+    def __reduce__(self):
+        return type(self), (self.source, self.field, self.value, self.expected)
+
 
 class SpecLacks(ValueError):
     """Code that serves only models with `layer_kind` ("full_attention", "mamba") got a spec without it."""
@@ -46,6 +49,9 @@ class SpecLacks(ValueError):
     def __init__(self, source: str, layer_kind: str) -> None:
         super().__init__(f"{source} has no {layer_kind} layers")
         self.source, self.layer_kind = source, layer_kind
+
+    def __reduce__(self):
+        return type(self), (self.source, self.layer_kind)
 
 
 def _prod(shape: tuple[int, ...]) -> int:

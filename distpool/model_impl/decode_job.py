@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from distpool.memory.pool import Pool
-from distpool.model_impl.errors import DUPLICATE_REQUEST, NOT_EXTENDED, BatchRefused, TokensOutOfVocab
+from distpool.model_impl.errors import DUPLICATE_REQUEST, NOT_EXTENDED, BatchRefused, TokenIdsOutOfRange
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int, what: str) -> None:
-    """TokensOutOfVocab unless every id in `tokens` is in [0, vocab_size)."""
+    """TokenIdsOutOfRange unless every id in `tokens` is in [0, vocab_size)."""
     if any(not 0 <= t < vocab_size for t in tokens):
-        raise TokensOutOfVocab(what, tokens, vocab_size)
+        raise TokenIdsOutOfRange(what, tuple(tokens), vocab_size)
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,13 @@ class DecodeJob:
 def plan_decode(
     pool: Pool, request_ids: Sequence[str], last_tokens: Sequence[int], vocab_size: int
 ) -> DecodeJob | None:
-    """The job of `decode_step(pool, request_ids, last_tokens)` (None for an empty batch), or a
-    ValueError naming the fix."""
+    """The job of `decode_step(pool, request_ids, last_tokens)` (None for an empty batch); refuses a
+    batch it cannot run with `BatchRefused` (or ValueError for a malformed call)."""
     if len(request_ids) != len(last_tokens):
         raise ValueError(f"{len(request_ids)} request ids for {len(last_tokens)} last tokens")
     if len(set(request_ids)) != len(request_ids):
-        raise BatchRefused(
-            DUPLICATE_REQUEST, None, f"a decode batch names a request twice: {list(request_ids)}"
-        )
+        ids = list(request_ids)
+        raise BatchRefused(DUPLICATE_REQUEST, None, f"a decode batch names a request twice: {ids}", ids)
     if not request_ids:
         return None
     check_token_ids(last_tokens, vocab_size, "last_tokens")
@@ -57,7 +56,9 @@ def plan_decode(
             NOT_EXTENDED,
             None,
             f"decode_step needs prefilled requests extended by one token; {list(request_ids)} hold"
-            f" {num_tokens.tolist()} tokens. Fix: prefill, then pool.extend(request_id, 1) before a step",
+            f" {num_tokens.tolist()} tokens",
+            num_tokens.tolist(),
+            2,
         )
     tables = [pool.page_ids(r).cpu() for r in request_ids]
     lengths = [t.shape[0] for t in tables]  # (ints: len() of a tensor costs a call into torch)

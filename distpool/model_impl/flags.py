@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from distpool.model.presets import resolve_model
-from distpool.model_impl.hf.checkpoint import CheckpointError
+from distpool.model_impl.errors import CacheDtypesUnused
 from distpool.model_impl.hf.source import DTYPES, LOAD_FORMATS
 from distpool.model_impl.select import MODEL_IMPLS, Implementation, resolve_implementation
 
@@ -38,30 +38,20 @@ def add_model_impl_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def implementation_from(ns: argparse.Namespace, config: str, *, auto_transformers: bool) -> Implementation:
-    """`--model-impl`, `--load-format` and `--dtype` resolved for `config` (a preset, file or folder)."""
+    """`--model-impl`, `--load-format` and `--dtype` resolved for `config` (a preset, file or folder).
+    Refusals are typed (`CheckpointError`, `CacheDtypesUnused`, those of `resolve_implementation`);
+    `distpool.cli.errors` words them."""
     on_cpu = ns.device == "cpu" or (ns.device == "auto" and not _cuda_available())
-    try:
-        impl = resolve_implementation(
-            resolve_model(config),
-            ns.model_impl,
-            load_format=ns.load_format,
-            dtype=ns.dtype,
-            on_cpu=on_cpu,
-            auto_transformers=auto_transformers,
-        )
-    except CheckpointError as exc:
-        fix = (
-            "correct config.json"
-            if exc.path.name == "config.json"
-            else "save or download the checkpoint again (or --load-format dummy: weights from the config)"
-        )
-        raise ValueError(f"{exc}. Fix: {fix}") from None
+    impl = resolve_implementation(
+        resolve_model(config),
+        ns.model_impl,
+        load_format=ns.load_format,
+        dtype=ns.dtype,
+        on_cpu=on_cpu,
+        auto_transformers=auto_transformers,
+    )
     if impl.hf is not None and (ns.kv_dtype or ns.ssm_dtype):
-        raise ValueError(
-            f"the transformers runner keeps K/V and state as its modeling code computes them (--dtype "
-            f"{impl.hf.dtype}); --kv-dtype and --ssm-dtype apply to the reference model and the synthetic "
-            "cache. Fix: drop them"
-        )
+        raise CacheDtypesUnused(impl.hf.dtype, ns.kv_dtype, ns.ssm_dtype)
     return impl
 
 

@@ -83,7 +83,7 @@ def check_jobs(pool: Pool, jobs: Sequence[PrefillJob], *, num_slots: int | None)
     state, whose checkpoints and snapshots are dropped."""
     ids = [job.request_id for job in jobs]
     if len(set(ids)) != len(ids):
-        raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {ids}")
+        raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {ids}", ids)
     checked = [_check_job(pool, job, num_slots) for job in jobs]
     _check_slots_apart(pool, checked)
     return checked
@@ -93,14 +93,15 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
     request_id, n, cached, page_size = job.request_id, len(job.prompt), job.cached, pool.page_size
     if n == 0:
         raise BatchRefused(
-            EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token"
+            EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token", 0
         )
-    if pool.num_tokens(request_id) != n:
+    if (held := pool.num_tokens(request_id)) != n:
         raise BatchRefused(
             TOKENS_NOT_RESERVED,
             request_id,
-            f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-            f"prompt has {n}. Fix: reserve it with len(prompt) tokens before prefill",
+            f"request {request_id!r} holds {held} tokens in the pool but its prompt has {n}",
+            held,
+            n,
         )
     in_place = num_slots is not None and cached > 0 and job.checkpoint_slot == pool.slot_id(request_id)
     if not 0 <= cached < n or (cached % page_size and not in_place):
@@ -108,8 +109,9 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
             CACHED_OUT_OF_RANGE,
             request_id,
             f"request {request_id!r}: cached={cached} must be a multiple of page_size ({page_size}) "
-            f"below the prompt's {n} tokens. Fix: pass the match's num_tokens "
-            "(pool.prefix_cache.match(prompt) never covers the whole prompt)",
+            f"below the prompt's {n} tokens",
+            cached,
+            (page_size, n),
         )
     prefix_cache = getattr(pool, "prefix_cache", None)  # test pools may lack the attribute
     if prefix_cache is not None:
@@ -120,8 +122,9 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
                 CACHED_NOT_AS_RESERVED,
                 request_id,
                 f"request {request_id!r} was reserved with {shared} cached tokens (shared pages) but "
-                f"prefill was told cached={cached}, so it would {harm}. Fix: pass "
-                "cached=match.num_tokens of the match it was reserved with",
+                f"prefill was told cached={cached}, so it would {harm}",
+                cached,
+                shared,
             )
     if num_slots is None:  # no recurrent state: nothing to start from or to snapshot
         return replace(job, checkpoint_slot=None, snapshot=None)
@@ -132,8 +135,8 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
             NO_CHECKPOINT,
             request_id,
             f"request {request_id!r}: {cached} cached tokens but no checkpoint; the model's Mamba state "
-            "after them must come from one. Fix: checkpoint_slot = "
-            "pool.prefix_cache.checkpoint_slot(match.checkpoint)",
+            "after them must come from one",
+            cached,
         )
     else:
         _check_slot(job.checkpoint_slot, num_slots, request_id, "checkpoint")
@@ -144,8 +147,9 @@ def _check_job(pool: Pool, job: PrefillJob, num_slots: int | None) -> PrefillJob
                 SNAPSHOT_OUT_OF_RANGE,
                 request_id,
                 f"request {request_id!r}: a snapshot after {num_tokens} tokens must lie on a page "
-                f"boundary after the {cached} cached tokens and within the prompt's {n}. Fix: a depth "
-                f"in {cached // page_size + 1}..{n // page_size} pages, or no snapshot",
+                f"boundary after the {cached} cached tokens and within the prompt's {n}",
+                num_tokens,
+                (cached, n),
             )
         _check_slot(slot, num_slots, request_id, "snapshot")
     return job
@@ -156,8 +160,9 @@ def _check_slot(slot: int, num_slots: int, request_id: str, what: str) -> None:
         raise BatchRefused(
             SLOT_OUT_OF_RANGE,
             request_id,
-            f"request {request_id!r}: {what} slot {slot} is outside the pool's {num_slots} slot positions. "
-            "Fix: pass a physical slot id from pool.prefix_cache (take_checkpoint / checkpoint_slot)",
+            f"request {request_id!r}: {what} slot {slot} is outside the pool's {num_slots} slot positions",
+            slot,
+            num_slots,
         )
 
 
@@ -175,6 +180,7 @@ def _check_slots_apart(pool: Pool, jobs: Sequence[PrefillJob]) -> None:
             SLOTS_OVERLAP,
             None,
             f"a prefill batch writes slots {written} and reads checkpoints {sorted(read)}: a snapshot slot "
-            "would overwrite a request's own slot, another snapshot or a checkpoint being read. "
-            "Fix: take a fresh checkpoint unit (pool.prefix_cache.take_checkpoint()) for each snapshot",
+            "would overwrite a request's own slot, another snapshot or a checkpoint being read",
+            written,
+            sorted(read),
         )

@@ -16,13 +16,13 @@ import torch
 from distpool.memory.arena.runs import merge_runs
 from distpool.memory.arena_pool import build_pool
 from distpool.memory.pool import (
-    BadTokenCount,
     BandUsage,
     DoesNotFit,
     DuplicateRequest,
     NeedsCompaction,
     NotPinned,
     RequestPinned,
+    TokenCountInvalid,
     UnknownRequest,
 )
 from distpool.model.spec import DENSE, HYBRID_SWA
@@ -103,36 +103,61 @@ def test_bad_calls_raise_typed_errors_and_leave_accounting_intact():
     pool = make_pool()
     pool.reserve("a", 4)
     before = accounting(pool)
-    with pytest.raises(UnknownRequest):
-        pool.release("nope")
-    with pytest.raises(KeyError):  # UnknownRequest is a KeyError
-        pool.page_ids("nope")
-    with pytest.raises(DuplicateRequest) as duplicate:
-        pool.reserve("a", 1)
-    assert (duplicate.value.call, duplicate.value.request_id, duplicate.value.batch) == ("reserve", "a", ())
-    with pytest.raises(DuplicateRequest) as duplicate:
-        pool.reserve_batch([("b", 1), ("b", 1)])
-    assert (duplicate.value.request_id, duplicate.value.batch) == ("b", ("b", "b"))
-    for call, count in [(lambda n: pool.extend("a", n), -1), (lambda n: pool.reserve("b", n), -4)]:
-        with pytest.raises(BadTokenCount) as bad:
-            call(count)
-        assert bad.value.value == count
-    with pytest.raises(BadTokenCount) as bad:
-        pool.reserve("b", 2.5)
-    assert (bad.value.call, bad.value.request_id, bad.value.value) == ("reserve", "b", 2.5)
-    with pytest.raises(NotPinned) as not_pinned:
-        pool.unpin("a")
-    assert not_pinned.value.request_id == "a"
-    with pytest.raises(UnknownRequest):  # one unknown id in a batch frees nothing
-        pool.release_batch(["a", "nope"])
+    refusals = [
+        (lambda: pool.release("nope"), UnknownRequest, {"request_id": "nope"}),
+        (lambda: pool.page_ids("nope"), KeyError, {"request_id": "nope"}),  # UnknownRequest is a KeyError
+        (
+            lambda: pool.reserve("a", 1),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "a", "in_batch": False},
+        ),
+        (
+            lambda: pool.reserve_batch([("c", 1), ("b", 1), ("c", 1)]),
+            DuplicateRequest,
+            {"call": "reserve", "request_id": "c", "in_batch": True},
+        ),
+        (lambda: pool.release_batch(["a", "a"]), DuplicateRequest, {"call": "release", "in_batch": True}),
+        (lambda: pool.extend("a", -1), TokenCountInvalid, {"call": "extend", "request_id": "a", "value": -1}),
+        (
+            lambda: pool.reserve("b", -4),
+            TokenCountInvalid,
+            {"call": "reserve", "request_id": "b", "value": -4},
+        ),
+        (lambda: pool.reserve("b", 2.5), TokenCountInvalid, {"value": 2.5}),
+        (lambda: pool.reserve("b", True), TokenCountInvalid, {"value": True}),  # a bool is no count
+        (lambda: pool.unpin("a"), NotPinned, {"request_id": "a"}),
+        (lambda: pool.release_batch(["a", "nope"]), UnknownRequest, {"request_id": "nope"}),  # frees nothing
+    ]
+    for call, error, facts in refusals:
+        with pytest.raises(error) as info:
+            call()
+        assert {name: getattr(info.value, name) for name in facts} == facts
+        assert accounting(pool) == before
     pool.pin("a")
-    with pytest.raises(RequestPinned):
-        pool.release("a")
-    with pytest.raises(RequestPinned):
-        pool.extend("a", 1)
+    for call, name in ((lambda: pool.release("a"), "release"), (lambda: pool.extend("a", 1), "extend")):
+        with pytest.raises(RequestPinned) as info:
+            call()
+        assert (info.value.call, info.value.request_id) == (name, "a")
     pool.unpin("a")
     assert accounting(pool) == before
     pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnknownRequest("r1"),
+        DuplicateRequest("release", "r1", in_batch=True),
+        RequestPinned("extend", "r1"),
+        NotPinned("r1"),
+        TokenCountInvalid("reserve", "r1", -2),
+        DoesNotFit("r1", "no room", low=1, pages=3, low_free=0, pages_free=2, pinned=1),
+        NeedsCompaction("r1", "scattered", low=1, pages=3, window=3, window_at=5, pages_free=4),
+    ],
+)
+def test_memory_errors_cross_a_process_boundary_with_their_facts(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), vars(copy), str(copy)) == (type(error), vars(error), str(error))
 
 
 def test_fragmented_slots_need_compaction_and_compaction_moves_the_frontier():
@@ -145,7 +170,7 @@ def test_fragmented_slots_need_compaction_and_compaction_moves_the_frontier():
     assert not pool.can_reserve(28) and pool.can_reserve(28, compact=True)
     with pytest.raises(NeedsCompaction) as info:
         pool.reserve("long", 28)  # a slot and 7 pages
-    assert (info.value.low, info.value.pages) == (1, 7)
+    assert (info.value.low, info.value.pages, info.value.pages_free) == (1, 7, 6)
     assert pool.compact() == 768
     assert pool.slot_id("s5") == 0 and torch.equal(_read(pool, "s5"), content)
     pool.reserve("long", 28)
@@ -249,8 +274,8 @@ def test_static_state_pool_full_while_kv_has_room_but_unified_takes_it():
     assert static.available()["pages"] == 2
     with pytest.raises(DoesNotFit) as info:
         static.reserve("r5", 1)
+    assert (info.value.low, info.value.low_free) == (1, 0)
     assert not isinstance(info.value, NeedsCompaction)
-    assert (info.value.low, info.value.low_free, info.value.pages, info.value.pages_free) == (1, 0, 1, 2)
     assert static.compact() == 0  # a fixed frontier: nothing to gain
     static.check_invariants()
 
@@ -339,20 +364,3 @@ def test_after_needs_compaction_compact_makes_room_even_when_requests_keep_growt
                     continue
                 live.append(rid)
             pool.check_invariants()
-
-
-def test_refusals_cross_a_process_boundary_with_their_counts():
-    """Ray pickles what a worker raises: a refusal arrives as itself, its counts intact."""
-    refusals = [
-        DoesNotFit("x", "no room", low=3, pages=12, low_free=1, pages_free=4, pinned=2),
-        NeedsCompaction("y", "scattered", low=1, pages=7, window=7, window_at=3),
-        DuplicateRequest.in_batch("release", ["a", "b", "a"]),
-        DuplicateRequest("reserve", "a"),
-        RequestPinned("extend", "a"),
-        NotPinned("a"),
-        BadTokenCount("reserve", "a", -1),
-    ]
-    for refusal in refusals:
-        back = pickle.loads(pickle.dumps(refusal))
-        assert type(back) is type(refusal) and str(back) == str(refusal)
-        assert vars(back) == vars(refusal)

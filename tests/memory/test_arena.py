@@ -8,7 +8,7 @@ import torch
 
 from distpool.memory.arena import arena as arena_module
 from distpool.memory.arena.arena import Arena, BandGeometry, band_geometry
-from distpool.memory.errors import NotALayerOf
+from distpool.memory.errors import NotALayerOfKind
 from distpool.memory.sizing.layout import page_places, slot_places
 from distpool.model.spec import DENSE, HYBRID_SWA
 from tests.factories import make_pool, make_sizes, make_spec
@@ -105,24 +105,23 @@ def test_swa_view_lives_in_the_low_band_and_kv_view_in_the_high_band():
 
 def test_views_refuse_layers_of_another_kind():
     arena = Arena(make_sizes(budget_bytes=7680))
-    refusals = [
-        (arena.kv_view, 0, "full-attention", (1, 3)),
-        (arena.state_view, 1, "Mamba", (0, 2)),
-        (arena.swa_kv_view, 0, "sliding-window", ()),
-    ]
-    for view, layer, kind, layers in refusals:
-        with pytest.raises(NotALayerOf) as refused:
+    for view, layer, facts in (
+        (arena.kv_view, 0, ("full-attention", (1, 3))),
+        (arena.state_view, 1, ("Mamba", (0, 2))),
+        (arena.swa_kv_view, 0, ("sliding-window", ())),
+    ):
+        with pytest.raises(NotALayerOfKind) as info:
             view(layer)
-        assert (refused.value.layer, refused.value.kind, refused.value.layers) == (layer, kind, layers)
+        assert (info.value.layer, info.value.kind, info.value.layers) == (layer, *facts)
 
 
 def test_dense_has_only_pages_and_attention_free_only_slots():
     dense = Arena(make_sizes(make_spec(DENSE), unified=False, budget_bytes=7680))
     # Four attention layers: 1024-byte pages, 7 of them in 7680 bytes (the top 7168).
     assert dense.low is None and (dense.high.stride_bytes, dense.high.num_positions) == (1024, 7)
-    with pytest.raises(NotALayerOf) as refused:
+    with pytest.raises(NotALayerOfKind) as info:
         dense.state_view(0)
-    assert (refused.value.kind, refused.value.layers) == ("Mamba", ())
+    assert (info.value.kind, info.value.layers) == ("Mamba", ())
     mamba_only = Arena(make_sizes(make_spec(DENSE, attention_free=True), unified=False, budget_bytes=8192))
     # Four Mamba layers: 1536-byte slots: 5 in 8192 bytes.
     assert mamba_only.high is None and (mamba_only.low.stride_bytes, mamba_only.low.num_positions) == (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distpool.memory.pool import BadTokenCount, DuplicateRequest, RequestPinned, UnknownRequest
+from distpool.memory.pool import DuplicateRequest, RequestPinned, TokenCountInvalid, UnknownRequest
 from tests.factories import accounting
 from tests.memory.placed_pool import make_placed_pool
 
@@ -54,9 +54,9 @@ def test_a_pin_between_two_repeated_batches_refuses_the_step_and_changes_nothing
     _step(pool, "ab")
     pool.pin("b")
     before = accounting(pool)
-    with pytest.raises(RequestPinned) as pinned:
+    with pytest.raises(RequestPinned) as info:
         _step(pool, "ab")
-    assert pinned.value.request_id == "b"
+    assert (info.value.call, info.value.request_id) == ("extend", "b")
     assert accounting(pool) == before and [pool.num_tokens(r) for r in "ab"] == [3, 6]
     pool.unpin("b")
     _step(pool, "ab")
@@ -70,9 +70,9 @@ def test_counts_equal_to_a_kept_batch_but_not_plain_ints_are_checked():
     _step(pool, "ab")
     _step(pool, "ab")
     for bad in (True, 1.0, -1):
-        with pytest.raises(BadTokenCount) as refused:
+        with pytest.raises(TokenCountInvalid) as info:
             pool.extend_batch([("a", 1), ("b", bad)])
-        assert (refused.value.request_id, refused.value.value) == ("b", bad)
+        assert (info.value.request_id, info.value.value) == ("b", bad)
     pool.extend_batch([("a", np.int64(1)), ("b", 1)])  # an integer, though not a plain int
     pool.extend_batch([("a", 3), ("b", 1)])  # the same ids, other counts
     assert [pool.num_tokens(r) for r in "ab"] == [7, 5]
@@ -89,9 +89,9 @@ def test_a_batch_list_changed_in_place_is_checked_again():
     pool.extend_batch(step)
     assert [pool.num_tokens(r) for r in "abc"] == [4, 3, 2]
     step[1] = ("a", 1)
-    with pytest.raises(DuplicateRequest) as duplicate:
+    with pytest.raises(DuplicateRequest) as info:
         pool.extend_batch(step)
-    assert (duplicate.value.request_id, duplicate.value.batch) == ("a", ("a", "a"))
+    assert (info.value.request_id, info.value.in_batch) == ("a", True)
     entries = [["a", 1], ["b", 1]]  # mutable entries are snapshotted, never trusted
     pool.extend_batch(entries)
     pool.extend_batch(entries)

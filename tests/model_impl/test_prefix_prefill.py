@@ -204,7 +204,9 @@ def test_synthetic_dense_model_needs_no_checkpoint_and_ignores_snapshots() -> No
 
 
 @pytest.mark.parametrize("kind", ["reference", "synthetic"])
-def test_misuse_is_refused_with_the_fix_before_anything_is_written(model: ReferenceModel, kind: str) -> None:
+def test_misuse_is_refused_with_its_facts_before_anything_is_written(
+    model: ReferenceModel, kind: str
+) -> None:
     cache: PoolModel = model if kind == "reference" else SyntheticCache(HYBRID)
     pool, a = prefix_pool(HYBRID), tokens(14, 10)
     cache_first_request(cache, pool, a, depth=2)
@@ -219,25 +221,35 @@ def test_misuse_is_refused_with_the_fix_before_anything_is_written(model: Refere
     c = tokens(8, 11)
     usable = PrefillJob("b", b, cached=8, checkpoint_slot=checkpoint)  # b's cached prefix, as reserved
     refusals = [
-        ([replace(usable, cached=6)], CACHED_OUT_OF_RANGE, "b"),
-        ([PrefillJob("c", c, cached=8, checkpoint_slot=checkpoint)], CACHED_OUT_OF_RANGE, "c"),
-        ([PrefillJob("b", b)], CACHED_NOT_AS_RESERVED, "b"),  # would overwrite shared cached pages
+        ([replace(usable, cached=6)], CACHED_OUT_OF_RANGE, "b", 6, (PAGE, 12)),
+        ([PrefillJob("c", c, cached=8, checkpoint_slot=checkpoint)], CACHED_OUT_OF_RANGE, "c", 8, (PAGE, 8)),
+        ([PrefillJob("b", b)], CACHED_NOT_AS_RESERVED, "b", 0, 8),  # would overwrite shared cached pages
         (
             [PrefillJob("c", c, cached=4, checkpoint_slot=checkpoint)],
             CACHED_NOT_AS_RESERVED,
             "c",
+            4,
+            0,
         ),  # unwritten
-        ([replace(usable, checkpoint_slot=None)], NO_CHECKPOINT, "b"),
-        ([replace(usable, checkpoint_slot=num_slots)], SLOT_OUT_OF_RANGE, "b"),
-        ([replace(usable, snapshot=(2 * PAGE, spare_slot))], SNAPSHOT_OUT_OF_RANGE, "b"),
-        ([replace(usable, snapshot=(3 * PAGE - 1, spare_slot))], SNAPSHOT_OUT_OF_RANGE, "b"),
-        ([replace(usable, snapshot=(3 * PAGE, checkpoint))], SLOTS_OVERLAP, None),
-        ([usable, usable], DUPLICATE_REQUEST, None),
+        ([replace(usable, checkpoint_slot=None)], NO_CHECKPOINT, "b", 8, None),
+        ([replace(usable, checkpoint_slot=num_slots)], SLOT_OUT_OF_RANGE, "b", num_slots, num_slots),
+        ([replace(usable, snapshot=(2 * PAGE, spare_slot))], SNAPSHOT_OUT_OF_RANGE, "b", 2 * PAGE, (8, 12)),
+        (
+            [replace(usable, snapshot=(3 * PAGE - 1, spare_slot))],
+            SNAPSHOT_OUT_OF_RANGE,
+            "b",
+            3 * PAGE - 1,
+            (8, 12),
+        ),
+        ([replace(usable, snapshot=(3 * PAGE, checkpoint))], SLOTS_OVERLAP, None, None, None),
+        ([usable, usable], DUPLICATE_REQUEST, None, ["b", "b"], None),
     ]
-    for jobs, problem, request_id in refusals:
+    for jobs, problem, request_id, value, limit in refusals:
         with pytest.raises(BatchRefused) as refused:
             cache.prefill(pool, jobs)
         assert (refused.value.problem, refused.value.request_id) == (problem, request_id)
+        if value is not None:
+            assert (refused.value.value, refused.value.limit) == (value, limit)
     assert torch.equal(pool.buffer, before)
     # and used as meant, with a snapshot at b's last full page into the spare unit
     (done,) = cache.prefill(pool, [replace(usable, snapshot=(3 * PAGE, spare_slot))])

@@ -15,10 +15,12 @@ from distpool.model.hf_config import spec_from_hf
 from distpool.model_impl.errors import (
     DUPLICATE_REQUEST,
     NOT_EXTENDED,
+    NOT_MAMBA2_HYBRID,
     TOKENS_NOT_RESERVED,
+    TOO_LARGE,
     BatchRefused,
     ImplCannotRun,
-    TokensOutOfVocab,
+    TokenIdsOutOfRange,
 )
 from distpool.model_impl.reference.attention import AttentionLayer
 from distpool.model_impl.reference.configs import (
@@ -28,7 +30,7 @@ from distpool.model_impl.reference.configs import (
 )
 from distpool.model_impl.reference.mamba2 import Mamba2Layer
 from distpool.model_impl.reference.model import ReferenceModel
-from distpool.model_impl.reference.support import unsupported_reason
+from distpool.model_impl.reference.support import check_supported, unsupported_reason
 from tests.factories import FIXTURES, free_units, prefill_tokens
 from tests.fake_pool import FakePool
 
@@ -87,12 +89,13 @@ def test_bundled_hybrid_config_follows_the_mamba2_state_convention(model: Refere
 
 
 @pytest.mark.parametrize("path", [REFERENCE_DENSE_CONFIG, REFERENCE_SWA_CONFIG])
-def test_non_hybrid_mamba_configs_are_refused_with_the_fix(path) -> None:
+def test_non_hybrid_mamba_configs_are_refused_with_the_problem(path) -> None:
     architecture = json.loads(path.read_text())["architectures"][0]
     spec = spec_from_hf(path)
     with pytest.raises(ImplCannotRun) as excinfo:
         ReferenceModel(spec)
-    assert (excinfo.value.impl, excinfo.value.source) == ("reference", spec.source)
+    facts = (excinfo.value.impl, excinfo.value.source, excinfo.value.problem)
+    assert facts == ("reference", spec.source, NOT_MAMBA2_HYBRID)
     assert excinfo.value.reason == unsupported_reason(spec) and architecture in excinfo.value.reason
 
 
@@ -252,9 +255,10 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
     with pytest.raises(BatchRefused) as refused:
         model.decode_step(pool, ["one", "one"], first * 2)
     assert refused.value.problem == DUPLICATE_REQUEST
-    with pytest.raises(TokensOutOfVocab) as outside:
+    with pytest.raises(TokenIdsOutOfRange) as refused:
         model.decode_step(pool, ["one"], [model.vocab_size])
-    assert (outside.value.tokens, outside.value.vocab_size) == ((model.vocab_size,), model.vocab_size)
+    facts = (refused.value.what, refused.value.bad, refused.value.vocab_size)
+    assert facts == ("last_tokens", model.vocab_size, model.vocab_size)
     with pytest.raises(ValueError, match="at least one token"):
         model.generate_nocache([], 1)
 
@@ -281,5 +285,7 @@ def test_support_is_decided_from_the_spec_alone() -> None:
     moved = ReferenceModel(dataclasses.replace(spec, source="<elsewhere>"), seed=0)
     assert torch.equal(moved.embedding, ReferenceModel(spec, seed=0).embedding)
     real = spec_from_hf(FIXTURES / "nemotron_h.json")  # a real checkpoint's dims: billions of parameters
-    assert "M parameters" in unsupported_reason(real)
-    assert "hybrid Mamba2 models only" in unsupported_reason(spec_from_hf(FIXTURES / "qwen3_next.json"))
+    for spec, problem in ((real, TOO_LARGE), (spec_from_hf(FIXTURES / "qwen3_next.json"), NOT_MAMBA2_HYBRID)):
+        with pytest.raises(ImplCannotRun) as refused:
+            check_supported(spec)
+        assert (refused.value.problem, refused.value.reason) == (problem, unsupported_reason(spec))

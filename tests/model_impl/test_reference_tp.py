@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from distpool.model.shard import TpUnshardable, check_tp, shard
-from distpool.model_impl.errors import GroupMismatch, ImplCannotRun, UnitsUnsplittable
+from distpool.model_impl.errors import ImplCannotRun, TpGroupMismatch, TpSplitUneven
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.reference.tensor_parallel import held_ids
 from distpool.model_impl.select import build_model_impl
@@ -138,9 +138,11 @@ def test_a_tp_size_the_config_cannot_shard_is_refused_with_the_shard_rules_error
 
 
 def test_a_rank_without_its_group_is_refused() -> None:
-    with pytest.raises(GroupMismatch) as refused:
+    with pytest.raises(TpGroupMismatch) as refused:
         ReferenceModel.for_rank(SPEC, tp=2, rank=1, group=None)
-    assert (refused.value.tp, refused.value.rank, refused.value.group_size) == (2, 1, 0)
+    assert vars(refused.value) == {"tp": 2, "rank": 1, "group_size": None, "group_rank": None}
+    copy = pickle.loads(pickle.dumps(refused.value))  # crosses Ray's process boundary as itself
+    assert (type(copy), vars(copy), str(copy)) == (TpGroupMismatch, vars(refused.value), str(refused.value))
 
 
 def test_tp1_through_every_entry_point_is_the_plain_model(tp1_model: ReferenceModel) -> None:
@@ -159,9 +161,9 @@ def test_the_selection_builds_each_implementation_for_its_rank() -> None:
     rank_shard = shard(SPEC, 2, 1)
     cache = build_model_impl(SPEC, model_impl="synthetic", seed=0, device="cpu", tp=2, rank=1)
     assert cache.pattern.shard == rank_shard  # writes and verifies rank 1's shard, no group needed
-    with pytest.raises(GroupMismatch) as missing:
+    with pytest.raises(TpGroupMismatch) as refused:
         build_model_impl(SPEC, model_impl="reference", seed=0, device="cpu", tp=2, rank=1)
-    assert missing.value.group_size == 0
+    assert (refused.value.tp, refused.value.group_size) == (2, None)
     with pytest.raises(ImplCannotRun) as refused:
         build_model_impl(SPEC, model_impl="transformers", seed=0, device="cpu", tp=2, rank=0)
     assert (refused.value.impl, refused.value.source) == ("transformers", SPEC.source)
@@ -181,15 +183,16 @@ class _GroupOf:
 
 
 def test_a_group_that_is_not_the_tp_group_is_refused() -> None:
-    with pytest.raises(GroupMismatch) as refused:
-        ReferenceModel.for_rank(SPEC, tp=2, rank=1, group=_GroupOf(4, 1))
-    assert vars(refused.value) == {"tp": 2, "rank": 1, "group_size": 4, "group_rank": 1}
-    assert vars(pickle.loads(pickle.dumps(refused.value))) == vars(refused.value)
+    for tp, group in ((2, _GroupOf(4, 1)), (2, _GroupOf(2, 0)), (1, _GroupOf(2, 1))):
+        with pytest.raises(TpGroupMismatch) as refused:
+            ReferenceModel.for_rank(SPEC, tp=tp, rank=tp - 1, group=group)
+        facts = (refused.value.tp, refused.value.rank, refused.value.group_size, refused.value.group_rank)
+        assert facts == (tp, tp - 1, group.size(), group.rank())
 
 
-def test_an_mlp_width_the_ranks_cannot_split_is_refused_with_the_fix() -> None:
+def test_an_mlp_width_the_ranks_cannot_split_is_refused_with_its_facts() -> None:
     spec = dataclasses.replace(SPEC, intermediate_size=66)  # the cached tensors still shard at TP 4
-    with pytest.raises(UnitsUnsplittable) as refused:
+    with pytest.raises(TpSplitUneven) as refused:
         ReferenceModel.for_rank(spec, tp=4, rank=0, group=_GroupOf(4, 0))
     assert (refused.value.tp, refused.value.count, refused.value.unit) == (
         4,

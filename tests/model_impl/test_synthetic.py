@@ -3,6 +3,7 @@ every kind of damage reported as the first wrong byte, with nothing registered a
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from itertools import accumulate
 
@@ -22,7 +23,7 @@ from distpool.model_impl.errors import (
     WRONG_TOKEN,
     BatchRefused,
     ImplCannotRun,
-    TokensOutOfVocab,
+    TokenIdsOutOfRange,
 )
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
@@ -254,31 +255,35 @@ def test_a_shared_prefix_holds_the_same_kv_bytes() -> None:
         assert (rows("a", layer) != rows("c", layer)).any(dim=1).all()  # every row: the prefix differs
 
 
-def test_misuse_is_refused_with_the_fix() -> None:
+def test_misuse_is_refused_with_its_facts() -> None:
     cache, pool = SyntheticCache(NEMOTRON), pool_for(NEMOTRON)
     pool.reserve("short", 3)
     misuse = [
-        (lambda: prefill_tokens(cache, pool, {"short": [1, 2, 3, 4]}), TOKENS_NOT_RESERVED),
-        (lambda: cache.decode_step(pool, ["short"], [1]), NOT_REGISTERED),
+        (lambda: prefill_tokens(cache, pool, {"short": [1, 2, 3, 4]}), TOKENS_NOT_RESERVED, 3, 4),
+        (lambda: cache.decode_step(pool, ["short"], [1]), NOT_REGISTERED, None, None),
     ]
-    for call, problem in misuse:
+    for call, problem, value, limit in misuse:
         with pytest.raises(BatchRefused) as refused:
             call()
-        assert (refused.value.problem, refused.value.request_id) == (problem, "short")
+        facts = (refused.value.problem, refused.value.request_id, refused.value.value, refused.value.limit)
+        assert facts == (problem, "short", value, limit)
+        copy = pickle.loads(pickle.dumps(refused.value))  # crosses Ray's process boundary as itself
+        assert (type(copy), vars(copy), str(copy)) == (BatchRefused, vars(refused.value), str(refused.value))
     (first,) = prefill_tokens(cache, pool, {"short": [1, 2, 3]})
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [first])
-    assert refused.value.problem == NOT_EXTENDED
+    assert (refused.value.problem, refused.value.value, refused.value.limit) == (NOT_EXTENDED, 3, 4)
     pool.extend("short", 1)
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short", "short"], [first, first])
-    assert refused.value.problem == DUPLICATE_REQUEST
-    with pytest.raises(TokensOutOfVocab) as outside:
+    assert (refused.value.problem, refused.value.value) == (DUPLICATE_REQUEST, ["short", "short"])
+    with pytest.raises(TokenIdsOutOfRange) as refused:
         cache.decode_step(pool, ["short"], [NEMOTRON.vocab_size])
-    assert (outside.value.tokens, outside.value.vocab_size) == ((NEMOTRON.vocab_size,), NEMOTRON.vocab_size)
+    assert (refused.value.what, refused.value.tokens) == ("last_tokens", (NEMOTRON.vocab_size,))
     with pytest.raises(BatchRefused) as refused:
         cache.decode_step(pool, ["short"], [(first + 1) % NEMOTRON.vocab_size])
-    assert refused.value.problem == WRONG_TOKEN
+    facts = (refused.value.problem, refused.value.value, refused.value.limit)
+    assert facts == (WRONG_TOKEN, (first + 1) % NEMOTRON.vocab_size, first)
     with pytest.raises(BatchRefused) as refused:
         cache.admit(pool, "short", [1, 2, 3], first)
     assert refused.value.problem == ALREADY_REGISTERED

@@ -47,7 +47,8 @@ class RelayStore(dist.Store):
 
     def __init__(self, socks: Sequence[socket.socket], *, name: str, timeout_s: float) -> None:
         super().__init__()
-        assert socks, "a store needs at least one connection"
+        if not socks:
+            raise ValueError("a store needs at least one connection")
         self._socks, self._name, self._timeout_s = list(socks), name, timeout_s
         self._values: dict[str, bytes] = {}
         self._cond = threading.Condition()

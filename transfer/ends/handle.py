@@ -226,7 +226,8 @@ class Transfer:
     def begin(self) -> None:
         """WAITING -> TRANSFERRING (the engine accepted the header)."""
         with self._lock:
-            assert self._state is TransferState.WAITING, self._state
+            if self._state is not TransferState.WAITING:
+                raise RuntimeError(f"begin() on a transfer that is {self._state.value}")
             self._state = TransferState.TRANSFERRING
             self.began_at = time.monotonic()
             if self.active_timeout_s is not None:

@@ -69,7 +69,8 @@ class ReceivePipeline:
     def receive_trailer(self, seq: int, deadline: float) -> tuple[bool, int | None]:
         """The stream's last message, after every chunk: (filled, checksum or None) of transfer
         `seq`; ProtocolError when it is not that transfer's trailer."""
-        assert self._trailer is not None, "receive() posts the trailer's receive"
+        if self._trailer is None:
+            raise RuntimeError("receive() posts the trailer's receive first")
         work, received = self._trailer
         self.channel.wait(work, deadline, "receiving the trailer")
         return read_trailer(received, seq)

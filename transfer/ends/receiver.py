@@ -217,7 +217,8 @@ class EnvelopeReceiver(ChannelEnd):
             self.channel.control.send(reply_key(seq), reply)
             if answer is not None:
                 raise Stopped(answer[0], f"refused the sender's header: {answer[1]}")
-            assert job is not None and header is not None
+            if job is None or header is None:
+                raise RuntimeError("a header accepted without its job")
             job.transfer.first_token = header["first_token"]
             job.transfer.begin()
             self._receive_chunks(job, seq, header)

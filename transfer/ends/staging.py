@@ -92,7 +92,8 @@ def _copy(
     """Move bytes between the pieces of `arena` and the end-to-end `packed` buffer, either way:
     a loop per piece when pieces are few or large, else one indexed copy of equal-width rows."""
     off_np, len_np = np.asarray(offsets, dtype=np.int64), np.asarray(nbytes, dtype=np.int64)
-    assert packed.shape[0] == int(len_np.sum()), (packed.shape, int(len_np.sum()))
+    if packed.shape[0] != int(len_np.sum()):
+        raise ValueError(f"a packed buffer of {packed.shape[0]} bytes for pieces of {int(len_np.sum())}")
     off_np, len_np = _coalesce(off_np, len_np)
     rows = None if _use_loop(off_np, len_np, arena.device.type) else _piece_rows(off_np, len_np)
     if rows is None:
@@ -110,7 +111,8 @@ def _copy(
         arena_rows, packed_rows = _as_rows_np(arena, unit), _as_rows_np(packed, unit)
         # check_ranges validated every piece against the arena; this keeps that promise visible,
         # since np.take's fast mode="clip" would otherwise copy the last row for a bad index.
-        assert index.size == 0 or int(index.max()) < arena_rows.shape[0]
+        if index.size and int(index.max()) >= arena_rows.shape[0]:
+            raise ValueError("a piece lies past the end of the arena")
         if into_arena:
             arena_rows[index] = packed_rows
         else:

@@ -97,9 +97,8 @@ def _tensor_runs(
     inner = src.inner_bytes
     rows = lead * math.prod(src.shape[: src.axis])
     src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
-    assert src_at.nbytes == rows * src_row and dst_at.nbytes == rows * dst_row, (
-        "a shard breaks its rank's layout"
-    )
+    if src_at.nbytes != rows * src_row or dst_at.nbytes != rows * dst_row:
+        raise ValueError("a shard breaks its rank's layout")
     r = np.arange(rows, dtype=np.int64)
     return np.stack(
         [
@@ -133,7 +132,8 @@ def unit_templates(
                 )
                 parts.setdefault((rank, kind), []).append(runs)
         moved = sum(int(r[:, 2].sum()) for (_, k), rs in parts.items() if k == kind for r in rs)
-        assert moved == expected, f"{kind}: rank {dst.rank} would receive {moved} of its {expected} bytes"
+        if moved != expected:
+            raise ValueError(f"{kind}: rank {dst.rank} would receive {moved} of its {expected} bytes")
     templates = {}
     for key, runs in parts.items():
         table = np.concatenate(runs)

@@ -26,7 +26,7 @@ from distpool.memory.alloc.footprint import Footprint
 from distpool.memory.alloc.growth import Growth
 from distpool.memory.alloc.move_cost import MoveCost
 from distpool.memory.alloc.placement import GAP_KEEP_LOW_UNITS, Placement
-from distpool.memory.alloc.requests import RequestTable, checked_batch, concat_ids
+from distpool.memory.alloc.requests import RequestTable, checked_batch, concat_ids, repeated
 from distpool.memory.alloc.sharing import SharedPages
 from distpool.memory.arena import Band, BandGeometry, CompactionMoves, Frontier, require
 from distpool.memory.errors import BandUsage, DoesNotFit, DuplicateRequest, NeedsCompaction
@@ -118,7 +118,7 @@ class Allocator:
         ids, array = checked_batch(requests, "reserve")
         for rid in ids:
             if rid in self.holdings:
-                raise DuplicateRequest("reserve", rid)
+                raise DuplicateRequest("reserve", rid, in_batch=False)
         counts = array.tolist()
         rooms = self.footprint.growth_pages(ids, counts, final_tokens)
         shared = self.sharing.checked_prefixes(prefixes, counts, self.footprint.page_size)
@@ -164,7 +164,7 @@ class Allocator:
     def release_batch(self, request_ids: Sequence[str]) -> None:
         """Free everything the requests hold. All or nothing (unknown or pinned ids free nothing)."""
         if len(set(request_ids)) != len(request_ids):
-            raise DuplicateRequest.in_batch("release", request_ids)
+            raise DuplicateRequest("release", repeated(request_ids), in_batch=True)
         if not request_ids:
             return
         rows = self.holdings.unpinned_rows(request_ids, "release")

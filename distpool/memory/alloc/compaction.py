@@ -66,23 +66,12 @@ class CompactionPlanner:
             f"{len(request_ids)} request(s) need {low_count} {low_name} and {high_count} pages; available "
             f"now: {low_now} {low_name}, {high_now} pages"
         )
+        counts = {"low": low_count, "pages": high_count, "low_free": low_now, "pages_free": high_now}
         if self.frontier.unified and self.frontier.fits(low_count, high_count, *self.runs_after_compaction()):
-            return NeedsCompaction(
-                request_ids[0],
-                reason + "; compaction would make room: call compact()",
-                low=low_count,
-                pages=high_count,
-            )
+            return NeedsCompaction(request_ids[0], reason + "; compaction would make room", **counts)
         pinned = len(self.table.pinned_rows())
-        return DoesNotFit(
-            request_ids[0],
-            reason + f" ({len(self.table)} live requests, {pinned} pinned)",
-            low=low_count,
-            pages=high_count,
-            low_free=low_now,
-            pages_free=high_now,
-            pinned=pinned,
-        )
+        reason += f" ({len(self.table)} live requests, {pinned} pinned)"
+        return DoesNotFit(request_ids[0], reason, **counts, pinned=pinned)
 
     # ---- when moving pays -----------------------------------------------------------------------
     def window_pays(self, high_counts: list[int], rooms: list[int], low_count: int) -> bool:

@@ -18,6 +18,7 @@ request; a decode step that repeats the previous step's batch reuses its checked
 from __future__ import annotations
 
 import numbers
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from operator import itemgetter
@@ -25,7 +26,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from distpool.memory.errors import BadTokenCount, DuplicateRequest, NotPinned, RequestPinned, UnknownRequest
+from distpool.memory.errors import (
+    DuplicateRequest,
+    NotPinned,
+    RequestPinned,
+    TokenCountInvalid,
+    UnknownRequest,
+)
 
 # Checks of a batch of (request_id, count) entries, and what a check keeps for the next one.
 #
@@ -36,17 +43,17 @@ from distpool.memory.errors import BadTokenCount, DuplicateRequest, NotPinned, R
 
 
 def checked_counts(ids: Sequence[str], counts: Sequence[int], what: str) -> np.ndarray:
-    """The token counts of requests `ids` as int64; raises ValueError unless each is a
+    """The token counts of requests `ids` as int64; raises TokenCountInvalid unless each is a
     non-negative int (a bool is not a count)."""
     if not plain_ints(counts):
         for rid, n in zip(ids, counts, strict=True):
             if not isinstance(n, numbers.Integral) or isinstance(n, bool):
-                raise BadTokenCount(what, rid, n)
+                raise TokenCountInvalid(what, rid, n)
         counts = [int(n) for n in counts]
     array = np.fromiter(counts, dtype=np.int64, count=len(counts))
     if array.size and array.min() < 0:
         i = int(np.flatnonzero(array < 0)[0])
-        raise BadTokenCount(what, ids[i], counts[i])
+        raise TokenCountInvalid(what, ids[i], counts[i])
     return array
 
 
@@ -86,12 +93,17 @@ def concat_ids(lists: Sequence[list[int]]) -> np.ndarray:
     return np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=sum(map(len, lists)))
 
 
+def repeated(ids: Sequence[str]) -> str:
+    """The first id of `ids` that appears more than once (the caller has seen that one does)."""
+    return next(rid for rid, n in Counter(ids).items() if n > 1)
+
+
 def checked_batch(requests: Sequence[tuple[str, int]], what: str) -> tuple[tuple[str, ...], np.ndarray]:
     """(ids, token counts as int64) of a batch of (request_id, count); raises DuplicateRequest or
-    ValueError before anything changes."""
+    TokenCountInvalid before anything changes."""
     ids, counts = zip(*requests, strict=True) if requests else ((), ())
     if len(set(ids)) != len(ids):
-        raise DuplicateRequest.in_batch(what, ids)
+        raise DuplicateRequest(what, repeated(ids), in_batch=True)
     return ids, checked_counts(ids, counts, what)
 
 
@@ -149,7 +161,7 @@ class RequestTable:
         try:
             return self.rows[request_id]
         except KeyError:
-            raise UnknownRequest(f"unknown request {request_id!r}") from None
+            raise UnknownRequest(request_id) from None
 
     def unpinned_rows(self, request_ids: Sequence[str], what: str) -> np.ndarray:
         """Rows of live, unpinned requests; raises UnknownRequest or RequestPinned otherwise."""
@@ -191,7 +203,7 @@ class RequestTable:
         else:
             ids, counts = zip(*requests, strict=True) if requests else ((), ())
         if len(set(ids)) != len(ids):
-            raise DuplicateRequest.in_batch(what, ids)
+            raise DuplicateRequest(what, repeated(ids), in_batch=True)
         if not ids:
             return ids, np.empty(0, dtype=np.int64), _NO_ROWS
         added = self._counts_of(ids, counts, what)  # before the lookup: checked_batch's order of errors
@@ -224,7 +236,7 @@ class RequestTable:
                 itemgetter(*request_ids)(self.rows) if len(request_ids) > 1 else [self.rows[request_ids[0]]]
             )
         except KeyError as missing:
-            raise UnknownRequest(f"unknown request {missing.args[0]!r}") from None
+            raise UnknownRequest(missing.args[0]) from None
         return np.fromiter(found, dtype=np.int64, count=len(request_ids))
 
     def _check_unpinned(self, request_ids: Sequence[str], rows: np.ndarray, what: str) -> None:

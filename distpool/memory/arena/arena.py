@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from distpool.memory.errors import NotALayerOf
+from distpool.memory.errors import NotALayerOfKind
 from distpool.memory.sizing import ALIGN_BYTES, PoolSizes, TensorPlace, page_places, slot_places
 from distpool.model.dtypes import torch_dtype
 from distpool.model.spec import AttentionSpec
@@ -89,7 +89,7 @@ def _find(
     for place in places:
         if place.layer == layer and place.name == name:
             return place
-    raise NotALayerOf(layer, what, layers)
+    raise NotALayerOfKind(layer, what, layers)
 
 
 class Arena:
@@ -141,7 +141,7 @@ class Arena:
         what: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if band is None or attn is None:
-            raise NotALayerOf(layer, what, ())
+            raise NotALayerOfKind(layer, what, ())
         k = _find(places, layer, "k", what, layers)
         v = _find(places, layer, "v", what, layers)
         ps = self.sizes.page_size
@@ -179,7 +179,7 @@ class Arena:
         """One (num_slot_positions, *shape) tensor per `MambaSpec.tensors` entry of Mamba layer `layer`."""
         spec = self.sizes.spec
         if spec.mamba is None or self.low is None:
-            raise NotALayerOf(layer, "Mamba", ())
+            raise NotALayerOfKind(layer, "Mamba", ())
         return tuple(
             self._typed(
                 self.low,

@@ -90,7 +90,8 @@ class FinalStates:
         if vid is None:
             return False
         slot = self.allocator.slot_id(request_id)
-        assert slot is not None, "a final state is kept only for a model with recurrent state"
+        if slot is None:
+            raise ValueError("a final state is kept only for a model with recurrent state")
         self._copy(self._slot_row(slot), self._slot_row(self.allocator.checkpoint_slot_id(vid)))
         partial = None
         if len(key) % self.page_size:
@@ -118,7 +119,8 @@ class FinalStates:
         it now holds the KV and the state of `entry.tokens`. Marks the entry most recently used."""
         self._entries.touch(entry.tokens)
         slot = self.allocator.slot_id(request_id)
-        assert slot is not None
+        if slot is None:
+            raise ValueError("a final state is restored only for a model with recurrent state")
         self._copy(self._slot_row(self.allocator.checkpoint_slot_id(entry.checkpoint)), self._slot_row(slot))
         if entry.partial_page is not None:
             src = int(self.allocator.high_band.physical(np.array([entry.partial_page]))[0])

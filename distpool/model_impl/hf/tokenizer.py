@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distpool.model_impl.errors import TokenizerUnloadable
 from distpool.model_impl.hf.source import model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -44,7 +45,8 @@ def holds_tokenizer(config_path: Path) -> bool:
 
 def find_tokenizer(config_path: Path) -> PromptTokenizer | None:
     """The tokenizer of the model at `config_path` (offline), or None when its folder holds none.
-    ValueError naming the folder and the fix when one is there but cannot be loaded."""
+    TokenizerUnloadable (the folder, its files, what transformers said) when one is there but cannot
+    be loaded."""
     if not holds_tokenizer(config_path):
         return None
     folder = model_folder(config_path)
@@ -54,9 +56,5 @@ def find_tokenizer(config_path: Path) -> PromptTokenizer | None:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # its files are the user's: any failure is a bad input, said in one line
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ValueError(
-            f"{folder} holds tokenizer files ({', '.join(TOKENIZER_FILES)}) that transformers cannot "
-            f"load: {reason}. Fix: repair or remove them (without a tokenizer, text prompts are UTF-8 "
-            "bytes), or give prompt_ids"
-        ) from None
+        raise TokenizerUnloadable(str(folder), TOKENIZER_FILES, reason) from None
     return PromptTokenizer(folder=str(folder), tokenizer=tokenizer)

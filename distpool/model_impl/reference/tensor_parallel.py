@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from distpool.model.shard import RankShard, TensorShard, shard
 from distpool.model.spec import ModelSpec
-from distpool.model_impl.errors import GroupMismatch, UnitsUnsplittable
+from distpool.model_impl.errors import TpGroupMismatch, TpSplitUneven
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,17 @@ class TPRank:
 
     @classmethod
     def of(cls, spec: ModelSpec, *, tp: int, rank: int, group: dist.ProcessGroup | None) -> TPRank:
-        """Rank `rank` of `tp` over `group`; ValueError (the shard rules') for a TP size the spec
-        cannot shard, GroupMismatch for a group that is not this TP group."""
+        """Rank `rank` of `tp` over `group`; TpUnshardable (the shard rules') for a TP size the spec
+        cannot shard, TpGroupMismatch for a group that is not this TP group."""
         rank_shard = shard(spec, tp, rank)
         if tp == 1:
             if group is not None and group.size() != 1:
-                raise GroupMismatch(tp, rank, group.size(), group.rank())
+                raise TpGroupMismatch(tp, rank, group.size(), group.rank())
             return cls(shard=rank_shard, group=None)
         if group is None:
-            raise GroupMismatch(tp, rank, 0, 0)
+            raise TpGroupMismatch(tp, rank, None, None)
         if (group.size(), group.rank()) != (tp, rank):
-            raise GroupMismatch(tp, rank, group.size(), group.rank())
+            raise TpGroupMismatch(tp, rank, group.size(), group.rank())
         return cls(shard=rank_shard, group=group)
 
     @property
@@ -69,9 +69,9 @@ class TPRank:
 
     def block(self, count: int, unit: str) -> torch.Tensor:
         """The rank's contiguous block of `count` `unit`s that no cache holds (query heads, MLP
-        channels): ids (count / tp,). UnitsUnsplittable when `count` does not split."""
+        channels): ids (count / tp,). TpSplitUneven when `count` does not split."""
         if count % self.tp:
-            raise UnitsUnsplittable(self.tp, count, unit)
+            raise TpSplitUneven(self.tp, count, unit)
         per_rank = count // self.tp
         return torch.arange(self.rank * per_rank, (self.rank + 1) * per_rank)
 

@@ -56,8 +56,7 @@ class EnvelopePattern:
                 "model",
                 spec.source,
                 shard.model.source,
-                f"the shard is of another model than the cache's ({shard.model.source}, {spec.source}). "
-                "Fix: shard the spec the cache runs",
+                f"the shard is of another model ({shard.model.source}) than the cache's ({spec.source})",
             )
         self.spec = spec
         self.seed = seed
@@ -105,8 +104,7 @@ class EnvelopePattern:
                         tensor.nbytes,
                         row_bytes,
                         f"the pool holds {row_bytes} bytes per row of {name}, but rank {self.shard.rank} "
-                        f"of TP {self.shard.tp} holds {tensor.nbytes}. Fix: build the pool from the shard's "
-                        "spec",
+                        f"of TP {self.shard.tp} holds {tensor.nbytes}",
                     )
         row_map = self._row_maps[name]
         if row_map.nbytes != row_bytes:
@@ -117,10 +115,7 @@ class EnvelopePattern:
 
     def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
         if view.device != self.device:
-            raise ValueError(
-                f"the pool is on {view.device} but the synthetic cache on {self.device}. "
-                "Fix: build both on one device"
-            )
+            raise ValueError(f"the pool is on {view.device} but the synthetic cache on {self.device}")
         return as_words(view, lead_dims, row_map.word_dtype)
 
     def _stream(self, layer: int, what: str, row_map: RowMap) -> tuple[int, torch.Tensor]:

@@ -46,12 +46,13 @@ DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
 
 class CorruptCheckpoint(Exception):
     """A checkpoint that does not hold the state after the cached prefix it stands for: prefill
-    refused to start from it (nothing was written)."""
+    refused to start from it (nothing was written). The caller evicts that checkpoint and prefills
+    without the cached prefix."""
 
     def __init__(self, request_id: str, slot: int, num_tokens: int, mismatch: Mismatch) -> None:
         super().__init__(
             f"request {request_id!r}: checkpoint slot {slot} does not hold the state after its {num_tokens} "
-            f"cached tokens ({mismatch}). Fix: evict that checkpoint and prefill without the cached prefix"
+            f"cached tokens ({mismatch})"
         )
         self.request_id, self.slot, self.num_tokens, self.mismatch = request_id, slot, num_tokens, mismatch
 
@@ -175,14 +176,17 @@ class SyntheticCache(PoolModel):
                     NOT_EXTENDED,
                     request_id,
                     f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool after "
-                    f"{len(record.tokens)} written. Fix: pool.extend(request_id, 1) before each decode step",
+                    f"{len(record.tokens)} written",
+                    pool.num_tokens(request_id),
+                    len(record.tokens) + 1,
                 )
             if token != record.next_token:
                 raise BatchRefused(
                     WRONG_TOKEN,
                     request_id,
-                    f"request {request_id!r} was fed token {token}, but the cache generated "
-                    f"{record.next_token} for it. Fix: feed each request the token its last step returned",
+                    f"request {request_id!r} was fed token {token}; the cache generated {record.next_token}",
+                    token,
+                    record.next_token,
                 )
             records.append(record)
         new_hashes = [next_hash(r.last_hash, t) for r, t in zip(records, last_tokens, strict=True)]
@@ -206,8 +210,9 @@ class SyntheticCache(PoolModel):
         """Verify a received envelope byte for byte against what prefill writes for `prompt`; register
         the request (the next step feeds `first_token`) when it matches, else register nothing."""
         if request_id in self._records:
-            already = f"request {request_id!r} is already registered. Fix: forget it before admit"
-            raise BatchRefused(ALREADY_REGISTERED, request_id, already)
+            raise BatchRefused(
+                ALREADY_REGISTERED, request_id, f"request {request_id!r} is already registered"
+            )
         self._check_prompt(pool, request_id, prompt)
         self._check_tokens([first_token], "first_token")
         mismatch = self.pattern.verify(pool, request_id, prompt, len(prompt))
@@ -232,7 +237,8 @@ class SyntheticCache(PoolModel):
     # ---- validation -----------------------------------------------------------------------------
     def _check_batch(self, request_ids: Sequence[str]) -> None:
         if len(set(request_ids)) != len(request_ids):
-            raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {list(request_ids)}")
+            ids = list(request_ids)
+            raise BatchRefused(DUPLICATE_REQUEST, None, f"a batch names a request twice: {ids}", ids)
 
     def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
         check_token_ids(tokens, self.vocab_size, what)
@@ -240,21 +246,21 @@ class SyntheticCache(PoolModel):
     def _check_prompt(self, pool: Pool, request_id: str, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
             raise BatchRefused(
-                EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token"
+                EMPTY_PROMPT, request_id, f"request {request_id!r}: a prompt needs at least one token", 0
             )
         self._check_tokens(prompt, "prompt")
-        if pool.num_tokens(request_id) != len(prompt):
+        if (held := pool.num_tokens(request_id)) != len(prompt):
             raise BatchRefused(
                 TOKENS_NOT_RESERVED,
                 request_id,
-                f"request {request_id!r} holds {pool.num_tokens(request_id)} tokens in the pool but its "
-                f"prompt has {len(prompt)}. Fix: reserve it with len(prompt) tokens before prefill",
+                f"request {request_id!r} holds {held} tokens in the pool but its prompt has {len(prompt)}",
+                held,
+                len(prompt),
             )
 
     def _record(self, request_id: str) -> _Record:
         if request_id not in self._records:
-            unknown = f"request {request_id!r} is not registered. Fix: prefill or admit it first"
-            raise BatchRefused(NOT_REGISTERED, request_id, unknown)
+            raise BatchRefused(NOT_REGISTERED, request_id, f"request {request_id!r} is not registered")
         return self._records[request_id]
 
     def _new_record(self, prompt: Sequence[int], last_hash: int, next_token: int | None = None) -> _Record:

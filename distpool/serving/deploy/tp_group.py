@@ -112,7 +112,8 @@ class TpGroup:
     """Rank actors `ranks` (rank 0 first) of worker `name`, called as one."""
 
     def __init__(self, name: str, ranks: list[ray.actor.ActorHandle]) -> None:
-        assert len(ranks) > 1, "a worker of one rank is its actor handle"
+        if len(ranks) < 2:
+            raise ValueError("a worker of one rank is its actor handle, not a TpGroup")
         self.name, self.ranks = name, ranks
         # request id -> rank -> its result, until every rank finished the request
         self._finished: dict[str, dict[int, DecodeResult]] = {}

@@ -205,7 +205,8 @@ class Server:
 
     async def _serve_request(self, req: Request, stream: RequestStream, follow_up: FollowUp | None) -> None:
         rid = req.request_id
-        assert self.slots is not None, "start() comes first"
+        if self.slots is None:
+            raise RuntimeError("Server.start() comes first")
         try:
             try:
                 async with self.slots:

@@ -54,7 +54,8 @@ class LocalPath:
 
     def record(self, out: Outcome) -> None:
         """A completed request's figures, for the cost model (a local one's costs: `attempt`)."""
-        assert out.tokens is not None
+        if out.tokens is None:
+            raise ValueError(f"request {out.request_id} did not complete: it has no figures to record")
         remote = out.path == "remote"
         self.policy.measured(
             transfer_bytes=out.transfer_bytes,

@@ -100,7 +100,8 @@ class _Line:
         if self.x.value is None:
             return None
         mean_x, mean_y, xx, xy = self.x.value, self.y.value, self.xx.value, self.xy.value
-        assert mean_y is not None and xx is not None and xy is not None
+        if mean_y is None or xx is None or xy is None:  # set together with x: never apart
+            return None
         spread = xx - mean_x * mean_x
         if spread > (0.01 * mean_x) ** 2:  # x's standard deviation at least 1% of its mean
             per_x = (xy - mean_x * mean_y) / spread

@@ -75,7 +75,8 @@ class Router:
         """The least-loaded live prefill worker (ties go to the first listed)."""
         live = self.alive(self.prefill_names)
         if not live:
-            assert self.prefill_names, "a colocated deployment has no prefill worker to pick"
+            if not self.prefill_names:
+                raise RuntimeError("a colocated deployment has no prefill worker to pick")
             raise NoWorkerAlive("prefill")
         return min(live, key=lambda n: self.in_flight[n])
 
@@ -124,7 +125,8 @@ class Router:
 
     def end(self, *names: str) -> None:
         for n in names:
-            assert self.in_flight[n] > 0, f"{n} has no request in flight"
+            if self.in_flight[n] <= 0:
+                raise RuntimeError(f"{n} has no request in flight")
             self.in_flight[n] -= 1
 
     def mark_dead(self, name: str) -> None:
