@@ -138,6 +138,17 @@ class NotALayerOfKind(ValueError):
         return type(self), (self.layer, self.kind, self.layers)
 
 
+class PlacementUnknown(ValueError):
+    """A placement policy `mode` that is none of `known`."""
+
+    def __init__(self, mode: object, known: Sequence[str]) -> None:
+        self.mode, self.known = mode, tuple(known)
+        super().__init__(f"placement must be one of {self.known}; got {mode!r}")
+
+    def __reduce__(self):
+        return type(self), (self.mode, self.known)
+
+
 class KeepsNoCheckpoints(ValueError):
     """A state checkpoint asked of a prefix cache that keeps pages only (no recurrent state, or a
     decode pool's cache)."""
