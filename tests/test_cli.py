@@ -10,7 +10,7 @@ from distpool.cli import main
 from distpool.cli.errors import error_text
 from distpool.memory.sizing import BudgetTooSmall, RequestNeeds
 from distpool.model.presets import preset_names
-from distpool.serving.deploy.deployment_checks import RankPoolRefused
+from distpool.serving.deploy.deployment_checks import RankPoolRefused, TooFewNodes
 from tests.factories import FIXTURES
 
 GIB = 1 << 30
@@ -279,4 +279,11 @@ def test_a_rank_pool_refusal_names_the_role_s_tp_flag():
         "--prefill-tp 2: the static state/KV split of the budget cannot hold one request of BambaForCausalLM "
         "at --context-len 16 (one request needs 4096 bytes in all). Fix: raise --memory-gib, lower "
         "--context-len, change the split ratio, or use --enable-unified-memory for a hybrid model."
+    )
+
+
+def test_too_few_nodes_for_a_spread_names_the_flag_and_the_fix():
+    assert error_text(TooFewNodes(3, 1)) == (
+        "--spread puts each of the 3 workers on its own node, but the cluster has 1 node(s). "
+        "Fix: drop --spread, or add nodes"
     )

@@ -38,6 +38,7 @@ from distpool.serving.deploy import (
     TP_WITH_TRANSFORMERS,
     DeploymentRefused,
     RankPoolRefused,
+    TooFewNodes,
 )
 
 UNIFIED_FLAG = "--enable-unified-memory"
@@ -187,12 +188,20 @@ def _rank_pool(exc: RankPoolRefused) -> str:
     return f"--{exc.role}-tp {exc.tp}: {error_text(exc.refusal)}"
 
 
+def _too_few_nodes(exc: TooFewNodes) -> str:
+    return (
+        f"--spread puts each of the {exc.workers} workers on its own node, but the cluster has "
+        f"{exc.nodes} node(s). Fix: drop --spread, or add nodes"
+    )
+
+
 _TEXTS: dict[type, Callable] = {
     PoolArgInvalid: _pool_arg,
     UnifiedMemoryRefused: _unified,
     BudgetTooSmall: _budget,
     RankPoolRefused: _rank_pool,
     DeploymentRefused: _deployment,
+    TooFewNodes: _too_few_nodes,
     ImplCannotRun: _impl,
     WeightOptionsUnused: _weight_options,
     NoWeights: _no_weights,

@@ -6,6 +6,7 @@ interface (pool.py, which names them for callers) all raise the same types.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -135,6 +136,99 @@ class NotALayerOfKind(ValueError):
 
     def __reduce__(self):
         return type(self), (self.layer, self.kind, self.layers)
+
+
+class PlacementUnknown(ValueError):
+    """A placement policy `mode` that is none of `known`."""
+
+    def __init__(self, mode: object, known: Sequence[str]) -> None:
+        self.mode, self.known = mode, tuple(known)
+        super().__init__(f"placement must be one of {self.known}; got {mode!r}")
+
+    def __reduce__(self):
+        return type(self), (self.mode, self.known)
+
+
+class KeepsNoCheckpoints(ValueError):
+    """A state checkpoint asked of a prefix cache that keeps pages only (no recurrent state, or a
+    decode pool's cache)."""
+
+    def __init__(self) -> None:
+        super().__init__("this prefix cache keeps pages only: it takes no state checkpoints")
+
+
+# ---- the prefix index's refusals: a caller's misuse (a stale match, a handle named twice, ...) -------
+class StaleMatch(ValueError):
+    """`acquire` of `match` (a `PrefixMatch`), whose checkpoint was evicted since it was matched."""
+
+    def __init__(self, match: object) -> None:
+        super().__init__(f"stale match {match}: its checkpoint was evicted since; match again")
+        self.match = match
+
+    def __reduce__(self):
+        return type(self), (self.match,)
+
+
+class NotAcquired(ValueError):
+    """`release` of cached pages `pages` that no request acquired (or released once too often)."""
+
+    def __init__(self, pages: Sequence[int]) -> None:
+        self.pages = tuple(pages)
+        super().__init__(f"pages {list(self.pages)} were not acquired (or are released once too often)")
+
+    def __reduce__(self):
+        return type(self), (self.pages,)
+
+
+class NotACachedPrefix(ValueError):
+    """Pages `pages` named as a cached prefix, which they are not from page `page` on (evicted
+    since they were matched, or never a path from the root)."""
+
+    def __init__(self, pages: Sequence[int], page: int) -> None:
+        self.pages, self.page = tuple(pages), page
+        super().__init__(f"pages {list(self.pages)} are not a cached prefix (page {page}); match again")
+
+    def __reduce__(self):
+        return type(self), (self.pages, self.page)
+
+
+class HandlesReused(ValueError):
+    """An `insert` whose new handles `handles` repeat or are cached already: a handle names one entry."""
+
+    def __init__(self, handles: Sequence[int]) -> None:
+        self.handles = tuple(handles)
+        super().__init__(
+            f"handles {list(self.handles)} repeat or are cached already: each handle names one entry"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.handles,)
+
+
+class CheckpointsRefused(ValueError):
+    """An `insert` with checkpoints at `depths`: an index that keeps none (`keeps_checkpoints`
+    False: attention / SWA) takes none; one that keeps them takes depths 1..`full_pages`."""
+
+    def __init__(self, depths: Sequence[int], full_pages: int, keeps_checkpoints: bool) -> None:
+        self.depths, self.full_pages, self.keeps_checkpoints = tuple(depths), full_pages, keeps_checkpoints
+        if keeps_checkpoints:
+            super().__init__(f"checkpoint depths {list(self.depths)} must lie in 1..{full_pages}")
+        else:
+            super().__init__("index built with needs_checkpoint=False (attention / SWA): pass no checkpoints")
+
+    def __reduce__(self):
+        return type(self), (self.depths, self.full_pages, self.keeps_checkpoints)
+
+
+class PagesStillHeld(RuntimeError):
+    """`drop_all` while requests still hold `held` cached pages."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(f"{held} cached pages are still held by requests: release them first")
+        self.held = held
+
+    def __reduce__(self):
+        return type(self), (self.held,)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ The command line turns them into sentences with its flags and the fix (`distpool
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 # Why the reference model cannot run a model (`ImplCannotRun.problem`; None: another reason).
 NOT_MAMBA2_HYBRID = "not_mamba2_hybrid"  # it runs attention and Mamba2 in separate layers only
 TOO_LARGE = "too_large"  # it builds random weights for small configs only
@@ -202,3 +205,51 @@ class ShardMismatch(ValueError):
 
     def __reduce__(self):
         return type(self), (self.field, self.expected, self.got, str(self))
+
+
+@dataclass(frozen=True)
+class LayoutDifference:
+    """One tensor where the pool and transformers disagree: layer `layer`'s `tensor` ("conv",
+    "ssm", "K per token"), as the pool holds it (`pool`) and as transformers allocates it
+    (`transformers`, "nothing" where it allocates none), each as "(shape) dtype"."""
+
+    layer: int
+    tensor: str
+    pool: str
+    transformers: str
+
+    def __str__(self) -> str:
+        holds = f"the pool holds {self.pool}, transformers allocates {self.transformers}"
+        return f"layer {self.layer} {self.tensor}: {holds}"
+
+
+class LayoutMismatch(ValueError):
+    """The pools of the model at `source` hold tensors other than transformers allocates for it:
+    `differences`, per layer and tensor."""
+
+    def __init__(self, source: str, differences: Sequence[LayoutDifference]) -> None:
+        self.source, self.differences = source, tuple(differences)
+        super().__init__(
+            f"{source}: the pool's layout does not match the model: " + "; ".join(map(str, self.differences))
+        )
+
+    def __reduce__(self):
+        return type(self), (self.source, self.differences)
+
+
+class PoolsSizedOtherwise(ValueError):
+    """The model loaded from `source` keeps KV `loaded_kv` and state `loaded_state` (specs; None:
+    none), and the pools were sized for `sized_kv` and `sized_state`."""
+
+    def __init__(
+        self, source: str, loaded_kv: object, loaded_state: object, sized_kv: object, sized_state: object
+    ):
+        super().__init__(
+            f"{source}: the loaded model keeps KV {loaded_kv} and state {loaded_state}, "
+            f"but the pools were sized for KV {sized_kv} and state {sized_state}"
+        )
+        self.source, self.loaded_kv, self.loaded_state = source, loaded_kv, loaded_state
+        self.sized_kv, self.sized_state = sized_kv, sized_state
+
+    def __reduce__(self):
+        return type(self), (self.source, self.loaded_kv, self.loaded_state, self.sized_kv, self.sized_state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from distpool.memory.errors import PlacementUnknown
 from distpool.memory.pool import NeedsCompaction
 from tests.memory.placed_pool import make_placed_pool
 
@@ -95,5 +96,6 @@ def test_compaction_keeps_each_extent_one_run_and_a_fragmented_reserve_asks_for_
 
 
 def test_an_unknown_placement_is_refused():
-    with pytest.raises(ValueError, match="extent"):
+    with pytest.raises(PlacementUnknown) as refused:
         make_placed_pool(placement="best")
+    assert (refused.value.mode, refused.value.known) == ("best", ("extent", "first_fit"))

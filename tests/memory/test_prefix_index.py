@@ -14,6 +14,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from distpool.memory.errors import (
+    CheckpointsRefused,
+    HandlesReused,
+    NotACachedPrefix,
+    NotAcquired,
+    PagesStillHeld,
+    StaleMatch,
+)
 from distpool.memory.prefix import prefix_index
 from distpool.memory.prefix.prefix_index import Handles, PrefixIndex, PrefixMatch
 
@@ -74,10 +82,16 @@ def test_hybrid_mamba_matches_only_up_to_the_deepest_checkpoint():
     index.acquire(deepest)
     assert cached(index, [1, 2, 3, 4], 20, d2=200) == Handles(checkpoints=(200,))
     assert index.evictable() == (1, 0)  # page 13; checkpoint 200 sits on held page 11
-    with pytest.raises(ValueError, match="needs_checkpoint=False"):
+    with pytest.raises(CheckpointsRefused) as refused:
         make_index().insert([1, 2], [0], checkpoints={1: 5})
-    with pytest.raises(ValueError, match="must lie in 1..1"):
+    assert not refused.value.keeps_checkpoints
+    with pytest.raises(CheckpointsRefused) as refused:
         index.insert([1, 2, 3], [0, 1], checkpoints={2: 5})
+    assert (refused.value.depths, refused.value.full_pages, refused.value.keeps_checkpoints) == (
+        (2,),
+        1,
+        True,
+    )
 
 
 def test_inserting_a_cached_prefix_adopts_nothing_but_new_pages_and_missing_checkpoints():
@@ -89,10 +103,12 @@ def test_inserting_a_cached_prefix_adopts_nothing_but_new_pages_and_missing_chec
     )
     assert cached(index, [1, 2, 3, 4, 5, 6], 10) == Handles()  # the cached handles handed back
     assert (len(index), index.num_pages, index.num_checkpoints) == (3, 3, 3)
-    with pytest.raises(ValueError, match="repeat or are cached"):
+    with pytest.raises(HandlesReused) as reused:
         index.insert([7, 7, 8, 8], [10, 40])  # handle 10 already names page [1, 2]
-    with pytest.raises(ValueError, match="repeat or are cached"):
+    assert reused.value.handles == (10, 40)
+    with pytest.raises(HandlesReused) as reused:
         index.insert([7, 7, 8, 8], [40, 40])
+    assert reused.value.handles == (40, 40)
     index.check()
 
 
@@ -145,18 +161,21 @@ def test_users_block_eviction_and_drop_all_until_released():
     index.check()
     assert index.evictable() == (1, 0)
     assert index.evict(3) == Handles(pages=(21,))  # 10 and 11 are held
-    with pytest.raises(RuntimeError, match="2 cached pages are still held"):
+    with pytest.raises(PagesStillHeld) as still_held:
         index.drop_all()
+    assert still_held.value.held == 2
     index.release(match.pages)
     index.release([10])
-    with pytest.raises(ValueError, match="were not acquired"):
+    with pytest.raises(NotAcquired) as not_acquired:
         index.release([10])  # once too often
+    assert not_acquired.value.pages == (10,)
     index.acquire(match)
-    with pytest.raises(ValueError, match="were not acquired"):
+    with pytest.raises(NotAcquired):
         index.release([10])  # the holder of 10, 11 releases both: 11 must never outnumber 10
     index.release(match.pages)
-    with pytest.raises(ValueError, match="not a cached prefix"):
+    with pytest.raises(NotACachedPrefix) as not_cached:
         index.release([11])  # not a path from the root
+    assert (not_cached.value.pages, not_cached.value.page) == ((11,), 11)
     assert index.drop_all() == Handles(pages=(10, 11)) and len(index) == 0
     index.check()
 
@@ -166,11 +185,13 @@ def test_a_stale_match_is_refused():
     cached(index, [1, 1, 2, 2], 10, d1=100)
     match = index.match([1, 1, 2])
     index.evict(0, 1)
-    with pytest.raises(ValueError, match="stale match"):
+    with pytest.raises(StaleMatch) as stale:
         index.acquire(match)
+    assert stale.value.match == match
     index.evict(2)
-    with pytest.raises(ValueError, match="not a cached prefix"):
+    with pytest.raises(NotACachedPrefix) as not_cached:
         index.acquire(match)
+    assert (not_cached.value.pages, not_cached.value.page) == (match.pages, match.pages[0])
 
 
 def test_a_digest_collision_loses_a_hit_but_never_gives_a_wrong_match(monkeypatch):
@@ -290,7 +311,7 @@ class PrefixMachine(RuleBasedStateMachine):
         if roll:  # one time in ten: dropping everything too often would keep the index small
             return
         if self.held:
-            with pytest.raises(RuntimeError, match="still held"):
+            with pytest.raises(PagesStillHeld):
                 self.index.drop_all()
             return
         dropped = self.index.drop_all()

@@ -4,12 +4,24 @@
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
 import pytest
 
-from distpool.model_impl.hf.checkpoint import CheckpointError, read_checkpoint, read_header
+from distpool.model_impl.hf.checkpoint import (
+    INDEX_INVALID,
+    MALFORMED_ENTRY,
+    NO_CHECKPOINT,
+    NOT_SAFETENSORS,
+    SHARD_OUTSIDE,
+    SIZE_MISMATCH,
+    TRUNCATED,
+    CheckpointError,
+    read_checkpoint,
+    read_header,
+)
 from tests.test_run_validation import no_ray, run_refused  # noqa: F401 (a fixture)
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -116,8 +128,12 @@ def test_an_index_may_not_name_a_shard_outside_the_folder(tmp_path, hf_checkpoin
     (folder / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
     index = {"weight_map": {"lm_head.weight": "../elsewhere.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match="outside the checkpoint's folder"):
+    with pytest.raises(CheckpointError) as refused:
         read_checkpoint(folder)
+    assert (refused.value.kind, refused.value.path) == (
+        SHARD_OUTSIDE,
+        folder / "model.safetensors.index.json",
+    )
 
 
 def safetensors_bytes(header: dict, data: bytes = b"") -> bytes:
@@ -128,33 +144,48 @@ def safetensors_bytes(header: dict, data: bytes = b"") -> bytes:
 @pytest.mark.parametrize(
     "header, data, expected",
     [
-        ({"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, "malformed header entry"),
-        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}}, b"\0" * 8, "malformed header entry"),
-        ({"w": {"dtype": 7, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "malformed header entry"),
-        ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "takes 8 bytes, not 12"),
-        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "ends at data byte 8"),
-        (["w"], b"", "not a JSON object"),
+        ({"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, MALFORMED_ENTRY),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}}, b"\0" * 8, MALFORMED_ENTRY),
+        ({"w": {"dtype": 7, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, MALFORMED_ENTRY),
+        ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, SIZE_MISMATCH),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, TRUNCATED),
+        (["w"], b"", NOT_SAFETENSORS),
     ],
 )
 def test_a_header_entry_that_does_not_fit_the_file_is_refused(tmp_path, header, data, expected):
     path = tmp_path / "model.safetensors"
     path.write_bytes(safetensors_bytes(header, data))
-    with pytest.raises(CheckpointError, match=expected):
+    with pytest.raises(CheckpointError) as refused:
         read_header(path)
+    assert (refused.value.kind, refused.value.path) == (expected, path)
 
 
 @pytest.mark.parametrize(
-    "index, expected",
+    "index",
     [
-        ("{not json", 'not a JSON object with a "weight_map"'),
-        ('{"metadata": {}}', 'not a JSON object with a "weight_map"'),
-        ('{"weight_map": {"w": 3}}', '"weight_map" must map tensor names to file names'),
+        "{not json",
+        '{"metadata": {}}',
+        '{"weight_map": {"w": 3}}',
     ],
 )
-def test_an_index_that_is_not_one_is_refused(tmp_path, index, expected):
+def test_an_index_that_is_not_one_is_refused(tmp_path, index):
     (tmp_path / "model.safetensors.index.json").write_text(index)
-    with pytest.raises(CheckpointError, match=expected):
+    with pytest.raises(CheckpointError) as refused:
         read_checkpoint(tmp_path)
+    assert refused.value.kind == INDEX_INVALID
     (tmp_path / "model.safetensors.index.json").unlink()
-    with pytest.raises(CheckpointError, match="holds neither model.safetensors nor"):
+    with pytest.raises(CheckpointError) as refused:
         read_checkpoint(tmp_path)
+    assert (refused.value.kind, refused.value.path) == (NO_CHECKPOINT, tmp_path)
+
+
+def test_a_checkpoint_refusal_pickles_with_its_facts(tmp_path):
+    refusal = CheckpointError(tmp_path / "model.safetensors", "the header is cut", kind=TRUNCATED)
+    back = pickle.loads(pickle.dumps(refusal))
+    assert (type(back), back.path, back.problem, back.kind) == (
+        CheckpointError,
+        refusal.path,
+        refusal.problem,
+        TRUNCATED,
+    )
+    assert str(back) == str(refusal)

@@ -14,6 +14,7 @@ from distpool.memory.sizing import PoolArgs, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model_impl.errors import (
     DUPLICATE_REQUEST,
+    EMPTY_PROMPT,
     NOT_EXTENDED,
     NOT_MAMBA2_HYBRID,
     TOKENS_NOT_RESERVED,
@@ -259,8 +260,9 @@ def test_misuse_is_refused(model: ReferenceModel) -> None:
         model.decode_step(pool, ["one"], [model.vocab_size])
     facts = (refused.value.what, refused.value.bad, refused.value.vocab_size)
     assert facts == ("last_tokens", model.vocab_size, model.vocab_size)
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(BatchRefused) as refused:
         model.generate_nocache([], 1)
+    assert (refused.value.problem, refused.value.request_id, refused.value.value) == (EMPTY_PROMPT, None, 0)
 
 
 @pytest.mark.parametrize("page_size", [4, 16])

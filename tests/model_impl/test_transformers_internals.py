@@ -49,9 +49,9 @@ def test_importing_the_module_under_another_transformers_raises_before_looking_u
     monkeypatch.setattr(importlib.import_module("transformers"), "__version__", "5.25.0")
     spec = importlib.util.spec_from_file_location("internals_again", internals.__file__)
     module = importlib.util.module_from_spec(spec)
-    with pytest.raises(ValueError, match=r"transformers 5\.25\.0 is installed") as refused:
+    with pytest.raises(ValueError) as refused:
         spec.loader.exec_module(module)
-    assert type(refused.value).__name__ == "TransformersVersionError"
+    assert type(refused.value).__name__ == "TransformersVersionError" and refused.value.installed == "5.25.0"
     assert not hasattr(module, "PagedKVLayer")  # refused before the private names were reached
 
 

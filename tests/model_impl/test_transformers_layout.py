@@ -13,7 +13,13 @@ import torch
 from distpool.model.convention import RECURRENT_DTYPE
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.spec import StateTensorSpec
-from distpool.model_impl.errors import ImplCannotRun, NoWeights
+from distpool.model_impl.errors import (
+    ImplCannotRun,
+    LayoutDifference,
+    LayoutMismatch,
+    NoWeights,
+    PoolsSizedOtherwise,
+)
 from distpool.model_impl.hf.layout import _RECURRENT_SHAPE, check_allocation
 from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.runner import TransformersRunner
@@ -53,12 +59,13 @@ def test_a_pool_sized_in_another_convention_is_refused_at_load_naming_both_shape
     narrow = dataclasses.replace(conv, shape=(80, 3))  # what SGLang and vLLM keep
     engine = dataclasses.replace(impl.spec, mamba=dataclasses.replace(impl.spec.mamba, tensors=(narrow, ssm)))
     model = load_model(impl.hf, device="cpu", seed=0, attention="sdpa")
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(LayoutMismatch) as refused:
         check_allocation(model, engine, cache_argument=cache_argument(model))
-    message = str(refused.value)
-    assert "layer 0 conv: the pool holds (80, 3) float64, transformers allocates (80, 4) float64" in message
-    with pytest.raises(ValueError, match=r"pools were sized for .*\(80, 3\)"):
+    conv_0 = LayoutDifference(layer=0, tensor="conv", pool="(80, 3) float64", transformers="(80, 4) float64")
+    assert refused.value.differences[0] == conv_0
+    with pytest.raises(PoolsSizedOtherwise) as sized:
         TransformersRunner(engine, impl.hf)
+    assert sized.value.sized_state == engine.mamba and sized.value.loaded_state == impl.spec.mamba
 
 
 def test_a_sharded_checkpoint_loads_through_its_index(tmp_path):

@@ -17,7 +17,14 @@ from distpool.serving.deploy.deployment_checks import (
     DeploymentRefused,
     RankPoolRefused,
 )
-from distpool.serving.deploy.tp_group import CALLS, GroupDown, TpGroup, merge_decode, merge_prefill
+from distpool.serving.deploy.tp_group import (
+    CALLS,
+    GroupDown,
+    NotAGroupCall,
+    TpGroup,
+    merge_decode,
+    merge_prefill,
+)
 from distpool.serving.path.local_path import LocalPath
 from distpool.serving.routing.conditional import ConditionalOptions
 from distpool.serving.routing.router import Router
@@ -178,8 +185,8 @@ def test_a_group_taken_down_makes_no_call_that_waited_for_its_turn_until_its_ran
 
 def test_a_group_makes_only_the_calls_it_knows():
     group = TpGroup("decode-0", [object(), object()])
-    with pytest.raises(
-        AttributeError, match="decode-0 is a TP group: it makes the calls .*reserve.*not 'stats'"
-    ):
+    with pytest.raises(NotAGroupCall) as caught:
         group.stats.remote()
+    assert isinstance(caught.value, AttributeError)
+    assert (caught.value.group, caught.value.method) == ("decode-0", "stats")
     assert set(group.settles) <= CALLS

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from distpool.memory.arena import NO_POSITIONS, Band
+from distpool.memory.errors import PlacementUnknown
 
 PLACEMENTS = ("extent", "first_fit")
 # Extent placement leaves this many low units' worth of the gap between the bands free while holes
@@ -36,7 +37,7 @@ class Placement:
 
     def __init__(self, low_band: Band, high_band: Band, *, mode: str, gap_keep: int = 0) -> None:
         if mode not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}; got {mode!r}")
+            raise PlacementUnknown(mode, PLACEMENTS)
         self.low_band, self.high_band = low_band, high_band
         self.mode = mode
         self.gap_keep = gap_keep  # pages of the gap an extent leaves for low units while holes fit

@@ -25,7 +25,7 @@ import numpy as np
 
 from distpool.memory.alloc import SharedPages
 from distpool.memory.arena import require
-from distpool.memory.errors import DoesNotFit
+from distpool.memory.errors import DoesNotFit, KeepsNoCheckpoints
 from distpool.memory.prefix.cache_view import CacheJournal, CacheKeys, CacheNews
 from distpool.memory.prefix.final_states import FinalStates
 from distpool.memory.prefix.prefix_index import Handles, PrefixIndex, PrefixMatch
@@ -128,7 +128,7 @@ class PrefixCache:
         into). An idle checkpoint is evicted to make room if need be; raises DoesNotFit. A cache
         that keeps no checkpoints (no recurrent state, or a decode pool's) raises ValueError."""
         if not self.needs_checkpoint:
-            raise ValueError("this prefix cache keeps pages only: it takes no state checkpoints")
+            raise KeepsNoCheckpoints()
         try:
             vid = int(self.allocator.take_checkpoints(1)[0])
         except DoesNotFit:

@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distpool.memory.errors import (
+    CheckpointsRefused,
+    HandlesReused,
+    NotACachedPrefix,
+    NotAcquired,
+    PagesStillHeld,
+    StaleMatch,
+)
 from distpool.memory.prefix.block_keys import ROOT_KEY, TOKEN_BYTES, block_key
 from distpool.memory.prefix.cache_view import CacheJournal
 
@@ -149,14 +157,14 @@ class PrefixIndex:
         """A request starts using a match: users += 1 on each of its pages, which stamps them."""
         path = self._path_of(match.pages)
         if match.checkpoint != (path[-1].checkpoint if path and self.needs_checkpoint else None):
-            raise ValueError(f"stale match {match}: its checkpoint was evicted since; match again")
+            raise StaleMatch(match)
         self._stamp(path, users=1)
 
     def release(self, pages: Sequence[int]) -> None:
         """A request stops using the pages it acquired (a match's `pages`): users -= 1, stamped."""
         path = self._path_of(pages)
         if path and path[-1].users == path[-1].child_users:  # then no request's pages end there
-            raise ValueError(f"pages {list(pages)} were not acquired (or are released once too often)")
+            raise NotAcquired(pages)
         self._stamp(path, users=-1)
 
     def insert(self, tokens: Tokens, pages: Sequence[int], *, checkpoints: Checkpoints = None) -> Handles:
@@ -169,9 +177,9 @@ class PrefixIndex:
         if len(pages) < len(full_pages):
             raise ValueError(f"{len(full_pages)} full pages of tokens but only {len(pages)} page handles")
         if checkpoints and not self.needs_checkpoint:
-            raise ValueError("index built with needs_checkpoint=False (attention / SWA): pass no checkpoints")
+            raise CheckpointsRefused(sorted(checkpoints), len(full_pages), keeps_checkpoints=False)
         if any(not 1 <= depth <= len(full_pages) for depth in checkpoints):
-            raise ValueError(f"checkpoint depths {sorted(checkpoints)} must lie in 1..{len(full_pages)}")
+            raise CheckpointsRefused(sorted(checkpoints), len(full_pages), keeps_checkpoints=True)
         path = self._walk(full_pages)
         parent, known = path[-1] if path else self._root, len(path)
         reach = len(full_pages)  # depth of the deepest page once inserted; a digest collision blocks the rest
@@ -185,7 +193,7 @@ class PrefixIndex:
         }
         for new, cached in ((new_pages, self._by_page), ([*new_checkpoints.values()], self._by_checkpoint)):
             if len(set(new)) < len(new) or any(handle in cached for handle in new):
-                raise ValueError(f"handles {new} repeat or are cached already: each handle names one entry")
+                raise HandlesReused(new)
         for page, handle in zip(full_pages[known:reach], new_pages, strict=True):
             digest = block_key(parent.digest, page)
             node = PrefixNode(digest=digest, tokens=page, page=handle, parent=parent, depth=parent.depth + 1)
@@ -226,7 +234,7 @@ class PrefixIndex:
     def drop_all(self) -> Handles:
         """Give back every entry (end of a run); raises RuntimeError if a request still holds one."""
         if held := len(self._by_page) - self._num_idle_pages:
-            raise RuntimeError(f"{held} cached pages are still held by requests: release them first")
+            raise PagesStillHeld(held)
         dropped = Handles(pages=tuple(self._by_page), checkpoints=tuple(self._by_checkpoint))
         for node in self._by_page.values() if self.journal is not None else ():
             self.journal.page(node.digest, cached=False)
@@ -281,7 +289,7 @@ class PrefixIndex:
         path = [self._by_page.get(page) for page in pages]
         for parent, node, page in zip([self._root, *path], path, pages, strict=False):
             if node is None or node.parent is not parent:
-                raise ValueError(f"pages {list(pages)} are not a cached prefix (page {page}); match again")
+                raise NotACachedPrefix(pages, page)
         return path
 
     def _stamp(self, path: list[PrefixNode], *, users: int) -> None:

@@ -32,15 +32,31 @@ DTYPE_BYTES = {
 }  # fmt: skip
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be loaded: the file and what is wrong with it."""
+# What is wrong with a checkpoint (`CheckpointError.kind`).
+TRUNCATED = "truncated"  # the file ends before what its header says it holds
+UNREADABLE = "unreadable"  # the operating system refused the read
+NOT_SAFETENSORS = "not_safetensors"  # the header is not a JSON object
+MALFORMED_ENTRY = "malformed_entry"  # a tensor's header entry lacks a dtype, shape or offsets
+SIZE_MISMATCH = "size_mismatch"  # a tensor's bytes are not its dtype times its shape
+NO_CHECKPOINT = "no_checkpoint"  # the folder holds neither a single file nor an index
+SHARD_OUTSIDE = "shard_outside"  # the index names a shard outside the folder
+SHARD_MISSING = "shard_missing"  # the index names a shard the folder does not hold
+INDEX_INVALID = "index_invalid"  # the index is no index, or puts a tensor where it is not
+SHAPE_MISMATCH = "shape_mismatch"  # a tensor stored in another shape than the config's model has
+TENSOR_MISSING = "tensor_missing"  # a tensor of the config's model that no file stores
+CONFIG_REJECTED = "config_rejected"  # transformers' validation rejects config.json
 
-    def __init__(self, path: Path, problem: str) -> None:
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be loaded: the file, `kind` (one of the names above) and what
+    is wrong with it (`problem`)."""
+
+    def __init__(self, path: Path, problem: str, kind: str) -> None:
         super().__init__(f"{path}: {problem}")
-        self.path, self.problem = path, problem
+        self.path, self.problem, self.kind = path, problem, kind
 
     def __reduce__(self):
-        return type(self), (self.path, self.problem)
+        return type(self), (self.path, self.problem, self.kind)
 
 
 @dataclass(frozen=True)
@@ -60,21 +76,29 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
         size = path.stat().st_size
         with open(path, "rb") as f:
             if size < 8:
-                raise CheckpointError(path, f"{size} bytes, too short for a safetensors header (truncated)")
+                raise CheckpointError(
+                    path, f"{size} bytes, too short for a safetensors header (truncated)", kind=TRUNCATED
+                )
             length = int.from_bytes(f.read(8), "little")
             if length > size - 8:
                 raise CheckpointError(
-                    path, f"the header claims {length} bytes but the file holds {size} (truncated or corrupt)"
+                    path,
+                    f"the header claims {length} bytes but the file holds {size} (truncated or corrupt)",
+                    kind=TRUNCATED,
                 )
             raw = f.read(length)
     except OSError as exc:
-        raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})", kind=UNREADABLE) from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise CheckpointError(path, "the safetensors header is not valid JSON (corrupt)") from None
+        raise CheckpointError(
+            path, "the safetensors header is not valid JSON (corrupt)", kind=NOT_SAFETENSORS
+        ) from None
     if not isinstance(header, dict):
-        raise CheckpointError(path, "the safetensors header is not a JSON object (corrupt)")
+        raise CheckpointError(
+            path, "the safetensors header is not a JSON object (corrupt)", kind=NOT_SAFETENSORS
+        )
     data_bytes = size - 8 - length
     tensors = {}
     for name, entry in header.items():
@@ -90,16 +114,21 @@ def _stored(path: Path, name: str, entry: object, data_bytes: int) -> StoredTens
     except (TypeError, KeyError, ValueError):
         dtype, shape, begin, end = None, (), -1, -1
     if not isinstance(dtype, str) or not all(type(n) is int and n >= 0 for n in (*shape, begin, end)):
-        raise CheckpointError(path, f"tensor {name!r} has a malformed header entry (corrupt)")
+        raise CheckpointError(
+            path, f"tensor {name!r} has a malformed header entry (corrupt)", kind=MALFORMED_ENTRY
+        )
     if not begin <= end <= data_bytes:
         raise CheckpointError(
-            path, f"tensor {name!r} ends at data byte {end} but the file holds {data_bytes} (truncated)"
+            path,
+            f"tensor {name!r} ends at data byte {end} but the file holds {data_bytes} (truncated)",
+            kind=TRUNCATED,
         )
     if dtype in DTYPE_BYTES and end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
         raise CheckpointError(
             path,
             f"tensor {name!r} of {dtype} {list(shape)} takes {end - begin} bytes, not "
             f"{math.prod(shape) * DTYPE_BYTES[dtype]} (corrupt)",
+            kind=SIZE_MISMATCH,
         )
     return StoredTensor(dtype=dtype, shape=shape, begin=begin, end=end)
 
@@ -111,21 +140,27 @@ def read_checkpoint(folder: Path) -> dict[str, tuple[Path, StoredTensor]]:
         return {name: (single, t) for name, t in read_header(single).items()}
     if not index.is_file():
         raise CheckpointError(
-            folder, f"holds neither {SINGLE_FILE} nor {INDEX_FILE}, which transformers loads"
+            folder,
+            f"holds neither {SINGLE_FILE} nor {INDEX_FILE}, which transformers loads",
+            kind=NO_CHECKPOINT,
         )
     weight_map = _weight_map(index)
     headers = {}
     for shard in sorted(set(weight_map.values())):
         path = folder / shard
         if os.path.dirname(os.path.normpath(shard)).startswith("..") or os.path.isabs(shard):
-            raise CheckpointError(index, f"names shard {shard!r}, outside the checkpoint's folder")
+            raise CheckpointError(
+                index, f"names shard {shard!r}, outside the checkpoint's folder", kind=SHARD_OUTSIDE
+            )
         if not path.is_file():
-            raise CheckpointError(index, f"names shard {shard}, which is not in {folder}")
+            raise CheckpointError(index, f"names shard {shard}, which is not in {folder}", kind=SHARD_MISSING)
         headers[shard] = read_header(path)
     tensors = {}
     for name, shard in weight_map.items():
         if name not in headers[shard]:
-            raise CheckpointError(index, f"puts tensor {name!r} in {shard}, which does not hold it")
+            raise CheckpointError(
+                index, f"puts tensor {name!r} in {shard}, which does not hold it", kind=INDEX_INVALID
+            )
         tensors[name] = (folder / shard, headers[shard][name])
     return tensors
 
@@ -133,18 +168,22 @@ def read_checkpoint(folder: Path) -> dict[str, tuple[Path, StoredTensor]]:
 def _weight_map(index: Path) -> dict[str, str]:
     try:
         if index.stat().st_size > MAX_INDEX_BYTES:
-            raise CheckpointError(index, f"is larger than {MAX_INDEX_BYTES >> 20} MiB: not an index")
+            raise CheckpointError(
+                index, f"is larger than {MAX_INDEX_BYTES >> 20} MiB: not an index", kind=INDEX_INVALID
+            )
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except CheckpointError:
         raise
     except OSError as exc:
-        raise CheckpointError(index, f"cannot be read ({exc.strerror or exc})") from None
+        raise CheckpointError(index, f"cannot be read ({exc.strerror or exc})", kind=UNREADABLE) from None
     except (ValueError, RecursionError, TypeError, KeyError):
-        raise CheckpointError(index, 'is not a JSON object with a "weight_map"') from None
+        raise CheckpointError(index, 'is not a JSON object with a "weight_map"', kind=INDEX_INVALID) from None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
     ):
-        raise CheckpointError(index, 'its "weight_map" must map tensor names to file names')
+        raise CheckpointError(
+            index, 'its "weight_map" must map tensor names to file names', kind=INDEX_INVALID
+        )
     return weight_map
 
 
@@ -168,9 +207,12 @@ def check_checkpoint(folder: Path, forms: Sequence[Shapes]) -> None:
                 path,
                 f"tensor {name!r} is stored as {list(tensor.shape)}, but the model its config.json "
                 f"describes has {list(shape)}: the weights are of another configuration",
+                kind=SHAPE_MISMATCH,
             )
     if missing := sorted(form.keys() - stored.keys()):
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(
-            folder, f"holds no tensor {missing[0]!r}{more} of the model its config.json describes"
+            folder,
+            f"holds no tensor {missing[0]!r}{more} of the model its config.json describes",
+            kind=TENSOR_MISSING,
         )

@@ -32,6 +32,7 @@ from distpool.model.spec import (
     ModelSpec,
     StateTensorSpec,
 )
+from distpool.model_impl.errors import LayoutDifference, LayoutMismatch
 from distpool.model_impl.hf.checkpoint import check_checkpoint
 from distpool.model_impl.hf.loader import empty_model, weight_bytes
 from distpool.model_impl.hf.source import HFSource
@@ -157,7 +158,7 @@ def _shape(tensor: torch.Tensor) -> str:
 
 def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument: str) -> None:
     """Run two tokens through transformers' own `DynamicCache` and compare, per layer, the tensors it
-    allocated (per request) with the pool's; ValueError naming both shapes on any difference."""
+    allocated (per request) with the pool's; LayoutMismatch naming both shapes on any difference."""
     cache = DynamicCache(config=model.config)
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -166,7 +167,7 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
             use_cache=True,
             **{cache_argument: cache},
         )
-    problems = []
+    problems: list[LayoutDifference] = []
     for index in range(len(cache.layers)):
         if index in spec.mamba_layers:
             conv, recurrent = spec.needs_mamba().tensors
@@ -174,20 +175,16 @@ def check_allocation(model: PreTrainedModel, spec: ModelSpec, *, cache_argument:
                 mine = f"{ours.shape} {ours.dtype}"
                 if theirs is None or _shape(theirs) != mine:
                     got = "nothing" if theirs is None else _shape(theirs)
-                    problems.append(
-                        f"layer {index} {ours.name}: the pool holds {mine}, transformers allocates {got}"
-                    )
+                    problems.append(LayoutDifference(index, ours.name, mine, got))
         if index in spec.full_attention_layers:
             kv = spec.needs_full_attention()
             keys = layer_keys(cache, index)  # (1, kv_heads, 2, head_dim)
             mine = f"({kv.num_kv_heads}, {kv.head_dim}) {kv.dtype}"
             got = f"({keys.shape[1]}, {keys.shape[3]}) {str(keys.dtype).removeprefix('torch.')}"
             if mine != got:
-                problems.append(
-                    f"layer {index} K per token: the pool holds {mine}, transformers allocates {got}"
-                )
+                problems.append(LayoutDifference(index, "K per token", mine, got))
     if problems:
-        raise ValueError(f"{spec.source}: the pool's layout does not match the model: " + "; ".join(problems))
+        raise LayoutMismatch(spec.source, problems)
 
 
 def sized_spec(source: HFSource, base: ModelSpec) -> tuple[ModelSpec, int]:

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.utils import logging as hf_logging
 
 from distpool.model.dtypes import torch_dtype
-from distpool.model_impl.hf.checkpoint import CheckpointError
+from distpool.model_impl.hf.checkpoint import CONFIG_REJECTED, CheckpointError
 from distpool.model_impl.hf.source import HFSource
 
 
@@ -27,7 +27,9 @@ def load_config(path: str | Path) -> PretrainedConfig:
     except StrictDataclassError as exc:  # transformers' own validation of the config's fields
         what = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise CheckpointError(
-            path / "config.json" if path.is_dir() else path, f"transformers rejects it: {what}"
+            path / "config.json" if path.is_dir() else path,
+            f"transformers rejects it: {what}",
+            kind=CONFIG_REJECTED,
         ) from None
 
 

@@ -27,6 +27,7 @@ from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
+from distpool.model_impl.errors import PoolsSizedOtherwise
 from distpool.model_impl.hf.layout import check_allocation, runner_spec
 from distpool.model_impl.hf.loader import load_model
 from distpool.model_impl.hf.paged_attention import PAGED_ATTENTION, PagedBatch, paged_forward
@@ -66,9 +67,8 @@ class TransformersRunner(PoolModel):
         self.model = load_model(source, device=self.device, seed=seed, attention=PAGED_ATTENTION)
         loaded = runner_spec(self.model, spec, source.dtype)
         if loaded.layout_fields() != spec.layout_fields():
-            raise ValueError(
-                f"{source.path}: the loaded model keeps KV {loaded.full_attention} and state {loaded.mamba}, "
-                f"but the pools were sized for KV {spec.full_attention} and state {spec.mamba}"
+            raise PoolsSizedOtherwise(
+                str(source.path), loaded.full_attention, loaded.mamba, spec.full_attention, spec.mamba
             )
         self._cache_argument = cache_argument(self.model)
         check_allocation(self.model, spec, cache_argument=self._cache_argument)

@@ -19,6 +19,7 @@ from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.decode_job import check_token_ids, plan_decode
+from distpool.model_impl.errors import EMPTY_PROMPT, BatchRefused
 from distpool.model_impl.pool_model import Mismatch, PoolModel
 from distpool.model_impl.prefill_job import Prefilled, PrefillJob, check_jobs, prefilled
 from distpool.model_impl.reference.attention import AttentionLayer
@@ -105,7 +106,7 @@ class ReferenceModel(PoolModel):
         """Tokens after `past` (None: from empty cache) -> last-token logits (vocab,), the tokens' own
         K/V per attention layer ((T, kv_heads, head_dim) each), final (conv, ssm) per Mamba layer."""
         if len(tokens) == 0:
-            raise ValueError("a prompt needs at least one token")
+            raise BatchRefused(EMPTY_PROMPT, None, "a prompt needs at least one token", 0)
         self._check_tokens(tokens, "prompt")
         past = past if past is not None else Past()
         x = self.embedding[torch.tensor(list(tokens), device=self.device)]  # (T, hidden)

@@ -15,6 +15,7 @@ from distpool.serving.deploy.deployment_checks import (
     TP_WITH_TRANSFORMERS,
     DeploymentRefused,
     RankPoolRefused,
+    TooFewNodes,
 )
 from distpool.serving.deploy.recovery import PING_TIMEOUT_S, Recovery, WorkerLost
 
@@ -30,5 +31,6 @@ __all__ = [
     "Recovery",
     "TP_WITH_SPREAD",
     "TP_WITH_TRANSFORMERS",
+    "TooFewNodes",
     "WorkerLost",
 ]

@@ -24,7 +24,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode.worker import DecodeWorker
 from distpool.model.spec import HYBRID_MAMBA
 from distpool.model_impl.select import choose_model_impl
-from distpool.serving.deploy.deployment_checks import check_colocated, check_rank_pools, check_tensor_parallel
+from distpool.serving.deploy.deployment_checks import (
+    TooFewNodes,
+    check_colocated,
+    check_rank_pools,
+    check_tensor_parallel,
+)
 from distpool.serving.deploy.tp_group import TpGroup
 from distpool.worker.config import WorkerConfig
 from distpool.worker.tp_pairing import rank_name
@@ -122,10 +127,7 @@ class Deployment:
         if (gpus or spec.spread) and single:
             nodes = sum(1 for node in ray.nodes() if node["Alive"])
             if spec.spread and nodes < len(single):
-                raise ValueError(
-                    f"--spread puts each of the {len(single)} workers on its own node, but the cluster has "
-                    f"{nodes} node(s). Fix: drop --spread, or add nodes"
-                )
+                raise TooFewNodes(len(single), nodes)
             self.placement = _placed(len(single), bundle, "STRICT_SPREAD" if spec.spread else "PACK")
         device = "cuda" if gpus else ("cpu" if worker.device == "auto" else worker.device)
         config = dataclasses.replace(worker, device=device)

@@ -37,6 +37,18 @@ class DeploymentRefused(ValueError):
         return type(self), (self.problem, self.prefill_tp, self.decode_tp, self.architectures, self.kind)
 
 
+class TooFewNodes(ValueError):
+    """A spread deployment of `workers` TP-1 workers, one per node, on a cluster of `nodes` live
+    nodes (fewer): counted before placement, which would wait for nodes that never come."""
+
+    def __init__(self, workers: int, nodes: int) -> None:
+        super().__init__(f"{workers} workers spread one per node, but the cluster has {nodes} node(s)")
+        self.workers, self.nodes = workers, nodes
+
+    def __reduce__(self):
+        return type(self), (self.workers, self.nodes)
+
+
 class RankPoolRefused(ValueError):
     """Sizing refused one rank's pool of a `role` worker at TP `tp` (`tp` > 1): `refusal` says why."""
 

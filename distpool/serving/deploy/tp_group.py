@@ -51,6 +51,18 @@ CALLS = frozenset(
 Settle = Callable[..., Awaitable[Any]]  # (refs, *the call's arguments) -> the group's answer
 
 
+class NotAGroupCall(AttributeError):
+    """Method `method` asked of TP group `group`, which makes only the calls in `CALLS`."""
+
+    def __init__(self, group: str, method: str) -> None:
+        known = ", ".join(sorted(CALLS))
+        super().__init__(f"{group} is a TP group: it makes the calls {known}, not {method!r}")
+        self.group, self.method = group, method
+
+    def __reduce__(self):
+        return type(self), (self.group, self.method)
+
+
 class RanksDisagree(RuntimeError):
     """The ranks of one group answered one call differently: a bug, never retried."""
 
@@ -145,8 +157,7 @@ class TpGroup:
 
     def __getattr__(self, method: str) -> _Method:
         if method not in CALLS:
-            known = ", ".join(sorted(CALLS))
-            raise AttributeError(f"{self.name} is a TP group: it makes the calls {known}, not {method!r}")
+            raise NotAGroupCall(self.name, method)
         return _Method(self, method)
 
     async def _agree(self, refs: list[ray.ObjectRef], *_, **__) -> Any:

@@ -8,9 +8,23 @@ from __future__ import annotations
 from distpool.worker.messages import DecodeFailed
 from transfer.wire import FailureKind
 
+NOT_HELD = -1  # the progress of a request the worker does not hold
+
 
 class Busy(Exception):
     """A pool had no room right now: wait and try again; this does not count as a failed attempt."""
+
+
+class AdmissionTimedOut(Busy):
+    """No decode worker had room for request `request_id` within the admission timeout,
+    `timeout_s`."""
+
+    def __init__(self, request_id: str, timeout_s: float) -> None:
+        super().__init__(f"no decode worker had room for {request_id}")
+        self.request_id, self.timeout_s = request_id, timeout_s
+
+    def __reduce__(self):
+        return type(self), (self.request_id, self.timeout_s)
 
 
 class Retry(Exception):
@@ -21,6 +35,29 @@ class Retry(Exception):
         super().__init__(reason)
         self.kind = kind
 
+    def __reduce__(self):
+        return type(self), (self.kind, str(self))
+
+
+class NoProgress(Retry):
+    """Decode worker `worker` made no progress on request `request_id` for `waited_s` seconds: a
+    TIMEOUT. `progress` is where the request stood there (`NOT_HELD`: the worker no longer holds it,
+    as when a rank dropped it)."""
+
+    def __init__(self, worker: str, request_id: str, waited_s: float, progress: int) -> None:
+        where = "no longer held there" if progress == NOT_HELD else f"stuck at {progress}"
+        super().__init__(
+            FailureKind.TIMEOUT, f"{worker} made no progress on {request_id} for {waited_s:g} s ({where})"
+        )
+        self.worker, self.request_id, self.waited_s, self.progress = worker, request_id, waited_s, progress
+
+    @property
+    def held(self) -> bool:
+        return self.progress != NOT_HELD
+
+    def __reduce__(self):
+        return type(self), (self.worker, self.request_id, self.waited_s, self.progress)
+
 
 class GiveUp(Exception):
     """The request fails as `kind` without another attempt: an envelope damaged inside decode's pool
@@ -30,6 +67,9 @@ class GiveUp(Exception):
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
+
+    def __reduce__(self):
+        return type(self), (self.kind, str(self))
 
 
 def decode_failure(result: DecodeFailed) -> Exception:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from distpool.serving.deploy import Recovery, WorkerLost
-from distpool.serving.path.attempt_errors import Busy, Retry
+from distpool.serving.path.attempt_errors import NOT_HELD, Busy, NoProgress, Retry
 from distpool.worker.messages import DecodeResult
 from transfer.wire import FailureKind
 
@@ -36,10 +36,9 @@ from transfer.wire import FailureKind
 #
 #     result ---------------------------------------------------------------> returned
 #     silence_s, no result --> ask: progress grew --> wait again
-#                                   no progress, STALLS_ALLOWED times --> Retry(TIMEOUT)
+#                                   no progress, STALLS_ALLOWED times --> NoProgress
 
 STALLS_ALLOWED = 2  # asks in a row without progress; one more than a result on its way can cause
-NOT_HELD = -1  # the progress of a request the worker does not hold
 
 
 async def await_result(
@@ -63,9 +62,7 @@ async def await_result(
         stalls = stalls + 1 if now <= seen or now == NOT_HELD else 0
         seen = max(seen, now)
         if stalls >= STALLS_ALLOWED:
-            where = "no longer held there" if now == NOT_HELD else f"stuck at {now}"
-            reason = f"{worker} made no progress on {request_id} for {stalls * silence_s:g} s ({where})"
-            raise Retry(FailureKind.TIMEOUT, reason)
+            raise NoProgress(worker, request_id, stalls * silence_s, now)
 
 
 class Attempt:

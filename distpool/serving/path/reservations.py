@@ -15,7 +15,7 @@ import time
 
 from distpool.memory.pool import DoesNotFit
 from distpool.serving.deploy import Deployment
-from distpool.serving.path.attempt_errors import Busy, Retry
+from distpool.serving.path.attempt_errors import AdmissionTimedOut, Busy, Retry
 from distpool.serving.path.attempts import Attempts
 from distpool.serving.routing import Router
 from distpool.serving.workloads import Request
@@ -113,5 +113,5 @@ class Reservations:
                     self.router.end(name)
                     raise
             if time.monotonic() > deadline:
-                raise Busy(f"no decode worker had room for {req.request_id}")
+                raise AdmissionTimedOut(req.request_id, self.admission_timeout_s)
             await self.attempts.wait_for(room, deadline - time.monotonic())

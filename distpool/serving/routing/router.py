@@ -26,7 +26,26 @@ AFFINITY_SLACK = 8
 
 
 class NoWorkerAlive(RuntimeError):
-    """Every worker of one role is dead: nothing can be served."""
+    """Every worker of `role` ("prefill" or "decode") is dead: nothing can be served."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__(f"every {role} worker is dead")
+        self.role = role
+
+    def __reduce__(self):
+        return type(self), (self.role,)
+
+
+class RouterArgInvalid(ValueError):
+    """A router given `value` for `field` (a constructor argument, or the worker a call names), which
+    must be `expected`."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        super().__init__(f"{field} must be {expected}; got {value!r}")
+        self.field, self.value, self.expected = field, value, expected
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.expected)
 
 
 class Router:
@@ -38,9 +57,9 @@ class Router:
         page_size: int,  # the decode pools' (PoolArgs.page_size): a cache view's block
     ) -> None:
         if not decode_names:  # no prefill worker: colocated, each decode worker prefills its own
-            raise ValueError("a deployment needs at least one decode worker")
+            raise RouterArgInvalid("decode_names", decode_names, "at least one decode worker")
         if page_size < 1:
-            raise ValueError(f"page_size must be >= 1; got {page_size}")
+            raise RouterArgInvalid("page_size", page_size, ">= 1")
         self.prefill_names = list(prefill_names)
         self.decode_names = list(decode_names)
         self.page_size = page_size
@@ -58,14 +77,14 @@ class Router:
         if not live:
             if not self.prefill_names:
                 raise RuntimeError("a colocated deployment has no prefill worker to pick")
-            raise NoWorkerAlive("every prefill worker is dead")
+            raise NoWorkerAlive("prefill")
         return min(live, key=lambda n: self.in_flight[n])
 
     def learned(self, decode_name: str, news: CacheNews) -> None:
         """`decode_name` reported what its cache cached and evicted since its last report (with its
         results): its view follows. Ignored for a dead worker: its cache died with it."""
         if decode_name not in self.views:
-            raise ValueError(f"{decode_name!r} is not a decode worker")
+            raise RouterArgInvalid("decode_name", decode_name, "a decode worker")
         if decode_name not in self.dead:
             self.views[decode_name].apply(news)
 
@@ -84,7 +103,7 @@ class Router:
         least-loaded non-avoided worker."""
         live = self.alive(self.decode_names)
         if not live:
-            raise NoWorkerAlive("every decode worker is dead")
+            raise NoWorkerAlive("decode")
         order = sorted(live, key=lambda n: (n in avoid, self.in_flight[n]))
         if tokens is None or order[0] in avoid:
             return order
