@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from distpool.cli.describe_sizes import format_sizes
 from distpool.cli.flags import pool_args_from
-from distpool.memory.sizing import GIB, format_sizes, size_tp_pools
+from distpool.cli.model_impl_flags import implementation_from
+from distpool.memory.sizing import GIB, size_tp_pools
 from distpool.model.eos import eos_token_ids
 from distpool.model.presets import PresetRow, preset_rows, resolve_model
 from distpool.model.spec import ENGINE_CONVENTION, TRANSFORMERS_CONVENTION
-from distpool.model_impl.flags import implementation_from
 from distpool.model_impl.hf.tokenizer import find_tokenizer
 from distpool.model_impl.select import compute_dtype
 from distpool.serving.routing import ConditionalOptions

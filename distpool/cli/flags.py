@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from distpool.cli.model_impl_flags import add_model_impl_arguments
 from distpool.memory.sizing import GIB, PoolArgs
-from distpool.model_impl.flags import add_model_impl_arguments
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.serving.workloads import (
     DEFAULT_PROMPT_LEN,

@@ -4,11 +4,10 @@
 facts (`PoolArgInvalid`, `UnifiedMemoryRefused`, `BudgetTooSmall`); `layout.py`: the
 byte layout of one page envelope and one slot envelope (alignment, strides, places); `fingerprint.py`:
 the layout fingerprint two pools must share; `tp_sizes.py`: one TP rank's sizes; `tp_layout.py`: what
-one end of a channel tells the other about its TP group; `describe.py`: sizes as `check` prints them.
-Nothing here allocates.
+one end of a channel tells the other about its TP group. Nothing here allocates (and nothing here
+words sizes for a reader: `distpool check` does, in `distpool.cli.describe_sizes`).
 """
 
-from distpool.memory.sizing.describe import format_sizes
 from distpool.memory.sizing.errors import (
     DEEPSEEK_V4_POOLS,
     NOT_HYBRID,
@@ -48,7 +47,6 @@ __all__ = [
     "UnifiedMemoryRefused",
     "align_up",
     "ceil_div",
-    "format_sizes",
     "layout_description",
     "layout_fingerprint",
     "page_places",

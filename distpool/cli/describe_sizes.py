@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from distpool.memory.sizing.sizing import GIB, PoolSizes
-from distpool.memory.sizing.tp_sizes import TpSizes
+from distpool.memory.sizing import GIB, PoolSizes, TpSizes
 
 
 def _human_bytes(n: int) -> str:
