@@ -29,7 +29,7 @@ from distpool.memory.sizing.layout import (
 )
 from distpool.memory.sizing.sizing import GIB, PoolArgs, PoolSizes, size_pools
 from distpool.memory.sizing.tp_layout import TpEnd
-from distpool.memory.sizing.tp_sizes import size_tp_pools
+from distpool.memory.sizing.tp_sizes import TpSizes, size_tp_pools
 
 __all__ = [
     "ALIGN_BYTES",
@@ -44,6 +44,7 @@ __all__ = [
     "SWA_UNDER_PD",
     "TensorPlace",
     "TpEnd",
+    "TpSizes",
     "UnifiedMemoryRefused",
     "align_up",
     "ceil_div",
