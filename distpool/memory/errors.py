@@ -158,6 +158,20 @@ class HeldPagesInvalid(ValueError):
         return type(self), (self.held_pages, self.pages)
 
 
+class InvariantBroken(AssertionError):
+    """A `check` found the pool's accounting broken: `code` names the invariant (short and stable),
+    `statement` says what should hold, `subject` what broke it ("high band", a request id, a cached
+    page; "": the structure as a whole)."""
+
+    def __init__(self, code: str, statement: str, subject: str = "") -> None:
+        where = f"{subject}: " if subject else ""
+        super().__init__(f"invariant broken: {where}{statement}")
+        self.code, self.statement, self.subject = code, statement, subject
+
+    def __reduce__(self):
+        return type(self), (self.code, self.statement, self.subject)
+
+
 class NotALayerOfKind(ValueError):
     """A view of `layer` as a layer of `kind` ("full-attention", "sliding-window", "Mamba"), which
     it is not: the model's layers of that kind are `layers` (empty: it has none)."""

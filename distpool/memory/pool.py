@@ -30,6 +30,7 @@ from distpool.memory.errors import (
     DuplicateRequest,
     EnvelopeInvalid,
     HeldPagesInvalid,
+    InvariantBroken,
     NeedsCompaction,
     NotALayerOfKind,
     NotPinned,
@@ -45,6 +46,7 @@ __all__ = [
     "DuplicateRequest",
     "EnvelopeInvalid",
     "HeldPagesInvalid",
+    "InvariantBroken",
     "NeedsCompaction",
     "NotALayerOfKind",
     "NotPinned",
@@ -109,4 +111,4 @@ class Pool(Protocol):
 
     def usage(self) -> dict[str, BandUsage]: ...  # per band present: "pages", "slots", "swa_pages"
     def compactions(self) -> tuple[int, int, float]: ...  # so far: count, bytes moved, seconds
-    def check_invariants(self) -> None: ...  # raises AssertionError naming the broken invariant
+    def check_invariants(self) -> None: ...  # raises InvariantBroken (an AssertionError) naming it
