@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from distpool.memory.prefix import CacheNews
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
+from distpool.model_impl.pool_model import Mismatch
 from transfer.wire import FailureKind
 
 
@@ -109,6 +110,7 @@ class DecodeFailed:
     kind: FailureKind  # CORRUPT: its envelope's bytes were wrong (never retried)
     reason: str
     retry: bool  # whether another pair may succeed (False: a bug on decode's side)
+    mismatch: Mismatch | None = None  # CORRUPT: the first wrong byte, where the model found one
 
     @property
     def corrupt(self) -> bool:
