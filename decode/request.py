@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distpool.model.sampling import LENGTH, Finish, SamplingParams, finish_after
+from distpool.model_impl.pool_model import Mismatch
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
 from transfer import FailureKind, Parts, Transfer
 
@@ -24,6 +25,7 @@ class DecodeRequest:
     received_bytes: int = 0  # what its transfers wrote here
     error: str | None = None  # set when decode gave it up after receiving it, with its kind:
     failure: FailureKind | None = None  # CORRUPT: its bytes failed verification
+    mismatch: Mismatch | None = None  # CORRUPT: the first wrong byte, where the model found one
     retry: bool = True  # whether another pair may succeed (False: a bug here, e.g. the decode loop raised)
     verified: bool = False  # its bytes were checked on arrival (and are again at release)
     local: bool = False  # prefilled here from a kept final state (local_prefill.py), never transferred
@@ -64,7 +66,9 @@ class DecodeRequest:
         if self.error is not None:
             if self.failure is None:
                 raise ValueError(f"a request given up ({self.error}) without a kind of failure")
-            return DecodeFailed(kind=self.failure, reason=self.error, retry=self.retry)
+            return DecodeFailed(
+                kind=self.failure, reason=self.error, retry=self.retry, mismatch=self.mismatch
+            )
         return DecodeFinished(
             tokens=self.tokens,
             finish=self.finish or LENGTH,

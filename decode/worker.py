@@ -36,6 +36,7 @@ from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix import CacheKeys, CacheNews
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
+from distpool.model_impl.pool_model import Mismatch
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer, ViewedState
 from distpool.worker.stats import DecodeStats
@@ -226,7 +227,10 @@ class DecodeWorker(WorkerBase):
             if mismatch is None:
                 passed.append(rid)
             else:
-                self._fail_corrupt(rid, self.arrived.pop(rid), f"received {mismatch}", retry=True)
+                found = mismatch if isinstance(mismatch, Mismatch) else None
+                self._fail_corrupt(
+                    rid, self.arrived.pop(rid), f"received {mismatch}", retry=True, mismatch=found
+                )
         return passed
 
     def fail_elsewhere(self, rid: str) -> None:
@@ -250,11 +254,15 @@ class DecodeWorker(WorkerBase):
             else:
                 self.running[rid] = req
 
-    def _fail_corrupt(self, rid: str, req: DecodeRequest, what: str, *, retry: bool) -> None:
+    def _fail_corrupt(
+        self, rid: str, req: DecodeRequest, what: str, *, retry: bool, mismatch: Mismatch | None = None
+    ) -> None:
         """Under the lock: the request's bytes are wrong; it is never decoded (further). `retry`:
-        whether another attempt may succeed (bytes damaged on the way, not in this pool)."""
+        whether another attempt may succeed (bytes damaged on the way, not in this pool); `mismatch`:
+        the first wrong byte, where the model found one."""
         self.corrupt_envelopes += 1
         req.error, req.failure, req.retry = f"corrupt envelope: {what}", FailureKind.CORRUPT, retry
+        req.mismatch = mismatch
         self.metrics.add_failure(req.failure)
         print(f"distpool: {self.name}: {rid}: {req.error}", file=sys.stderr, flush=True)
         self._give_back(rid, req)
@@ -316,7 +324,9 @@ class DecodeWorker(WorkerBase):
     def _finish(self, request_id: str, req: DecodeRequest) -> None:
         mismatch = self.model.check(self.pool, request_id)
         if mismatch is not None:
-            self._fail_corrupt(request_id, req, f"at release {mismatch}", retry=False)  # damaged here
+            self._fail_corrupt(
+                request_id, req, f"at release {mismatch}", retry=False, mismatch=mismatch
+            )  # here
             return
         cache = self.pool.prefix_cache
         if cache is not None:  # its full pages stay for the next turn that shares them

@@ -14,7 +14,14 @@ from distpool.memory.envelope import Envelope
 from distpool.model.sampling import pick_for
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.lockstep import GroupBroken, wave_signature
-from distpool.worker.messages import PrefillBusy, PrefillFailed, PrefillItem, PrefillResult, PrefillSent
+from distpool.worker.messages import (
+    PrefillBusy,
+    PrefillCause,
+    PrefillFailed,
+    PrefillItem,
+    PrefillResult,
+    PrefillSent,
+)
 from distpool.worker.stats import PrefillStats
 from prefill.jobs import PrefillWave, split_batch
 from transfer import ChannelError, FailureKind, Parts, Transfer, TransferError
@@ -84,7 +91,9 @@ class PrefillWorker(WorkerBase):
                     transfer.abort(f"another channel of {job.rid!r} failed")
                     _concluded(transfer)
                 self._free(self._held, job.rid, pinned=True)
-                out[job.rid] = PrefillFailed(kind=exc.kind, reason=str(exc), retry=True)
+                out[job.rid] = PrefillFailed(
+                    kind=exc.kind, reason=str(exc), retry=True, cause=PrefillCause.NO_CHANNEL
+                )
                 continue
             transfers.append((job, Parts(moving)))  # one failing aborts the others
         for job, parts in transfers:
@@ -101,7 +110,9 @@ class PrefillWorker(WorkerBase):
                 )
             except TransferError as exc:
                 self.metrics.add_failure(exc.kind)
-                out[job.rid] = PrefillFailed(kind=exc.kind, reason=exc.reason, retry=True)
+                out[job.rid] = PrefillFailed(
+                    kind=exc.kind, reason=exc.reason, retry=True, cause=PrefillCause.TRANSFER
+                )
             finally:
                 self._free(self._held, job.rid, pinned=True)
         return out
@@ -111,7 +122,9 @@ class PrefillWorker(WorkerBase):
         Ray restarted it, or one made before the driver re-formed the group. Nothing is computed or
         held (a collective would pair with nothing), and every request is retried elsewhere."""
         reason = f"{self.name} is starting: its TP group has not formed yet"
-        failed = PrefillFailed(kind=FailureKind.WORKER_LOST, reason=reason, retry=True)
+        failed = PrefillFailed(
+            kind=FailureKind.WORKER_LOST, reason=reason, retry=True, cause=PrefillCause.GROUP_NOT_FORMED
+        )
         return {item.request_id: failed for item in batch}
 
     def _prefill_wave(
@@ -125,12 +138,14 @@ class PrefillWorker(WorkerBase):
         for item in items:
             if item.request_id in self._held:
                 reason = f"{item.request_id!r} is already held here"
-                out[item.request_id] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=reason, retry=False)
+                out[item.request_id] = PrefillFailed(
+                    kind=FailureKind.BAD_REQUEST, reason=reason, retry=False, cause=PrefillCause.ALREADY_HELD
+                )
             else:
                 fresh[item.request_id] = item.prompt
         wave = PrefillWave.reserve(self.pool, fresh, shared)
         for rid, reason in wave.busy.items():
-            out[rid] = PrefillBusy(reason=reason)
+            out[rid] = PrefillBusy(reason=reason, cause=PrefillCause.NO_ROOM)
         for job in wave.jobs:
             self._held[job.request_id] = peers[job.request_id]
         self._note_peak()
@@ -139,7 +154,7 @@ class PrefillWorker(WorkerBase):
             self._give_back(wave)
             reason = f"the ranks of {self.group} reserved different waves"
             for job in wave.jobs:  # e.g. one rank's prefix cache matched, another's had evicted it
-                out[job.request_id] = PrefillBusy(reason=reason)
+                out[job.request_id] = PrefillBusy(reason=reason, cause=PrefillCause.WAVES_DIFFER)
             return []
         if not wave.jobs:
             return []
@@ -162,7 +177,9 @@ class PrefillWorker(WorkerBase):
                 envelope = self.pool.envelope(rid)
             except ValueError as exc:  # e.g. an id no envelope can carry: give it all back
                 self._free(self._held, rid)
-                out[rid] = PrefillFailed(kind=FailureKind.BAD_REQUEST, reason=str(exc), retry=False)
+                out[rid] = PrefillFailed(
+                    kind=FailureKind.BAD_REQUEST, reason=str(exc), retry=False, cause=PrefillCause.NO_ENVELOPE
+                )
                 continue
             self.pool.pin(rid)  # compaction may not move it while the transfer reads it
             outgoing.append(

@@ -251,7 +251,7 @@ class ArenaPool:
         return self.allocator.usage()
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the broken accounting invariant (see Allocator.check_invariants)."""
+        """Raise InvariantBroken naming the broken accounting invariant (see Allocator.check_invariants)."""
         self.allocator.check_invariants()
         if self.prefix_cache is not None:
             self.prefix_cache.check()

@@ -23,6 +23,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from distpool.memory.errors import EnvelopeInvalid, HeldPagesInvalid, RequestIdInvalid
+
 Table = TypeVar("Table", torch.Tensor, np.ndarray)  # (n, 2) int64 rows: (offset, nbytes)
 
 # The most pages a transfer's header may describe (~16M tokens at page_size 16, far past any
@@ -36,10 +38,10 @@ def moving_rows(table: Table, held_pages: int, *, has_slot: bool) -> Table:
     which the destination holds already (a prefix it cached). The slot row stays first.
 
     Both ends drop the same rows (the receiver says how many in READY), so row i still pairs with
-    row i. Raises ValueError when the table has fewer pages than that."""
+    row i. Raises HeldPagesInvalid when the table has fewer pages than that (or the count is negative)."""
     first = int(has_slot)
     if not 0 <= held_pages <= table.shape[0] - first:
-        raise ValueError(f"{held_pages} held pages, but the table has {table.shape[0] - first} pages")
+        raise HeldPagesInvalid(held_pages, table.shape[0] - first)
     if held_pages == 0:
         return table
     return table[[*range(first), *range(first + held_pages, table.shape[0])]]
@@ -48,7 +50,8 @@ def moving_rows(table: Table, held_pages: int, *, has_slot: bool) -> Table:
 @dataclass(frozen=True, eq=False)
 class Envelope:
     """Everything one request owns in a pool, as byte ranges of its arena (see the module doc).
-    Raises ValueError for a table that cannot describe one; `moving` is computed here, once."""
+    Raises EnvelopeInvalid (RequestIdInvalid for the id) or HeldPagesInvalid for fields that cannot
+    describe one; `moving` is computed here, once."""
 
     request_id: str
     num_tokens: int
@@ -59,19 +62,19 @@ class Envelope:
 
     def __post_init__(self) -> None:
         if type(self.request_id) is not str or not 0 < len(self.request_id) <= MAX_REQUEST_ID_CHARS:
-            raise ValueError(
-                f"a request id is a str of 1 to {MAX_REQUEST_ID_CHARS} characters, got {self.request_id!r}"
-            )
+            raise RequestIdInvalid(self.request_id, MAX_REQUEST_ID_CHARS)
         if type(self.num_tokens) is not int or self.num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {self.num_tokens!r}")
+            raise EnvelopeInvalid("num_tokens", self.num_tokens, "an int >= 0")
         ranges = self.ranges
         if ranges.dtype != torch.int64 or ranges.dim() != 2 or ranges.shape[1] != 2:
             shape = f"{tuple(ranges.shape)} {ranges.dtype}"
-            raise ValueError(f"ranges must be an (n, 2) int64 tensor of (offset, nbytes), got {shape}")
+            raise EnvelopeInvalid("ranges", shape, "an (n, 2) int64 tensor of (offset, nbytes)")
         if ranges.device.type != "cpu":
-            raise ValueError("ranges must be a CPU tensor (a transfer plans on the host)")
+            raise EnvelopeInvalid(
+                "ranges", f"a {ranges.device.type} tensor", "a CPU tensor (a transfer plans on the host)"
+            )
         if ranges.shape[0] == 0:
-            raise ValueError("ranges is empty: an envelope holds at least one byte range")
+            raise EnvelopeInvalid("ranges", "no rows", "at least one byte range")
         object.__setattr__(self, "moving", moving_rows(ranges, self.held_pages, has_slot=self.has_slot))
 
     @property

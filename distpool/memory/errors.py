@@ -122,6 +122,56 @@ class TokenCountInvalid(ValueError):
         return type(self), (self.call, self.request_id, self.value)
 
 
+class EnvelopeInvalid(ValueError):
+    """An envelope whose `field` ("request_id", "num_tokens", "ranges") holds `value` (for ranges:
+    its shape, dtype and device, as text) where it must be `expected`."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        super().__init__(f"{field} must be {expected}, got {value!r}")
+        self.field, self.value, self.expected = field, value, expected
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.expected)
+
+
+class RequestIdInvalid(EnvelopeInvalid):
+    """A request id (`value`) that is not a str of 1 to `limit` characters."""
+
+    def __init__(self, value: object, limit: int) -> None:
+        expected = f"a str of 1 to {limit} characters"
+        ValueError.__init__(self, f"a request id is {expected}, got {value!r}")
+        self.field, self.value, self.expected, self.limit = "request_id", value, expected, limit
+
+    def __reduce__(self):
+        return type(self), (self.value, self.limit)
+
+
+class HeldPagesInvalid(ValueError):
+    """`held_pages` pages said held at the destination, of a table with only `pages` pages (or a
+    negative count): no transfer can skip them."""
+
+    def __init__(self, held_pages: object, pages: int) -> None:
+        super().__init__(f"{held_pages} held pages, but the table has {pages} pages")
+        self.held_pages, self.pages = held_pages, pages
+
+    def __reduce__(self):
+        return type(self), (self.held_pages, self.pages)
+
+
+class InvariantBroken(AssertionError):
+    """A `check` found the pool's accounting broken: `code` names the invariant (short and stable),
+    `statement` says what should hold, `subject` what broke it ("high band", a request id, a cached
+    page; "": the structure as a whole)."""
+
+    def __init__(self, code: str, statement: str, subject: str = "") -> None:
+        where = f"{subject}: " if subject else ""
+        super().__init__(f"invariant broken: {where}{statement}")
+        self.code, self.statement, self.subject = code, statement, subject
+
+    def __reduce__(self):
+        return type(self), (self.code, self.statement, self.subject)
+
+
 class NotALayerOfKind(ValueError):
     """A view of `layer` as a layer of `kind` ("full-attention", "sliding-window", "Mamba"), which
     it is not: the model's layers of that kind are `layers` (empty: it has none)."""

@@ -28,9 +28,13 @@ from distpool.memory.errors import (
     BandUsage,
     DoesNotFit,
     DuplicateRequest,
+    EnvelopeInvalid,
+    HeldPagesInvalid,
+    InvariantBroken,
     NeedsCompaction,
     NotALayerOfKind,
     NotPinned,
+    RequestIdInvalid,
     RequestPinned,
     TokenCountInvalid,
     UnknownRequest,
@@ -40,10 +44,14 @@ __all__ = [
     "BandUsage",
     "DoesNotFit",
     "DuplicateRequest",
+    "EnvelopeInvalid",
+    "HeldPagesInvalid",
+    "InvariantBroken",
     "NeedsCompaction",
     "NotALayerOfKind",
     "NotPinned",
     "Pool",
+    "RequestIdInvalid",
     "RequestPinned",
     "TokenCountInvalid",
     "UnknownRequest",
@@ -103,4 +111,4 @@ class Pool(Protocol):
 
     def usage(self) -> dict[str, BandUsage]: ...  # per band present: "pages", "slots", "swa_pages"
     def compactions(self) -> tuple[int, int, float]: ...  # so far: count, bytes moved, seconds
-    def check_invariants(self) -> None: ...  # raises AssertionError naming the broken invariant
+    def check_invariants(self) -> None: ...  # raises InvariantBroken (an AssertionError) naming it

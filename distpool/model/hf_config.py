@@ -44,7 +44,7 @@ from typing import Any
 
 from distpool.model.dtypes import DTYPE_NAMES, canonical_dtype
 from distpool.model.hf_families import FAMILIES
-from distpool.model.hf_fields import NUM_LAYERS, ConfigFields, load_config
+from distpool.model.hf_fields import NUM_LAYERS, ConfigFields, ConfigInvalid, load_config
 from distpool.model.hf_schedule import ATTENTION_OF_TAG, RECURRENT_TAGS, SCHEDULE_FIELDS, layer_schedule
 from distpool.model.hf_state import recurrent_state
 from distpool.model.spec import DEEPSEEK_V4, DENSE, HYBRID_MAMBA, HYBRID_SWA, AttentionSpec, ModelSpec
@@ -60,6 +60,15 @@ _V4_RATIO_OF_TYPE = {
 }
 
 
+def _dtype_override(source: str, name: str, value: object) -> str:
+    """The canonical dtype an override `name` spells; ConfigInvalid (field "override NAME") if none."""
+    try:
+        return canonical_dtype(value)
+    except ValueError:
+        message = f"override {name}: unknown dtype {value!r}; use {DTYPE_NAMES}"
+        raise ConfigInvalid(source, f"override {name}", value, f"one of {DTYPE_NAMES}", message) from None
+
+
 def spec_from_hf(config: Mapping[str, Any] | str | Path, **overrides: str | None) -> ModelSpec:
     """Classify a Hugging Face config: a dict, a `config.json` path, or a directory holding one.
 
@@ -68,10 +77,11 @@ def spec_from_hf(config: Mapping[str, Any] | str | Path, **overrides: str | None
     """
     data, source = load_config(config)
     if unknown := sorted(set(overrides) - set(_OVERRIDES)):
-        raise ValueError(f"{source}: unknown override(s) {unknown}; supported: {', '.join(_OVERRIDES)}")
+        supported = ", ".join(_OVERRIDES)
+        message = f"unknown override(s) {unknown}; supported: {supported}"
+        raise ConfigInvalid(source, "overrides", unknown, f"among {supported}", message)
     kv, conv, ssm = (
-        None if overrides.get(k) is None else canonical_dtype(overrides[k], f"{source}: override {k}")
-        for k in _OVERRIDES
+        None if overrides.get(k) is None else _dtype_override(source, k, overrides[k]) for k in _OVERRIDES
     )
     root = ConfigFields(data, source)
     text = next((root.sub(k) for k in _TEXT_CONFIG_KEYS if root.has(k)), root)

@@ -5,7 +5,8 @@ decode worker's `next_events` hands out one `DecodeResult` per request (`DecodeE
 they are made when streaming). Both sides import these (serving above, prefill and decode below);
 Ray pickles them as they are. The driver counts from them: a worker's own counters go with it when
 it dies. A failed result says what kind of failure it was (`kind`, which the driver reads) and why,
-in words (`reason`, which a person reads).
+in words (`reason`, which a person reads); a prefill's also what stopped it (`cause`, which a
+caller tells apart).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import ClassVar
 
 from distpool.memory.prefix import CacheNews
 from distpool.model.sampling import LENGTH, Finish, SamplingParams
+from distpool.model_impl.pool_model import Mismatch
 from transfer.wire import FailureKind
 
 
@@ -30,6 +32,19 @@ class PrefillItem:
 
 
 # ---- prefill's result, per request --------------------------------------------------------------
+class PrefillCause(Enum):
+    """What stopped a prefill (`PrefillBusy.cause`, `PrefillFailed.cause`)."""
+
+    NO_ROOM = "no room"  # the pool could not hold the prompt now
+    WAVES_DIFFER = "waves differ"  # the TP ranks reserved different waves
+    GROUP_NOT_FORMED = "group not formed"  # this rank's TP group has not formed (yet)
+    ALREADY_HELD = "already held"  # the request id is held here already
+    NO_ENVELOPE = "no envelope"  # the pool could not describe the request as an envelope
+    NO_CHANNEL = "no channel"  # no channel to a rank of the decode worker
+    TRANSFER = "transfer"  # the transfer failed (its `kind` says how)
+    RANKS_DISAGREE = "ranks disagree"  # the prefill ranks computed different token counts
+
+
 @dataclass(frozen=True)
 class PrefillSent:
     """The envelope reached its decode worker; the transfer header carried the first token."""
@@ -49,6 +64,7 @@ class PrefillBusy:
 
     kind: ClassVar[FailureKind] = FailureKind.NO_ROOM
     reason: str
+    cause: PrefillCause
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,7 @@ class PrefillFailed:
     kind: FailureKind
     reason: str
     retry: bool
+    cause: PrefillCause
 
 
 PrefillResult = PrefillSent | PrefillBusy | PrefillFailed
@@ -93,6 +110,7 @@ class DecodeFailed:
     kind: FailureKind  # CORRUPT: its envelope's bytes were wrong (never retried)
     reason: str
     retry: bool  # whether another pair may succeed (False: a bug on decode's side)
+    mismatch: Mismatch | None = None  # CORRUPT: the first wrong byte, where the model found one
 
     @property
     def corrupt(self) -> bool:

@@ -19,6 +19,7 @@ from distpool.memory.pool import (
     BandUsage,
     DoesNotFit,
     DuplicateRequest,
+    InvariantBroken,
     NeedsCompaction,
     NotPinned,
     RequestPinned,
@@ -311,13 +312,17 @@ def test_check_invariants_names_what_broke():
     pool = make_pool()
     pool.reserve("a", 8)
     pool.allocator.high_band.owned[0] = True  # a position owned by nobody's map
-    with pytest.raises(AssertionError, match="owned count drifted"):
+    with pytest.raises(InvariantBroken) as err:
         pool.check_invariants()
+    assert (err.value.code, err.value.subject) == ("owned-count", "high band")
     pool.allocator.high_band.owned[0] = False
     table = pool.allocator.holdings
     table.num_tokens[table.rows["a"]] = 9  # the request claims more than it holds
-    with pytest.raises(AssertionError, match="one page per page_size tokens"):
+    with pytest.raises(InvariantBroken) as err:
         pool.check_invariants()
+    assert (err.value.code, err.value.subject) == ("pages-cover-tokens", "a")
+    assert isinstance(err.value, AssertionError)  # what a check has always raised
+    assert vars(pickle.loads(pickle.dumps(err.value))) == vars(err.value)
 
 
 def test_a_targeted_plans_copies_keep_its_order_and_a_slides_run_highest_first():

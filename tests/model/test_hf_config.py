@@ -564,10 +564,12 @@ def test_recurrent_layers_without_a_known_state_family():
 
 
 def test_bad_overrides():
-    with pytest.raises(ValueError, match=r"override kv_dtype: unknown dtype 'int4'"):
+    with pytest.raises(ConfigInvalid) as err:
         spec_of("llama3", kv_dtype="int4")
-    with pytest.raises(ValueError, match=r"unknown override\(s\) \['cache_dtype'\]"):
+    assert (err.value.field, err.value.value) == ("override kv_dtype", "int4")
+    with pytest.raises(ConfigInvalid) as err:
         spec_of("llama3", cache_dtype="float32")
+    assert (err.value.field, err.value.value) == ("overrides", ["cache_dtype"])
 
 
 @pytest.mark.parametrize("fixture", ["llama3", "falcon_h1", "lfm2", "jamba", "mamba2", "qwen3_next"])

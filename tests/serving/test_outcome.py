@@ -11,6 +11,7 @@ from distpool.worker.messages import (
     DecodeFailed,
     DecodeFinished,
     PrefillBusy,
+    PrefillCause,
     PrefillFailed,
     PrefillItem,
     PrefillSent,
@@ -43,8 +44,10 @@ def test_a_successful_attempt_reads_both_workers_results():
     [
         PrefillItem(request_id="r", prompt=[1, 2, 3], decode_worker="decode-0"),
         SENT,
-        PrefillBusy(reason="prefill-0 has no room"),
-        PrefillFailed(kind=FailureKind.ABORTED, reason="injected fault", retry=True),
+        PrefillBusy(reason="prefill-0 has no room", cause=PrefillCause.NO_ROOM),
+        PrefillFailed(
+            kind=FailureKind.ABORTED, reason="injected fault", retry=True, cause=PrefillCause.TRANSFER
+        ),
         FINISHED,
         DecodeFailed(kind=FailureKind.CORRUPT, reason="corrupt envelope: received page 3", retry=False),
         make_decode_stats(steps=7),

@@ -29,7 +29,14 @@ from distpool.serving.path.local_path import LocalPath
 from distpool.serving.routing.conditional import ConditionalOptions
 from distpool.serving.routing.router import Router
 from distpool.worker.config import WorkerConfig
-from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillSent
+from distpool.worker.messages import (
+    DecodeFailed,
+    DecodeFinished,
+    PrefillBusy,
+    PrefillCause,
+    PrefillFailed,
+    PrefillSent,
+)
 from tests.factories import tp_spec
 from tests.serving import helpers
 from transfer.wire.failure import FailureKind
@@ -76,8 +83,10 @@ def sent(nbytes: int, seconds: float) -> PrefillSent:
 def test_prefill_is_sent_when_every_rank_sent_and_busy_or_failed_otherwise():
     both = PrefillSent(transfer_bytes=22, transfer_s=0.7, source_runs=4, computed_tokens=9)
     assert merge_prefill([sent(10, 0.5), sent(12, 0.7)]) == both  # bytes summed, the slowest's time
-    busy = PrefillBusy(reason="no room")
-    failed = PrefillFailed(kind=FailureKind.TIMEOUT, reason="channel", retry=True)
+    busy = PrefillBusy(reason="no room", cause=PrefillCause.NO_ROOM)
+    failed = PrefillFailed(
+        kind=FailureKind.TIMEOUT, reason="channel", retry=True, cause=PrefillCause.TRANSFER
+    )
     assert merge_prefill([sent(10, 0.5), busy]) is busy
     assert merge_prefill([busy, failed]) is failed
     uneven = merge_prefill([sent(10, 0.5), dataclasses.replace(sent(10, 0.5), computed_tokens=4)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -11,6 +12,7 @@ import torch
 import transfer.ends.receive_pipeline as receive_pipeline_module
 import transfer.ends.send_pipeline as send_pipeline_module
 from distpool.memory.envelope import Envelope
+from distpool.memory.pool import EnvelopeInvalid, HeldPagesInvalid, RequestIdInvalid
 from tests.transfer.transfer_peer import (
     Ledger,
     digest,
@@ -259,12 +261,17 @@ def test_caller_mistakes_are_refused_before_queueing(pair):
     sender, receiver = pair
     src = tables(seed=9)[0]
     arena = make_arena(ARENA_BYTES, 16)
-    with pytest.raises(ValueError, match="an \\(n, 2\\) int64 tensor"):
+    with pytest.raises(EnvelopeInvalid) as bad_ranges:
         envelope_for("m", src.to(torch.int32), has_slot=True)
-    with pytest.raises(ValueError, match="a str of 1 to 256 characters"):
+    assert (bad_ranges.value.field, bad_ranges.value.value) == ("ranges", f"{tuple(src.shape)} torch.int32")
+    with pytest.raises(RequestIdInvalid) as long_id:
         envelope_for("m" * 257, src, has_slot=True)
-    with pytest.raises(ValueError, match="41 held pages, but the table has 40 pages"):
+    assert (long_id.value.field, long_id.value.value, long_id.value.limit) == ("request_id", "m" * 257, 256)
+    with pytest.raises(HeldPagesInvalid) as held:
         Envelope(request_id="m", num_tokens=1, ranges=src, has_slot=True, held_pages=41)
+    assert (held.value.held_pages, held.value.pages) == (41, 40)
+    for refusal in (bad_ranges.value, long_id.value, held.value):  # each crosses processes whole
+        assert vars(pickle.loads(pickle.dumps(refusal))) == vars(refusal)
     with pytest.raises(RangesRefused) as past:
         sender.submit(envelope_for("m", src, has_slot=True), arena[: 1 << 20])
     assert (past.value.problem, past.value.arena_bytes) == (PAST_ARENA, 1 << 20)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from distpool.memory.pool import HeldPagesInvalid
 from transfer import TransferOptions
 from transfer.plans import (
     BAD_SHAPE,
@@ -251,8 +252,9 @@ def test_moving_rows_drop_the_held_pages_and_keep_the_slot_first():
     assert moving_rows(rows.numpy(), 4, has_slot=True).tolist() == [[0, 8]]  # numpy tables too
     assert moving_rows(rows, 2, has_slot=False).tolist() == [[104, 4], [200, 4], [300, 4]]
     for held in (-1, 5):  # a hostile READY cannot make either end skip the slot or invent pages
-        with pytest.raises(ValueError, match="held pages"):
+        with pytest.raises(HeldPagesInvalid) as err:
             moving_rows(rows, held, has_slot=True)
+        assert (err.value.held_pages, err.value.pages) == (held, 4)
 
 
 def test_a_batch_scattered_on_both_sides_goes_as_stretches_of_one_side_where_that_copies_less():

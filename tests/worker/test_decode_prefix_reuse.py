@@ -106,7 +106,7 @@ def test_a_corrupted_transfer_never_touches_the_held_prefix():
         assert isinstance(prefill_one(p, "t2", second), PrefillSent)
         result = wait_finished(d, ["t2"])["t2"]
         assert result.kind is FailureKind.CORRUPT
-        assert "state" in result.reason  # which part was found wrong: the slot, checked first
+        assert result.mismatch.kind == "state"  # which part was found wrong: the slot, checked first
         retry = serve(p, d, {"t2": second}, MAX_NEW)["t2"]
         assert isinstance(retry, PrefillSent)
         again = wait_finished(d, ["t2"])["t2"]

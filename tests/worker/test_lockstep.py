@@ -22,7 +22,14 @@ from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 from distpool.worker.config import WorkerConfig
 from distpool.worker.lockstep import GroupBroken, Lockstep
-from distpool.worker.messages import DecodeFailed, DecodeFinished, PrefillBusy, PrefillFailed, PrefillItem
+from distpool.worker.messages import (
+    DecodeFailed,
+    DecodeFinished,
+    PrefillBusy,
+    PrefillCause,
+    PrefillFailed,
+    PrefillItem,
+)
 from distpool.worker.stats import PoolHeld
 from prefill.worker import PrefillWorker
 from tests.factories import accounting, tp_spec
@@ -149,7 +156,8 @@ def test_prefill_ranks_that_reserved_different_waves_compute_none_and_hold_nothi
     item = PrefillItem(request_id="r", prompt=prompt, decode_worker="decode-0")
     results = on_ranks(2, lambda rank: ranks[rank].prefill_and_send([item]))
     assert all(isinstance(r["r"], PrefillBusy) for r in results)
-    assert "reserved different waves" in results[0]["r"].reason
+    # rank 0 reserved it and gave it back; rank 1, full, never reserved it
+    assert [r["r"].cause for r in results] == [PrefillCause.WAVES_DIFFER, PrefillCause.NO_ROOM]
     assert accounting(ranks[0].pool) == before and ranks[0].stats().held == 0
     for worker in ranks:
         worker.shutdown()
@@ -176,7 +184,7 @@ def test_a_prefill_rank_called_before_its_group_formed_computes_nothing_and_the_
     item = PrefillItem(request_id="r", prompt=list(range(1, 20)), decode_worker="decode-0")
     result = worker.prefill_and_send([item])["r"]
     assert isinstance(result, PrefillFailed) and result.retry and result.kind is FailureKind.WORKER_LOST
-    assert "has not formed" in result.reason
+    assert result.cause is PrefillCause.GROUP_NOT_FORMED
     assert accounting(worker.pool) == before and worker.stats().held == 0
     worker.shutdown()
 

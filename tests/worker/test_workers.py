@@ -9,7 +9,7 @@ import pytest
 
 from decode.request import OVER_CONTEXT, RequestRefused
 from decode.worker import DecodeWorker
-from distpool.memory.pool import DoesNotFit, Pool
+from distpool.memory.pool import DoesNotFit, Pool, RequestIdInvalid
 from distpool.memory.sizing import PoolArgs
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.sampling import SamplingParams
@@ -198,9 +198,10 @@ def test_workers_use_nothing_but_the_pool_interface():
 
 def test_a_reservation_that_fails_after_taking_memory_gives_it_all_back(pair):
     _, d = pair
-    with pytest.raises(ValueError, match="a request id is a str of 1 to 256 characters"):
+    with pytest.raises(RequestIdInvalid) as err:
         # the pool holds it; the envelope cannot carry the id
         d.reserve("x" * 300, list(range(10)), SamplingParams(max_tokens=2), "prefill-0")
+    assert (err.value.value, err.value.limit) == ("x" * 300, 256)
     assert_nothing_held(d)
     assert d.stats().pages_peak > 0  # it did take memory before it failed
 

@@ -267,17 +267,23 @@ class Allocator:
         return out
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the broken invariant (see `BandUsage` for the counts)."""
+        """Raise InvariantBroken naming the broken invariant (see `BandUsage` for the counts)."""
         self.low_band.check("low band")
         self.high_band.check("high band")
         for name, u in self.usage().items():
-            require(u.free + u.held == u.capacity, f"{name}: free + held == capacity")
-            require(0 <= u.pinned <= u.held, f"{name}: pinned units are held units")
+            require(u.free + u.held == u.capacity, "usage-adds-up", "free + held == capacity", name)
+            require(0 <= u.pinned <= u.held, "pinned-held", "pinned units are held units", name)
         table = self.holdings
         for band, ids in zip((self.low_band, self.high_band), table.held_ids(table.live_rows()), strict=True):
-            require(bool((band.physical(ids) >= 0).all()), "every held virtual id maps to a physical id")
+            require(
+                bool((band.physical(ids) >= 0).all()),
+                "held-mapped",
+                "every held virtual id maps to a physical id",
+            )
         self.sharing.check()
         table.check(require)
         self.claims.check()
         self.footprint.check(table)
-        require(not self.frontier.bands_overlap(), "low and high band units never overlap in bytes")
+        require(
+            not self.frontier.bands_overlap(), "bands-apart", "low and high band units never overlap in bytes"
+        )

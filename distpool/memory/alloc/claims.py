@@ -85,5 +85,6 @@ class GrowthClaims:
         expected[ends] = np.where(ends > 0, self.table.room[live], 0)
         require(
             np.array_equal(expected, self.by_position),
+            "claims-placed",
             "growth claims sit right after their requests' last pages",
         )

@@ -81,6 +81,11 @@ class Footprint:
         for rid, r in table.rows.items():
             n = int(table.num_tokens[r])
             first, end = self.swa_range(n)
-            require(len(table.vpages[r]) == self.pages_for(n), f"{rid}: one page per page_size tokens")
-            require(int(table.vslot[r] >= 0) == int(self.has_slot), f"{rid}: one slot per request")
-            require(len(table.vswa[r]) == end - first, f"{rid}: window pages cover the window")
+            require(
+                len(table.vpages[r]) == self.pages_for(n),
+                "pages-cover-tokens",
+                "one page per page_size tokens",
+                rid,
+            )
+            require(int(table.vslot[r] >= 0) == int(self.has_slot), "one-slot", "one slot per request", rid)
+            require(len(table.vswa[r]) == end - first, "window-pages", "window pages cover the window", rid)

@@ -299,12 +299,18 @@ class RequestTable:
             at += k
 
     def check(self, require) -> None:
-        """The table's own invariants, reported through `require(ok, invariant)`."""
+        """The table's own invariants, reported through `require(ok, code, statement, subject)`."""
         for rid, r in self.rows.items():
-            require(self.pins[r] >= 0, f"{rid}: pin count is non-negative")
+            require(self.pins[r] >= 0, "pins-non-negative", "pin count is non-negative", rid)
             last = self.vpages[r][-1] if self.vpages[r] else -1
-            require(self.last_vpage[r] == last, f"{rid}: the last page is recorded where growth starts")
-        require(self.num_pinned == int((self.pins > 0).sum()), "the pinned-request count matches the pins")
+            require(
+                self.last_vpage[r] == last, "last-page", "the last page is recorded where growth starts", rid
+            )
+        require(
+            self.num_pinned == int((self.pins > 0).sum()),
+            "pinned-count",
+            "the pinned-request count matches the pins",
+        )
 
     def live_rows(self) -> np.ndarray:
         return np.fromiter(self.rows.values(), dtype=np.int64, count=len(self.rows))

@@ -144,14 +144,30 @@ class SharedPages:
         holders += self.cached
         owned = self.high_band.v2p >= 0
         require(
-            bool((holders[owned] == self.extra_holders[owned] + 1).all()), "each page's holders are counted"
+            bool((holders[owned] == self.extra_holders[owned] + 1).all()),
+            "page-holders",
+            "each page's holders are counted",
         )
         require(
-            not bool(holders[~owned].any()) and not self.extra_holders[~owned].any(), "no free page is held"
+            not bool(holders[~owned].any()) and not self.extra_holders[~owned].any(),
+            "free-unheld",
+            "no free page is held",
         )
-        require(self.num_shared == int(np.count_nonzero(self.extra_holders)), "the shared-page count matches")
+        require(
+            self.num_shared == int(np.count_nonzero(self.extra_holders)),
+            "shared-count",
+            "the shared-page count matches",
+        )
         checkpoints = np.flatnonzero(self.checkpoint)
-        require(np.unique(low_ids).size == low_ids.size, "no low unit is held by two requests")
-        require(not np.isin(low_ids, checkpoints).any(), "no checkpoint is a request's unit")
-        require(low_ids.size + checkpoints.size == self.low_band.num_owned, "every low unit has its holder")
-        require(bool((self.low_band.v2p[checkpoints] >= 0).all()), "every checkpoint is live")
+        require(np.unique(low_ids).size == low_ids.size, "low-once", "no low unit is held by two requests")
+        require(
+            not np.isin(low_ids, checkpoints).any(), "checkpoint-unheld", "no checkpoint is a request's unit"
+        )
+        require(
+            low_ids.size + checkpoints.size == self.low_band.num_owned,
+            "low-held",
+            "every low unit has its holder",
+        )
+        require(
+            bool((self.low_band.v2p[checkpoints] >= 0).all()), "checkpoint-live", "every checkpoint is live"
+        )

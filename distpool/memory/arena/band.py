@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from distpool.memory.arena.free_runs import NO_POSITIONS, FreeRuns
+from distpool.memory.errors import InvariantBroken
 
 
 class Band:
@@ -141,23 +142,43 @@ class Band:
 
     # ---- invariants ----------------------------------------------------------------------------
     def check(self, name: str) -> None:
-        """Raise AssertionError naming the first broken id invariant of this band."""
+        """Raise InvariantBroken naming the first broken id invariant of this band (`name`)."""
         used_virtual = np.flatnonzero(self.v2p >= 0)
         physical = self.v2p[used_virtual]
         unused = self._unused_virtual[: self._num_unused_virtual]
-        require(int(self.owned.sum()) == self.num_owned, f"{name}: owned count drifted from the free runs")
-        require(self.runs.matches(self.owned), f"{name}: free runs are the unowned stretches")
-        require(used_virtual.size == self.num_owned, f"{name}: every virtual id maps to one physical id")
-        require(np.unique(physical).size == physical.size, f"{name}: no physical id is owned twice")
-        require(bool(self.owned[physical].all()), f"{name}: every mapped physical id is owned")
-        require(bool((self.p2v[physical] == used_virtual).all()), f"{name}: p2v inverts v2p")
-        require(bool(((self.p2v >= 0) == self.owned).all()), f"{name}: free positions map to no virtual id")
+        require(
+            int(self.owned.sum()) == self.num_owned,
+            "owned-count",
+            "owned count drifted from the free runs",
+            name,
+        )
+        require(self.runs.matches(self.owned), "free-runs", "free runs are the unowned stretches", name)
+        require(
+            used_virtual.size == self.num_owned,
+            "virtual-mapped",
+            "every virtual id maps to one physical id",
+            name,
+        )
+        require(
+            np.unique(physical).size == physical.size, "physical-once", "no physical id is owned twice", name
+        )
+        require(bool(self.owned[physical].all()), "mapped-owned", "every mapped physical id is owned", name)
+        require(bool((self.p2v[physical] == used_virtual).all()), "p2v-inverts", "p2v inverts v2p", name)
+        require(
+            bool(((self.p2v >= 0) == self.owned).all()),
+            "free-unmapped",
+            "free positions map to no virtual id",
+            name,
+        )
         require(
             np.array_equal(np.sort(unused), np.flatnonzero(self.v2p < 0)),
-            f"{name}: the unused virtual ids are exactly the unmapped ones",
+            "unused-virtual",
+            "the unused virtual ids are exactly the unmapped ones",
+            name,
         )
 
 
-def require(ok: bool, invariant: str) -> None:
+def require(ok: bool, code: str, statement: str, subject: str = "") -> None:
+    """Raise InvariantBroken(code, statement, subject) unless `ok`."""
     if not ok:
-        raise AssertionError(f"invariant broken: {invariant}")
+        raise InvariantBroken(code, statement, subject)

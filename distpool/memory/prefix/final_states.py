@@ -145,11 +145,21 @@ class FinalStates:
 
     def check(self) -> None:
         for entry in self._entries.values():
-            require(bool(self.allocator.checkpoint[entry.checkpoint]), "a final state's unit is a checkpoint")
-            require(len(entry.pages) == entry.num_tokens // self.page_size, "a final state covers its pages")
+            require(
+                bool(self.allocator.checkpoint[entry.checkpoint]),
+                "final-checkpoint",
+                "a final state's unit is a checkpoint",
+            )
+            require(
+                len(entry.pages) == entry.num_tokens // self.page_size,
+                "final-pages",
+                "a final state covers its pages",
+            )
             if entry.partial_page is not None:
                 require(
-                    bool(self.allocator.cached[entry.partial_page]), "a final state holds its partial page"
+                    bool(self.allocator.cached[entry.partial_page]),
+                    "final-partial",
+                    "a final state holds its partial page",
                 )
 
     # ---- internals ------------------------------------------------------------------------------

@@ -187,9 +187,11 @@ class PrefixCache:
         cached = np.flatnonzero(self.allocator.cached)
         require(
             cached.size == self.index.num_pages + partial,
+            "cache-pages",
             "the cache holds exactly the pages it indexes and its final states' partial pages",
         )
         require(
             int(np.count_nonzero(self.allocator.checkpoint)) == self.index.num_checkpoints + kept,
+            "cache-checkpoints",
             "the cache owns exactly the checkpoints it indexes and its final states",
         )

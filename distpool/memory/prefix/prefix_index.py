@@ -28,6 +28,7 @@ import numpy as np
 from distpool.memory.errors import (
     CheckpointsRefused,
     HandlesReused,
+    InvariantBroken,
     NotACachedPrefix,
     NotAcquired,
     PagesStillHeld,
@@ -63,9 +64,9 @@ Tokens = Sequence[int] | np.ndarray  # token ids, 1-D
 Checkpoints = dict[int, int] | None  # depth k (1-based) -> checkpoint handle
 
 
-def require_or_raise(ok: bool, what: str) -> None:
+def require_or_raise(ok: bool, code: str, statement: str, subject: str = "") -> None:
     if not ok:
-        raise AssertionError(f"prefix index invariant broken: {what}")
+        raise InvariantBroken(code, f"prefix index: {statement}", subject)
 
 
 @dataclass(frozen=True)
@@ -241,31 +242,70 @@ class PrefixIndex:
         self._reset()
         return dropped
 
-    def check(self, require: Callable[[bool, str], None] = require_or_raise) -> None:
-        """Report every structural and accounting invariant through `require(ok, what)`. O(n)."""
+    def check(self, require: Callable[..., None] = require_or_raise) -> None:
+        """Report every structural and accounting invariant through `require(ok, code, statement,
+        subject)`. O(n)."""
         pages, checkpoints, stack = {}, {}, [self._root]
         while stack:
             node = stack.pop()
-            require(node.child_users == sum(c.users for c in node.children.values()), f"{node.page}: users")
+            require(
+                node.child_users == sum(c.users for c in node.children.values()),
+                "child-users",
+                "users",
+                f"{node.page}",
+            )
             for digest, child in node.children.items():
                 at = f"page {child.page} at depth {child.depth}"
-                require(child.parent is node and child.depth == node.depth + 1, f"{at}: parent, depth")
-                require(len(child.tokens) == TOKEN_BYTES * self.page_size, f"{at}: one full page")
-                require(digest == child.digest == block_key(node.digest, child.tokens), f"{at}: digest")
-                require(child.users >= child.child_users >= 0, f"{at}: users cover the children's")
-                require(node is self._root or child.tick <= node.tick, f"{at}: never used after its parent")
-                require(pages.setdefault(child.page, child) is child, f"{at}: page handle cached once")
+                require(
+                    child.parent is node and child.depth == node.depth + 1,
+                    "parent-depth",
+                    "parent, depth",
+                    at,
+                )
+                require(len(child.tokens) == TOKEN_BYTES * self.page_size, "full-page", "one full page", at)
+                require(
+                    digest == child.digest == block_key(node.digest, child.tokens), "digest", "digest", at
+                )
+                require(
+                    child.users >= child.child_users >= 0, "users-cover", "users cover the children's", at
+                )
+                require(
+                    node is self._root or child.tick <= node.tick,
+                    "tick-order",
+                    "never used after its parent",
+                    at,
+                )
+                require(
+                    pages.setdefault(child.page, child) is child, "page-once", "page handle cached once", at
+                )
                 if child.checkpoint is not None:
-                    require(checkpoints.setdefault(child.checkpoint, child) is child, f"{at}: 2nd checkpoint")
+                    require(
+                        checkpoints.setdefault(child.checkpoint, child) is child,
+                        "checkpoint-once",
+                        "2nd checkpoint",
+                        at,
+                    )
                 stack.append(child)
-        require(pages == self._by_page and checkpoints == self._by_checkpoint, "handle maps = the trie")
-        require(self.needs_checkpoint or not checkpoints, "no checkpoints unless needs_checkpoint")
+        require(
+            pages == self._by_page and checkpoints == self._by_checkpoint,
+            "handle-maps",
+            "handle maps = the trie",
+        )
+        require(
+            self.needs_checkpoint or not checkpoints,
+            "checkpoints-needed",
+            "no checkpoints unless needs_checkpoint",
+        )
         idle = [n for n in pages.values() if n.users == 0]
-        require(self.evictable() == (len(idle), sum(n.checkpoint is not None for n in idle)), "idle counts")
+        require(
+            self.evictable() == (len(idle), sum(n.checkpoint is not None for n in idle)),
+            "idle-counts",
+            "idle counts",
+        )
         for leaf, heap in self._heaps.items():
             current = {id(entry[2]) for entry in heap if entry[2].idle(leaf=leaf, tick=entry[0])}
             missing = [n.page for n in idle if n.idle(leaf=leaf) and id(n) not in current]
-            require(not missing, f"eviction candidates {missing} have a current heap entry")
+            require(not missing, "heap-entries", f"eviction candidates {missing} have a current heap entry")
 
     def _pages(self, tokens: Tokens) -> tuple[int, list[bytes]]:
         """(number of tokens, the full pages packed as int64 LE)."""

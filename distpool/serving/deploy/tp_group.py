@@ -31,6 +31,7 @@ from distpool.worker.messages import (
     DecodeFinished,
     DecodeResult,
     PrefillBusy,
+    PrefillCause,
     PrefillFailed,
     PrefillResult,
     PrefillSent,
@@ -240,7 +241,9 @@ def merge_prefill(results: list[PrefillResult]) -> PrefillResult:
     sent: list[PrefillSent] = results  # type: ignore[assignment]
     if len({r.computed_tokens for r in sent}) > 1:
         reason = f"the prefill ranks computed different token counts: {[r.computed_tokens for r in sent]}"
-        return PrefillFailed(kind=FailureKind.INTERNAL, reason=reason, retry=False)
+        return PrefillFailed(
+            kind=FailureKind.INTERNAL, reason=reason, retry=False, cause=PrefillCause.RANKS_DISAGREE
+        )
     return dataclasses.replace(
         sent[0],
         transfer_bytes=sum(r.transfer_bytes for r in sent),
