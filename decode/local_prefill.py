@@ -26,6 +26,7 @@ from distpool.memory.prefix import StateKey
 from distpool.model.sampling import SamplingParams, pick_for
 from distpool.model_impl.pool_model import PoolModel
 from distpool.model_impl.prefill_job import PrefillJob
+from distpool.worker.config import WorkerConfigInvalid
 from distpool.worker.messages import (
     LocalPrefillAnswer,
     LocalPrefillRefused,
@@ -42,7 +43,7 @@ class LocalPrefills:
         self, pool: Pool, model: PoolModel, *, chunk_tokens: int, eos_token_ids: tuple[int, ...] = ()
     ) -> None:
         if chunk_tokens < 1:
-            raise ValueError(f"--local-prefill-chunk must be at least 1 token; got {chunk_tokens}")
+            raise WorkerConfigInvalid("local_prefill_chunk", chunk_tokens, "at least 1 token")
         self.pool, self.model, self.chunk_tokens = pool, model, chunk_tokens
         self.eos_token_ids = eos_token_ids
         self.requests: dict[str, DecodeRequest] = {}  # accepted, prompt not wholly computed yet, FIFO

@@ -40,6 +40,7 @@ from distpool.serving.deploy import (
     RankPoolRefused,
     TooFewNodes,
 )
+from distpool.worker.config import WorkerConfigInvalid
 
 UNIFIED_FLAG = "--enable-unified-memory"
 UNIFIED_SUPPORTED = (
@@ -53,7 +54,7 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _pool_arg(exc: PoolArgInvalid) -> str:
+def _pool_arg(exc: PoolArgInvalid | WorkerConfigInvalid) -> str:
     return f"{flag_of(exc.field)} must be {exc.expected}; got {exc.value!r}"
 
 
@@ -197,6 +198,7 @@ def _too_few_nodes(exc: TooFewNodes) -> str:
 
 _TEXTS: dict[type, Callable] = {
     PoolArgInvalid: _pool_arg,
+    WorkerConfigInvalid: _pool_arg,
     UnifiedMemoryRefused: _unified,
     BudgetTooSmall: _budget,
     RankPoolRefused: _rank_pool,

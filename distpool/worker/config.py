@@ -13,6 +13,19 @@ from distpool.model_impl.select import MODEL_IMPLS, compute_dtype
 from distpool.worker.tp_pairing import TpPairing
 from transfer import TransferOptions
 
+
+class WorkerConfigInvalid(ValueError):
+    """A worker configuration's field out of range: the field, its value, what it must be (the
+    command line names the flag that set it)."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        super().__init__(field, value, expected)
+        self.field, self.value, self.expected = field, value, expected
+
+    def __str__(self) -> str:
+        return f"{self.field} must be {self.expected}; got {self.value!r}"
+
+
 DEFAULT_LOCAL_PREFILL_CHUNK = 512  # tokens; see the README's conditional disaggregation
 DEFAULT_BUDGET_BYTES = 256 << 20  # per worker: the reference model's pool, and a safe default here
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,9 +70,7 @@ class WorkerConfig:
         if self.budget_bytes <= 0:
             raise ValueError(f"the memory budget must be positive; got {self.budget_bytes} bytes")
         if self.local_prefill_chunk < 1:
-            raise ValueError(
-                f"--local-prefill-chunk must be at least 1 token; got {self.local_prefill_chunk}"
-            )
+            raise WorkerConfigInvalid("local_prefill_chunk", self.local_prefill_chunk, "at least 1 token")
         if self.model_impl not in RESOLVED_MODEL_IMPLS:
             raise ValueError(
                 f"the model implementation must be one of {', '.join(RESOLVED_MODEL_IMPLS)}; "
@@ -71,9 +82,8 @@ class WorkerConfig:
         if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
             # torch accepts cpu:1, but a CPU pool has no index to place by: every request would fail
             # when its channel, built for "cpu:1", met a buffer on "cpu"
-            raise ValueError(
-                f"--device must be one of {', '.join(DEVICES)} (cuda:N too; a CPU has no index); "
-                f"got {self.device!r}"
+            raise WorkerConfigInvalid(
+                "device", self.device, f"one of {', '.join(DEVICES)} (cuda:N too; a CPU has no index)"
             )
 
     @property

@@ -6,9 +6,14 @@ a worker that lost the state refuses, holding nothing, and the transfer path sti
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
+import pytest
+
+from distpool.cli.errors import error_text
 from distpool.model.sampling import SamplingParams
 from distpool.model_impl.reference.model import ReferenceModel
+from distpool.worker.config import WorkerConfigInvalid
 from distpool.worker.messages import (
     DecodeFinished,
     LocalPrefillRefused,
@@ -129,3 +134,16 @@ def test_without_local_prefill_decode_keeps_no_state_and_refuses():
     finally:
         p.shutdown()
         d.shutdown()
+
+
+def test_a_worker_configuration_out_of_range_is_refused_with_its_field_and_value():
+    """The worker layer states the facts (the field, the value, what it must be); the command line
+    names the flag (`distpool.cli.errors`)."""
+    config = reference_config()
+    for field, value in (("local_prefill_chunk", 0), ("device", "cpu:1"), ("device", "bogus")):
+        with pytest.raises(WorkerConfigInvalid) as refused:
+            dataclasses.replace(config, **{field: value})
+        assert (refused.value.field, refused.value.value) == (field, value)
+        again = pickle.loads(pickle.dumps(refused.value))
+        assert (again.field, again.value, again.expected) == (field, value, refused.value.expected)
+        assert error_text(refused.value).startswith("--" + field.replace("_", "-") + " must be ")
