@@ -99,7 +99,7 @@ def test_a_connection_reset_before_rank_0_spoke_is_tried_again():
     """Regression: rank 1 connecting just as rank 0 stopped listening (between a first connect's
     last accept and a rebuild's listen) had its queued connection reset and gave up at once."""
     port = reserve_port()
-    RendezvousPort("127.0.0.1", port).close()  # give the reservation back: the helper binds it
+    RendezvousPort("127.0.0.1", port).close()  # give the reservation back: the stand-in rank 0 binds it
     auth = ControlAuth(SECRET, "reset")
     rank0 = threading.Thread(target=_reset_first_then_rendezvous, args=(port, 2, auth))
     rank0.start()
