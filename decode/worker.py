@@ -324,9 +324,8 @@ class DecodeWorker(WorkerBase):
     def _finish(self, request_id: str, req: DecodeRequest) -> None:
         mismatch = self.model.check(self.pool, request_id)
         if mismatch is not None:
-            self._fail_corrupt(
-                request_id, req, f"at release {mismatch}", retry=False, mismatch=mismatch
-            )  # here
+            # damaged here, in this pool: another attempt would find the same bytes
+            self._fail_corrupt(request_id, req, f"at release {mismatch}", retry=False, mismatch=mismatch)
             return
         cache = self.pool.prefix_cache
         if cache is not None:  # its full pages stay for the next turn that shares them
