@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grimp
 
+from tests.source_ast import parse_source
+
 PACKAGES = ("distpool", "prefill", "decode", "transfer")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +54,7 @@ def import_edges(sources: dict[str, str], packages: set[str]) -> dict[str, set[s
     for module, source in sources.items():
         here = module if module in packages else module.rpartition(".")[0]
         targets = set()
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(parse_source(source)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):

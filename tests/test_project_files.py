@@ -6,6 +6,8 @@ import re
 import sys
 from pathlib import Path
 
+from tests.source_ast import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = {"distpool", "prefill", "decode", "transfer", "tests"}
 SOURCE_DIRS = ("distpool", "prefill", "decode", "transfer", "tests", "scripts")
@@ -13,21 +15,6 @@ SOURCE_DIRS = ("distpool", "prefill", "decode", "transfer", "tests", "scripts")
 
 def python_files() -> list[Path]:
     return sorted(path for folder in SOURCE_DIRS for path in (ROOT / folder).rglob("*.py"))
-
-
-def parse(path: Path, attempts: int = 3) -> ast.Module:
-    """`ast.parse`, again when CPython 3.11 reports "AST constructor recursion depth mismatch": its
-    AST conversion keeps one depth counter per interpreter, and another thread converting an AST
-    at the same time (3.11's traceback module parses each frame's line to place its carets, so any
-    thread formatting a traceback does) corrupts it. The source was fine; a second parse is too."""
-    source = path.read_text()
-    for attempt in range(attempts):
-        try:
-            return ast.parse(source, filename=str(path))
-        except SystemError as exc:
-            if "recursion depth mismatch" not in str(exc) or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
 
 
 def imported_top_level_names(path: Path) -> set[str]:

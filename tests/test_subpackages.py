@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_ast import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERS = ("distpool.memory", "transfer", "distpool.serving")
 CODE_DIRS = ("distpool", "decode", "prefill", "transfer")
@@ -24,7 +26,7 @@ SUBPACKAGES = [sub for container in CONTAINERS for sub in subpackages_of(contain
 def imports_of(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names) of each absolute import in `path`, inside functions too."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.module, [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
