@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transfer.ends import staging
+from transfer.ends.segments import strided_segments
 from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, checksum, gather, scatter
 
 
@@ -134,3 +136,53 @@ def test_rows_too_narrow_for_their_index_are_copied_piece_by_piece(monkeypatch):
     out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
     gather(arena, offsets, nbytes, out)
     assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in CASES["odd"]]))
+
+
+@st.composite
+def strided_piece_lists(draw) -> list[tuple[int, int]]:
+    """Stretches of pieces of one length at one stride (forwards, backwards, or back to back: they
+    coalesce), one after another in the arena, with a lone piece now and then between them: the
+    shape of KV-head slices across TP sizes."""
+    rows, offset = [], draw(st.integers(0, 7))
+    for _ in range(draw(st.integers(1, 4))):
+        length = draw(st.sampled_from([1, 5, 64, 512]))
+        gap = draw(st.sampled_from([0, 1, length, 3 * length + 2]))
+        count = draw(st.integers(1, 120))
+        stretch = [(offset + j * (length + gap), length) for j in range(count)]
+        rows += stretch[::-1] if draw(st.booleans()) else stretch
+        offset += count * (length + gap) + draw(st.integers(0, 9))
+        if draw(st.booleans()):
+            rows.append((offset, draw(st.integers(1, 300))))
+            offset += rows[-1][1] + 1
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=strided_piece_lists(), seed=st.integers(0, 1000))
+def test_strided_stretches_gather_and_scatter_as_a_copy_per_piece(rows, seed):
+    arena = random_arena(max(o + n for o, n in rows) + 3, seed=seed)
+    offsets, nbytes = pieces(rows)
+    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
+    gather(arena, offsets.numpy(), nbytes.numpy(), out)
+    assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in rows]))
+    before, src = arena.clone(), random_arena(out.shape[0], seed=seed + 1)
+    scatter(src, offsets.numpy(), nbytes.numpy(), arena)
+    expected, position = before, 0
+    for o, n in rows:
+        expected[o : o + n] = src[position : position + n]
+        position += n
+    assert torch.equal(arena, expected)
+
+
+def test_kv_head_slices_page_after_page_are_one_strided_segment():
+    # 512-byte slices every 1,024 bytes over 64 back-to-back pages of 16 rows: one segment, and the
+    # copy goes through it (no index of rows).
+    offsets = np.arange(64 * 16, dtype=np.int64) * 1024 + 512
+    nbytes = np.full(offsets.shape, 512, dtype=np.int64)
+    assert strided_segments(offsets, nbytes).tolist() == [[0, 64 * 16, 1024]]
+    # A stretch whose step changes starts a new segment (its first piece alone).
+    jumped = np.concatenate([offsets[:10], offsets[10:] + 100])
+    assert strided_segments(jumped, nbytes).tolist() == [[0, 10, 1024], [10, 1, 0], [11, 1013, 1024]]
+    # Pieces with no common stride are too many segments: the indexed copy takes them.
+    rng = np.random.default_rng(0)
+    assert strided_segments(np.sort(rng.choice(1 << 20, 200, replace=False)) * 600, nbytes[:200]) is None

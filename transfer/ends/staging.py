@@ -9,7 +9,9 @@ in the arena merge (the packed side is contiguous anyway): a batch whose pieces 
 side, but not on the other, moves as one slice here. Then:
 - few or large pieces (8 at most, or 64 KiB a piece on average on CPU, 1 MiB on CUDA): one slice
   copy per piece (at most 512 for a 32 MiB chunk);
-- many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
+- many small pieces in a few strided stretches (KV-head slices of pages across TP sizes, on CPU):
+  one numpy copy per stretch, through a strided view of the arena (`transfer.ends.segments`);
+- other many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
   gcd of every offset and count, so each piece is a whole number of rows (a copy per piece only
   where rows under 64 bytes would need an index of over a million rows); on CPU this goes through
   numpy (single-threaded: torch's intra-op threads spin and starve the Gloo I/O threads on a small
@@ -24,6 +26,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+
+from transfer.ends.segments import copy_segments, strided_segments
 
 # Below this many pieces, or above this mean piece size, a loop of slice copies costs less than one
 # indexed copy. On CPU a slice copy costs ~1-2 us beyond its bytes, and numpy's indexed copy moves
@@ -95,7 +99,13 @@ def _copy(
     if packed.shape[0] != int(len_np.sum()):
         raise ValueError(f"a packed buffer of {packed.shape[0]} bytes for pieces of {int(len_np.sum())}")
     off_np, len_np = _coalesce(off_np, len_np)
-    rows = None if _use_loop(off_np, len_np, arena.device.type) else _piece_rows(off_np, len_np)
+    loop = _use_loop(off_np, len_np, arena.device.type)
+    if not loop and arena.device.type == "cpu":
+        segments = strided_segments(off_np, len_np)
+        if segments is not None:
+            copy_segments(arena, off_np, len_np, segments, packed, into_arena=into_arena)
+            return
+    rows = None if loop else _piece_rows(off_np, len_np)
     if rows is None:
         a, p = (arena.numpy(), packed.numpy()) if arena.device.type == "cpu" else (arena, packed)
         pos = 0
