@@ -142,25 +142,35 @@ class Chunk:
         return sum(m.nbytes for m in self.messages if m.in_place_at(side) is None)
 
 
-def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cut runs where the stream crosses a multiple of `chunk_bytes`: (pieces, chunk of each, run of each)."""
+def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Cut runs where the stream crosses a multiple of `chunk_bytes`: (pieces, chunk of each piece,
+    pieces per run or None where no run is cut). Only the few runs that straddle a boundary (at
+    most one per chunk) are cut; every other run is a piece as it is."""
     nbytes = runs[:, NBYTES]
-    starts = np.cumsum(nbytes) - nbytes  # (m,) stream offset of each run
-    ends = starts + nbytes
+    ends = np.cumsum(nbytes)  # (m,) stream offset past each run
+    starts = ends - nbytes
     first_chunk, last_chunk = starts // chunk_bytes, (ends - 1) // chunk_bytes
-    count = last_chunk - first_chunk + 1  # (m,) pieces each run splits into
-    if (count == 1).all():
-        return runs, first_chunk, np.arange(runs.shape[0])
-    run_of_piece = np.repeat(np.arange(runs.shape[0]), count)
-    nth = np.arange(run_of_piece.size) - np.repeat(np.cumsum(count) - count, count)
-    chunk_of_piece = first_chunk[run_of_piece] + nth
-    piece_start = np.maximum(starts[run_of_piece], chunk_of_piece * chunk_bytes)
-    piece_end = np.minimum(ends[run_of_piece], (chunk_of_piece + 1) * chunk_bytes)
-    delta = piece_start - starts[run_of_piece]
-    pieces = np.stack(
-        [runs[run_of_piece, SRC] + delta, runs[run_of_piece, DST] + delta, piece_end - piece_start], axis=1
-    )
-    return pieces, chunk_of_piece, run_of_piece
+    cut = np.flatnonzero(last_chunk != first_chunk)
+    if cut.size == 0:
+        return runs, first_chunk, None
+    count = np.ones(runs.shape[0], dtype=np.int64)
+    count[cut] = last_chunk[cut] - first_chunk[cut] + 1
+    pieces, chunk_of_piece = np.repeat(runs, count, axis=0), np.repeat(first_chunk, count)
+    # The cut runs' pieces, vectorised over those runs alone: piece j of a run lies in its chunk
+    # first + j, from the later of the run's start and that chunk's start.
+    at = (np.cumsum(count) - count)[cut]  # where each cut run's first piece sits in `pieces`
+    run = np.repeat(cut, count[cut])
+    nth = np.arange(run.size) - np.repeat(np.cumsum(count[cut]) - count[cut], count[cut])
+    rows = np.repeat(at, count[cut]) + nth
+    chunk = first_chunk[run] + nth
+    piece_start = np.maximum(starts[run], chunk * chunk_bytes)
+    piece_end = np.minimum(ends[run], (chunk + 1) * chunk_bytes)
+    delta = piece_start - starts[run]
+    pieces[rows, SRC] = runs[run, SRC] + delta
+    pieces[rows, DST] = runs[run, DST] + delta
+    pieces[rows, NBYTES] = piece_end - piece_start
+    chunk_of_piece[rows] = chunk
+    return pieces, chunk_of_piece, count
 
 
 def _in_place(pieces: np.ndarray) -> np.ndarray:
@@ -240,8 +250,10 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     runs = np.asarray(runs, dtype=np.int64)
     if runs.shape[0] == 0:
         return []  # across TP, a pair may move nothing of an envelope: the stream is empty
-    pieces, chunk_of_piece, run_of_piece = _split_at_chunks(runs, chunk_bytes)
-    direct = runs[run_of_piece, NBYTES] >= direct_min_bytes
+    pieces, chunk_of_piece, count = _split_at_chunks(runs, chunk_bytes)
+    direct = runs[:, NBYTES] >= direct_min_bytes  # a piece of a long run goes as that run does
+    if count is not None:
+        direct = np.repeat(direct, count)
     num_chunks = int(chunk_of_piece[-1]) + 1
     bounds = np.searchsorted(chunk_of_piece, np.arange(num_chunks + 1)).tolist()
     chunks = []
@@ -250,15 +262,17 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
         in_chunk = pieces[lo:hi]
         is_direct, batch_in_place = _goes_direct(in_chunk, direct[lo:hi], direct_min_bytes)
         messages = []
+        any_direct = bool(is_direct.any())
         if batch_in_place is not None:
-            batch = in_chunk[~is_direct]
+            batch = in_chunk[~is_direct] if any_direct else in_chunk
             split = None if batch_in_place.any() else _split_by_stretches(batch, direct_min_bytes)
             messages = split or [_message(batch, batch_in_place)]
-        direct_pieces = in_chunk[is_direct]
-        messages += [  # one piece: in place on both sides
-            Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))
-            for i, (src, dst, n) in enumerate(direct_pieces.tolist())
-        ]
+        if any_direct:
+            direct_pieces = in_chunk[is_direct]
+            messages += [  # one piece: in place on both sides
+                Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))
+                for i, (src, dst, n) in enumerate(direct_pieces.tolist())
+            ]
         chunks.append(Chunk(index=index, messages=tuple(messages)))
     return chunks
 

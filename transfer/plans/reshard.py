@@ -204,17 +204,40 @@ def _pair_runs(
     src_rank: int,
     page_size: int,
 ) -> np.ndarray:
-    """The templates of (source rank, unit kind) shifted to every unit's start, merged."""
+    """The templates of (source rank, unit kind) shifted to every unit's start, merged.
+
+    Each template is merged already (`unit_templates`), and a shift moves a unit's runs alike on
+    both sides, so runs can only merge across two units: where none does, the shifted templates
+    are the runs (no pass over them all). Written into one table, kind after kind."""
     templates = unit_templates(src_shards, dst, page_size)
-    pieces = []
+    kinds = []
     for kind in UNIT_KINDS:
         template = templates.get((src_rank, kind))
         src_at, dst_at = getattr(src_units, kind)[:, 0], getattr(dst_units, kind)[:, 0]
-        if template is None or src_at.size == 0:
-            continue
-        shift = np.stack([src_at, dst_at, np.zeros_like(src_at)], axis=1)  # (units, 3)
-        pieces.append((template[None, :, :] + shift[:, None, :]).reshape(-1, 3))
-    if not pieces:
-        return np.zeros((0, 3), dtype=np.int64)
-    runs = np.concatenate(pieces)
-    return merge_runs(runs[:, 0], runs[:, 1], runs[:, 2])
+        if template is not None and src_at.size:
+            kinds.append((template, src_at, dst_at))
+    total = sum(template.shape[0] * src_at.size for template, src_at, _ in kinds)
+    runs = np.empty((total, 3), dtype=np.int64)
+    row, joins = 0, False
+    for template, src_at, dst_at in kinds:
+        units, k = src_at.size, template.shape[0]
+        block = runs[row : row + units * k]
+        for column, at in ((0, src_at), (1, dst_at)):  # column by column: numpy's inner loop runs k long
+            np.add(template[None, :, column], at[:, None], out=block[:, column].reshape(units, k))
+        block[:, 2].reshape(units, k)[:] = template[None, :, 2]
+        row += units * k
+    if total > 1:
+        joins = _may_merge_across_units(runs, kinds)
+    return merge_runs(runs[:, 0], runs[:, 1], runs[:, 2]) if joins else runs
+
+
+def _may_merge_across_units(runs: np.ndarray, kinds: list) -> bool:
+    """Whether the first run of some unit continues the last run of the unit before it on both sides."""
+    firsts, row = [], 0
+    for template, src_at, _ in kinds:
+        firsts.append(row + np.arange(src_at.size, dtype=np.int64) * template.shape[0])
+        row += src_at.size * template.shape[0]
+    first = np.concatenate(firsts)[1:]  # (u - 1,) rows that start a unit, less the very first
+    before, after = runs[first - 1], runs[first]
+    ends = before[:, :2] + before[:, 2:3]
+    return bool((ends == after[:, :2]).all(axis=1).any())

@@ -8,7 +8,8 @@ each piece comes from a source rank holding those coordinates. A piece several s
 of the heads overlaps the destination's (the ones it receives sharded parts from anyway), else the
 lowest-ranked holder.
 
-    unit_templates(...)     -> {(source rank, unit kind): (m, 3) runs relative to the unit starts}
+    unit_templates(...)     -> {(source rank, unit kind): (m, 3) runs relative to the unit starts,
+                                merged where they continue each other on both sides}
     source_preference(...)  -> the order a replicated piece's holders are taken in
     assign_pieces(...)      -> (source rank, start, stop) covering one tensor's pieces once
                                (`transfer.plans.reshard.source_ranks` reads these two as well)
@@ -24,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from distpool.memory.arena import merge_runs
 from distpool.memory.sizing import TensorPlace, page_places, slot_places
 from distpool.model.shard import RankShard, TensorShard
 
@@ -137,6 +139,7 @@ def unit_templates(
     templates = {}
     for key, runs in parts.items():
         table = np.concatenate(runs)
-        templates[key] = table[np.argsort(table[:, 1], kind="stable")]
+        table = table[np.argsort(table[:, 1], kind="stable")]
+        templates[key] = merge_runs(table[:, 0], table[:, 1], table[:, 2])  # merged inside the unit
         templates[key].flags.writeable = False
     return templates
