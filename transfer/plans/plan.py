@@ -216,21 +216,37 @@ def _goes_direct(
 
 
 def _split_by_stretches(batch: np.ndarray, message_cost_bytes: int) -> list[Message] | None:
-    """A batch staged on both sides as one message per stretch of pieces back to back on one side
-    (the side with fewer stretches), each then staged on the other side only; None where that
-    costs more. Cost as in `_goes_direct`: k messages and the bytes once, against one message and
-    the bytes twice, so splitting wins where (k - 1) messages cost less than the bytes."""
+    """A batch staged on both sides, with its long stretches of pieces back to back on one side (the
+    side with fewer stretches) taken out: each goes as a message of its own, staged on the other side
+    only; the other pieces stay one batch, staged on both sides, sent first. None where that costs
+    more. Cost as in `_goes_direct`: a stretch goes alone where its bytes, copied once instead of
+    twice, outweigh one more message (say, the slices of a page stretch of TP 2 -> 1 alone, the
+    small conv-state halves between state halves sent zero-copy still batched)."""
     lengths = batch[:-1, NBYTES]
     starts = [
         np.flatnonzero(np.concatenate([[True], batch[1:, side] != batch[:-1, side] + lengths]))
         for side in (SRC, DST)
     ]
     side = SRC if starts[SRC].size <= starts[DST].size else DST
-    if (starts[side].size - 1) * message_cost_bytes >= int(batch[:, NBYTES].sum()):
+    stretch_bytes = np.add.reduceat(batch[:, NBYTES], starts[side])
+    alone = stretch_bytes > message_cost_bytes
+    num_alone, alone_bytes = int(alone.sum()), int(stretch_bytes[alone].sum())
+    rest = num_alone < alone.size  # some stretches stay in the batch
+    if (num_alone + rest - 1) * message_cost_bytes >= alone_bytes:
         return None
     bounds = [*starts[side].tolist(), batch.shape[0]]
     stretches = [batch[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-    return [_message(stretch, _in_place(stretch)) for stretch in stretches]
+    messages = []
+    if rest:
+        kept = np.concatenate(
+            [stretch for stretch, long in zip(stretches, alone.tolist(), strict=True) if not long]
+        )
+        messages.append(_message(kept, _in_place(kept)))
+    return messages + [
+        _message(stretch, _in_place(stretch))
+        for stretch, long in zip(stretches, alone.tolist(), strict=True)
+        if long
+    ]
 
 
 def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) -> list[Chunk]:
@@ -240,9 +256,9 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     of runs of at least `direct_min_bytes` are each a zero-copy message of their own, unless one
     batch of the whole chunk copies fewer bytes (`_goes_direct`, with `direct_min_bytes` as what
     one message costs); all the other pieces are batched, in stream order, into one message (sent
-    first, so that a gather of it starts early). A batch staged on both sides goes instead as one
-    message per stretch back to back on one side where that copies its bytes once for less
-    (`_split_by_stretches`). Both ends decide alike: a pure function of the runs and the header's
+    first, so that a gather of it starts early). A batch staged on both sides sends instead its long
+    stretches back to back on one side as messages of their own, where that copies their bytes
+    once for less (`_split_by_stretches`). Both ends decide alike: a pure function of the runs and the header's
     two sizes.
     """
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
