@@ -158,10 +158,12 @@ def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np
     pieces, chunk_of_piece = np.repeat(runs, count, axis=0), np.repeat(first_chunk, count)
     # The cut runs' pieces, vectorised over those runs alone: piece j of a run lies in its chunk
     # first + j, from the later of the run's start and that chunk's start.
-    at = (np.cumsum(count) - count)[cut]  # where each cut run's first piece sits in `pieces`
-    run = np.repeat(cut, count[cut])
-    nth = np.arange(run.size) - np.repeat(np.cumsum(count[cut]) - count[cut], count[cut])
-    rows = np.repeat(at, count[cut]) + nth
+    cut_count = count[cut]
+    extra = np.cumsum(cut_count - 1)  # pieces the cut runs up to each one add
+    at = cut + extra - (cut_count - 1)  # where each cut run's first piece sits in `pieces`
+    run = np.repeat(cut, cut_count)
+    nth = np.arange(run.size) - np.repeat(np.cumsum(cut_count) - cut_count, cut_count)
+    rows = np.repeat(at, cut_count) + nth
     chunk = first_chunk[run] + nth
     piece_start = np.maximum(starts[run], chunk * chunk_bytes)
     piece_end = np.minimum(ends[run], (chunk + 1) * chunk_bytes)
@@ -171,6 +173,16 @@ def _split_at_chunks(runs: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np
     pieces[rows, NBYTES] = piece_end - piece_start
     chunk_of_piece[rows] = chunk
     return pieces, chunk_of_piece, count
+
+
+_ROW = np.dtype((np.void, 3 * 8))  # one (src, dst, nbytes) int64 row as a single element
+
+
+def _select_rows(table: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """`table[keep]` for an (k, 3) int64 table and a (k,) bool mask, the rows moved as 24-byte
+    elements (numpy's boolean indexing of a 2-D table goes element by element: ~8x slower)."""
+    rows = np.ascontiguousarray(table).view(_ROW)[:, 0]
+    return rows[keep].view(np.int64).reshape(-1, 3)
 
 
 def _in_place(pieces: np.ndarray) -> np.ndarray:
@@ -205,7 +217,7 @@ def _goes_direct(
         return candidates, _in_place(pieces)
     if candidates.shape[0] == 1:
         return candidates, None  # one piece is in place on both sides either way
-    rest = pieces[~candidates]
+    rest = _select_rows(pieces, ~candidates)
     rest_in_place = _in_place(rest) if rest.shape[0] else None
     split = message_cost_bytes * (int(candidates.sum()) + int(rest_in_place is not None))
     if rest_in_place is not None:
@@ -258,8 +270,8 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
     one message costs); all the other pieces are batched, in stream order, into one message (sent
     first, so that a gather of it starts early). A batch staged on both sides sends instead its long
     stretches back to back on one side as messages of their own, where that copies their bytes
-    once for less (`_split_by_stretches`). Both ends decide alike: a pure function of the runs and the header's
-    two sizes.
+    once for less (`_split_by_stretches`). Both ends decide alike: a pure function of the runs and
+    the header's two sizes.
     """
     if chunk_bytes <= 0 or direct_min_bytes <= 0:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) and direct_min_bytes ({direct_min_bytes}) must be > 0")
@@ -280,11 +292,11 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
         messages = []
         any_direct = bool(is_direct.any())
         if batch_in_place is not None:
-            batch = in_chunk[~is_direct] if any_direct else in_chunk
+            batch = _select_rows(in_chunk, ~is_direct) if any_direct else in_chunk
             split = None if batch_in_place.any() else _split_by_stretches(batch, direct_min_bytes)
             messages = split or [_message(batch, batch_in_place)]
         if any_direct:
-            direct_pieces = in_chunk[is_direct]
+            direct_pieces = _select_rows(in_chunk, is_direct)
             messages += [  # one piece: in place on both sides
                 Message(pieces=direct_pieces[i : i + 1], nbytes=n, spans=(src, dst))
                 for i, (src, dst, n) in enumerate(direct_pieces.tolist())
