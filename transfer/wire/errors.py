@@ -114,35 +114,90 @@ class ReshardRefused(ChannelError):
         return _rebuild_with_facts, (type(self), (self.problem,), facts)
 
 
+# Why a receiver refused a sender's header (`HeaderRefused.problem`): the code REFUSE carries.
+NOT_EXPECTED = "not_expected"  # no reservation for the request came in time
+TURNED_AWAY = "turned_away"  # the receiving worker refused the request before its header came
+GIVEN_UP = "given_up"  # the reservation was aborted, or its deadline passed, before the header came
+SENDER_WITHDREW = "sender_withdrew"  # the sender withdrew the transfer (its deadline passed)
+HEADER_DIFFERS = "header_differs"  # version, sequence number, tokens or rows disagree (`field`)
+CHUNK_LIMITS = "chunk_limits"  # chunk_bytes or direct_min_bytes outside this receiver's bounds
+LAYOUT = "layout"  # the source table does not pair with the reservation (`cause`, at the receiver)
+MALFORMED_HEADER = "malformed_header"  # the header does not decode
+REFUSAL_PROBLEMS = frozenset(
+    (
+        NOT_EXPECTED,
+        TURNED_AWAY,
+        GIVEN_UP,
+        SENDER_WITHDREW,
+        HEADER_DIFFERS,
+        CHUNK_LIMITS,
+        LAYOUT,
+        MALFORMED_HEADER,
+    )
+)
+
+
+class HeaderRefused(Exception):
+    """A receiver refused a sender's header: the transfer fails as `kind`, for `problem` (one of the
+    names above), told to a person by `detail`. Both ends know these three (REFUSE carries them).
+    At the receiver only: `field`, `mine` and `theirs` for HEADER_DIFFERS (the reservation's value,
+    the header's); `cause` for LAYOUT, the typed refusal of the source table (`RowsDoNotPair`,
+    `UnitSizesDiffer`, `RangesRefused`, or a ProtocolError for a table that does not decode)."""
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        problem: str,
+        detail: str,
+        *,
+        field: str = "",
+        mine: object = None,
+        theirs: object = None,
+        cause: Exception | None = None,
+    ) -> None:
+        self.kind, self.problem, self.detail = FailureKind(kind), problem, detail
+        self.field, self.mine, self.theirs, self.cause = field, mine, theirs, cause
+        super().__init__(detail)
+
+    def __reduce__(self):
+        facts = {"field": self.field, "mine": self.mine, "theirs": self.theirs, "cause": self.cause}
+        return _rebuild_with_facts, (type(self), (self.kind, self.problem, self.detail), facts)
+
+
 class TransferError(Exception):
     """One envelope transfer failed; the caller must release what it holds for `request_id`.
 
     `kind` says what kind of failure it was (read it, not the wording); `reason` says it to a
     person. `channel_broken` says whether the channel went down with it (rebuild before the next
-    transfer).
+    transfer). `cause`, where there is one, is the typed fact behind it (a `HeaderRefused` at
+    either end of a refused header).
     """
 
     def __init__(
-        self, request_id: str, kind: FailureKind, reason: str, *, channel_broken: bool = False
+        self,
+        request_id: str,
+        kind: FailureKind,
+        reason: str,
+        *,
+        channel_broken: bool = False,
+        cause: Exception | None = None,
     ) -> None:
         super().__init__(f"transfer of request {request_id!r} failed ({kind.value}): {reason}")
         self.request_id = request_id
         self.kind = FailureKind(kind)
         self.reason = reason
         self.channel_broken = channel_broken
+        self.cause = cause
 
     def __reduce__(self):  # crosses Ray's process boundary as itself
-        return _rebuild_transfer_error, (self.request_id, self.kind.value, self.reason, self.channel_broken)
+        facts = {"channel_broken": self.channel_broken, "cause": self.cause}
+        return _rebuild_with_facts, (type(self), (self.request_id, self.kind, self.reason), facts)
 
 
 class ProtocolError(ChannelError):
     """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
 
     kind = FailureKind.PROTOCOL
-
-
-def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
-    return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)
 
 
 class TrailerRefused(ProtocolError):
