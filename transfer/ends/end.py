@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distpool.facts import Facts
 from distpool.memory.envelope import Envelope
 from transfer.ends.activity import Activity, ActivityLock
 from transfer.ends.handle import ChunkHook, Transfer
@@ -39,7 +40,7 @@ class Job:
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
 
 
-class Stopped(Exception):
+class Stopped(Facts, Exception):
     """This transfer ends without success (refused, withdrawn, aborted); the channel is still in step.
     `cause`: the typed fact behind it, where there is one (a `HeaderRefused`)."""
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from distpool.facts import Facts
 from transfer.wire.failure import FailureKind
 
 
-class ArgInvalid(ValueError):
+class ArgInvalid(Facts, ValueError):
     """An argument of the transfer engine (`field`: a channel's `port`, an arena `buffer`, a rank
     group's `size`, ...) holds `value`; it must be `expected` (e.g. "> 0", "in 1..65535").
     `value` is what the caller gave, or a description of it where it is a tensor."""
@@ -14,22 +15,16 @@ class ArgInvalid(ValueError):
         self.field, self.value, self.expected = field, value, expected
         super().__init__(f"{field} must be {expected}, got {value!r}")
 
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
-
-class AlreadyExpected(ValueError):
+class AlreadyExpected(Facts, ValueError):
     """The receiver already expects request `request_id` on this channel."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         super().__init__(f"request {request_id!r} is already expected on this channel")
 
-    def __reduce__(self):
-        return type(self), (self.request_id,)
 
-
-class ChannelError(Exception):
+class ChannelError(Facts, Exception):
     """A channel could not be connected, or is broken and must be rebuilt before it carries more.
 
     `kind`: how a transfer that meets it fails; the link or the peer is gone unless said otherwise
@@ -53,9 +48,6 @@ class FingerprintMismatch(ChannelError):
             f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
         )
         super().__init__(f"pool layout differs from the peer's: {detail}")
-
-    def __reduce__(self):
-        return type(self), (self.fields,)
 
 
 # Why two ends' TP layouts do not pair (`ReshardRefused.problem`).
@@ -102,17 +94,6 @@ class ReshardRefused(ChannelError):
             f"TP {dst_size}: that rank's shard comes from source ranks {list(self.needed)}"
         )
 
-    def __reduce__(self):
-        facts = {
-            "peer_rank": self.peer_rank,
-            "peer_size": self.peer_size,
-            "src": self.src,
-            "dst": self.dst,
-            "needed": self.needed,
-            "cause": self.cause,
-        }
-        return _rebuild_with_facts, (type(self), (self.problem,), facts)
-
 
 # Why a receiver refused a sender's header (`HeaderRefused.problem`): the code REFUSE carries.
 NOT_EXPECTED = "not_expected"  # no reservation for the request came in time
@@ -137,7 +118,7 @@ REFUSAL_PROBLEMS = frozenset(
 )
 
 
-class HeaderRefused(Exception):
+class HeaderRefused(Facts, Exception):
     """A receiver refused a sender's header: the transfer fails as `kind`, for `problem` (one of the
     names above), told to a person by `detail`. Both ends know these three (REFUSE carries them).
     At the receiver only: `field`, `mine` and `theirs` for HEADER_DIFFERS (the reservation's value,
@@ -159,12 +140,8 @@ class HeaderRefused(Exception):
         self.field, self.mine, self.theirs, self.cause = field, mine, theirs, cause
         super().__init__(detail)
 
-    def __reduce__(self):
-        facts = {"field": self.field, "mine": self.mine, "theirs": self.theirs, "cause": self.cause}
-        return _rebuild_with_facts, (type(self), (self.kind, self.problem, self.detail), facts)
 
-
-class TransferError(Exception):
+class TransferError(Facts, Exception):
     """One envelope transfer failed; the caller must release what it holds for `request_id`.
 
     `kind` says what kind of failure it was (read it, not the wording); `reason` says it to a
@@ -189,10 +166,6 @@ class TransferError(Exception):
         self.channel_broken = channel_broken
         self.cause = cause
 
-    def __reduce__(self):  # crosses Ray's process boundary as itself
-        facts = {"channel_broken": self.channel_broken, "cause": self.cause}
-        return _rebuild_with_facts, (type(self), (self.request_id, self.kind, self.reason), facts)
-
 
 class ProtocolError(ChannelError):
     """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
@@ -212,10 +185,3 @@ class TrailerRefused(ProtocolError):
     def out_of_step(self) -> bool:
         """It is a trailer, of another transfer."""
         return self.words[0] != self.seq
-
-    def __reduce__(self):
-        return type(self), (self.seq, self.words)
-
-
-def _rebuild_with_facts(cls: type, args: tuple, facts: dict) -> Exception:
-    return cls(*args, **facts)

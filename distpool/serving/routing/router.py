@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from distpool.facts import Facts
 from distpool.memory.prefix import CacheNews, CacheView, chained_block_keys
 
 # A cache hit saves transferring part of the prompt once, but a worker with a long queue delays every
@@ -25,27 +26,21 @@ from distpool.memory.prefix import CacheNews, CacheView, chained_block_keys
 AFFINITY_SLACK = 8
 
 
-class NoWorkerAlive(RuntimeError):
+class NoWorkerAlive(Facts, RuntimeError):
     """Every worker of `role` ("prefill" or "decode") is dead: nothing can be served."""
 
     def __init__(self, role: str) -> None:
         super().__init__(f"every {role} worker is dead")
         self.role = role
 
-    def __reduce__(self):
-        return type(self), (self.role,)
 
-
-class RouterArgInvalid(ValueError):
+class RouterArgInvalid(Facts, ValueError):
     """A router given `value` for `field` (a constructor argument, or the worker a call names), which
     must be `expected`."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         super().__init__(f"{field} must be {expected}; got {value!r}")
         self.field, self.value, self.expected = field, value, expected
-
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
 
 class Router:
