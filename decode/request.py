@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from distpool.facts import Facts
 from distpool.model.sampling import LENGTH, Finish, SamplingParams, finish_after
 from distpool.model_impl.pool_model import Mismatch
 from distpool.worker.messages import DecodeFailed, DecodeFinished, DecodeResult
@@ -92,7 +93,7 @@ NOTHING_TO_DO = "nothing_to_do"  # an empty prompt, or no new token asked for
 OVER_CONTEXT = "over_context"  # prompt and new tokens take `needed` tokens, over `context_len`
 
 
-class RequestRefused(ValueError):
+class RequestRefused(Facts, ValueError):
     """Decode refused to reserve `request_id`: `problem` (one of the names above) and its facts:
     `vocab_size` (BAD_PROMPT), `got` (NO_PARAMS), `prompt_len` and `max_new_tokens` (NOTHING_TO_DO,
     OVER_CONTEXT), `context_len` (OVER_CONTEXT). Nothing is held."""
@@ -132,20 +133,6 @@ class RequestRefused(ValueError):
             f"request {rid!r} needs {self.needed} tokens, more than the pool's context length "
             f"{self.context_len}"
         )
-
-    def __reduce__(self):
-        facts = {
-            "vocab_size": self.vocab_size,
-            "got": self.got,
-            "prompt_len": self.prompt_len,
-            "max_new_tokens": self.max_new_tokens,
-            "context_len": self.context_len,
-        }
-        return _rebuild_refused, (self.request_id, self.problem, facts)
-
-
-def _rebuild_refused(request_id: str, problem: str, facts: dict) -> RequestRefused:
-    return RequestRefused(request_id, problem, **facts)
 
 
 def check_request(

@@ -10,9 +10,10 @@ State contract (who owns which request, guarded by `lock`):
   before the request joins the batch, and fails it as corrupt on a mismatch.
 - `running`: verified; in the decode batch; grows one token per step. Before release the whole
   envelope is verified again (compaction or a neighbour's write could have damaged it).
-- `finished`: tokens kept for the caller until `next_finished` hands them out; the pool holds
-  nothing for them but what its prefix cache kept: their full pages, and their final state with
-  their partial page (`final_states.py`), which a next turn continues from.
+- `outbox.finished`: tokens kept for the caller until `next_events` hands them out (`outbox.py`,
+  with the tokens made since the last hand-out and the cache's news); the pool holds nothing for
+  them but what its prefix cache kept: their full pages, and their final state with their partial
+  page (`final_states.py`), which a next turn continues from.
 Prefix reuse: a request whose prompt starts with cached pages (an earlier turn that finished here)
 reserves them by reference; its transfer moves only the rest and the state slot. What the cache
 cached and evicted goes to the driver with the next results (`DecodeEvents.cache`), at once when
@@ -32,20 +33,16 @@ from dataclasses import asdict
 
 from decode.local_prefill import LocalPrefills
 from decode.loop import DecodeLoop
+from decode.outbox import Outbox
 from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
-from distpool.memory.prefix import CacheKeys, CacheNews
+from distpool.memory.prefix import CacheKeys
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
 from distpool.model_impl.pool_model import Mismatch
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer, ViewedState
 from distpool.worker.stats import DecodeStats
 from transfer import FailureKind, Parts, TransferError
-
-# Streaming (`next_events`): tokens made within this long of the last hand-out go out together, and
-# a request waiting for its envelope is looked at this often for its header's first token.
-STREAM_INTERVAL_S = 0.02
-HEADER_LOOK_S = 0.01
 
 
 class DecodeWorker(WorkerBase):
@@ -58,7 +55,6 @@ class DecodeWorker(WorkerBase):
         self.waiting: dict[str, DecodeRequest] = {}
         self.arrived: dict[str, DecodeRequest] = {}
         self.running: dict[str, DecodeRequest] = {}
-        self.finished: dict[str, DecodeRequest] = {}
         self.eos_token_ids = self.config.eos_token_ids  # end a request once its min_tokens are made
         self.local = LocalPrefills(
             self.pool,
@@ -69,12 +65,17 @@ class DecodeWorker(WorkerBase):
         self.prefilling = self.local.requests
         self.wake = threading.Condition(self.lock)  # an arrival, a finished request, or shutdown
         self.num_steps = 0
-        self._streamed_at = 0.0  # when `next_events` last handed out tokens
         self.verified_envelopes = 0
         self.corrupt_envelopes = 0
-        if self.pool.prefix_cache is not None:
-            self.pool.prefix_cache.report_changes()  # `next_events` hands the news to the driver
         self.loop = DecodeLoop(self)
+        self.outbox = Outbox(
+            self.wake,
+            self.pool.prefix_cache,
+            self.eos_token_ids,
+            streaming=lambda: (*self.waiting.items(), *self.arrived.items(), *self.running.items()),
+            waiting=lambda: bool(self.waiting),
+            stopping=lambda: self.loop.stopping,
+        )
         self.loop.start()
 
     # ---- admission --------------------------------------------------------------------------
@@ -156,7 +157,7 @@ class DecodeWorker(WorkerBase):
 
     def _news_out(self) -> None:
         """Under the lock: making room evicted cached entries: `next_events` tells the driver now."""
-        if self._cache_news():
+        if self.outbox.news_of_cache():
             self.wake.notify_all()
 
     def _check_new(self, request_id: str) -> None:
@@ -273,8 +274,7 @@ class DecodeWorker(WorkerBase):
         self.model.forget(rid)
         self.pool.release(rid)
         req.finished_at = time.monotonic()
-        self.finished[rid] = req
-        self.wake.notify_all()
+        self.outbox.hand_out(rid, req)
 
     def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
@@ -306,18 +306,17 @@ class DecodeWorker(WorkerBase):
     def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
         """Under the lock: drop an arrived, running or finished request (see `cancel`); whether
         there was one."""
-        held = (self.prefilling, self.arrived, self.running, self.finished)
+        held = (self.prefilling, self.arrived, self.running, self.outbox.finished)
         req = next((owned[request_id] for owned in held if request_id in owned), None)
         if req is None:
             return False
         self._free(self.prefilling, request_id)
         self._free(self.arrived, request_id)
         self._free(self.running, request_id)
-        self.finished.pop(request_id, None)
+        self.outbox.finished.pop(request_id, None)
         if notify:
             req.error, req.failure = "decode gave the request up (receiver cancel)", FailureKind.ABORTED
-            self.finished[request_id] = req
-            self.wake.notify_all()
+            self.outbox.hand_out(request_id, req)
         return True
 
     # ---- decode loop --------------------------------------------------------------------------
@@ -336,8 +335,7 @@ class DecodeWorker(WorkerBase):
         self.model.forget(request_id)
         req.finished_at = time.monotonic()
         self.pool.release(request_id)
-        self.finished[request_id] = req
-        self.wake.notify_all()
+        self.outbox.hand_out(request_id, req)
 
     def _group_formed(self) -> None:
         self.wake.notify_all()  # the lockstep loop starts stepping
@@ -357,7 +355,7 @@ class DecodeWorker(WorkerBase):
                     owned.pop(rid, None)
                 req.error, req.failure, req.retry = reason, FailureKind.INTERNAL, False
                 req.finished_at = time.monotonic()
-                self.finished[rid] = req
+                self.outbox.hand_out(rid, req)
         self.loop.failed()
         self.wake.notify_all()
 
@@ -388,7 +386,7 @@ class DecodeWorker(WorkerBase):
         prefilled here and tokens generated (what the driver's deadline on its result watches)."""
         wanted = set(request_ids)
         with self.lock:
-            held = (*self._admitted(), *self.finished.items())
+            held = (*self._admitted(), *self.outbox.finished.items())
             return {rid: req.prefilled + len(req.tokens) for rid, req in held if rid in wanted}
 
     def next_finished(self, timeout_s: float = 1.0) -> dict[str, DecodeResult]:
@@ -398,59 +396,16 @@ class DecodeWorker(WorkerBase):
         return self.next_events(timeout_s).finished
 
     def next_events(self, timeout_s: float = 1.0, stream: bool = False) -> DecodeEvents:
-        """Wait up to `timeout_s` for news: requests that ended (each handed out once,
-        `DecodeRequest.result`), and with `stream` tokens made since the last call (a request's first
-        as soon as its transfer header landed). News of tokens alone waits until STREAM_INTERVAL_S
-        after the last call that handed some out, so that fast steps go out together.
-
-        The driver keeps one such call outstanding per decode worker: results and tokens arrive as
-        they are made, with no polling interval."""
-        deadline = time.monotonic() + timeout_s
-        with self.lock:
-            while not self.finished and not self._cache_news() and not self.loop.stopping:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                if stream and self._has_unstreamed():
-                    ready_at = self._streamed_at + STREAM_INTERVAL_S
-                    if now >= ready_at:
-                        break
-                    self.wake.wait(min(ready_at, deadline) - now)
-                elif stream and self.waiting:  # a header may land without waking anyone: look again soon
-                    self.wake.wait(min(HEADER_LOOK_S, deadline - now))
-                else:
-                    self.wake.wait(deadline - now)
-            done, self.finished = self.finished, {}
-            tokens = self._take_unstreamed() if stream else {}
-            if tokens:
-                self._streamed_at = time.monotonic()
-            cache = self.pool.prefix_cache
-            news = cache.take_news() if cache is not None else CacheNews()
-        finished = {rid: req.result() for rid, req in done.items()}
-        return DecodeEvents(finished=finished, tokens=tokens, cache=news)
-
-    def _cache_news(self) -> bool:
-        cache = self.pool.prefix_cache
-        return cache is not None and cache.has_news
+        """Wait up to `timeout_s` for news: requests that ended (each handed out once), what the
+        prefix cache cached and evicted, and with `stream` the tokens made since the last call
+        (`outbox.Outbox.next_events`). The driver keeps one such call outstanding."""
+        return self.outbox.next_events(timeout_s, stream)
 
     def cache_keys(self) -> CacheKeys:
         """Every key this worker's prefix cache holds now (what the driver's view should equal)."""
         with self.lock:
             cache = self.pool.prefix_cache
             return cache.keys() if cache is not None else CacheKeys()
-
-    def _streaming(self):
-        """(request id, request) of every request whose tokens may stream: waiting for its envelope
-        (its header's first token), arrived, or running."""
-        return (*self.waiting.items(), *self.arrived.items(), *self.running.items())
-
-    def _has_unstreamed(self) -> bool:
-        eos = self.eos_token_ids
-        return any(len(req.streamable(eos)) > req.streamed for _, req in self._streaming())
-
-    def _take_unstreamed(self) -> dict[str, tuple[int, list[int]]]:
-        news = ((rid, req.unstreamed(self.eos_token_ids)) for rid, req in self._streaming())
-        return {rid: new for rid, new in news if new is not None}
 
     def stats(self) -> DecodeStats:
         with self.lock:
@@ -464,7 +419,7 @@ class DecodeWorker(WorkerBase):
                 running=len(self.running),
                 verified_envelopes=self.verified_envelopes,
                 corrupt_envelopes=self.corrupt_envelopes,
-                finished_uncollected=len(self.finished),
+                finished_uncollected=len(self.outbox.finished),
                 steps=self.num_steps,
             )
 

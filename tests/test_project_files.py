@@ -79,3 +79,40 @@ def test_no_package_module_checks_with_assert():
             if lines:
                 found[str(path.relative_to(ROOT))] = lines
     assert found == {}
+
+
+CITED_FILE = re.compile(r"`((?:distpool|prefill|decode|transfer|scripts|tests)/[\w/]+\.py)`")
+CITED_NAME = re.compile(r"`((?:distpool|prefill|decode|transfer)(?:\.\w+)+)`")
+
+
+def module_of(parts: list[str]) -> tuple[Path | None, list[str]]:
+    """The longest leading part of a dotted name that is a module's file, and the names after it."""
+    for k in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:k])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.exists():
+                return candidate, parts[k:]
+    return None, parts
+
+
+def test_every_module_the_project_cites_is_where_it_says():
+    """A file path (`transfer/ends/staging.py`) or a dotted name (`transfer.plans.reshard.plan_pair`)
+    in the README or a docstring names a file that exists and, after the module, a name it defines:
+    a module moved or folded leaves no pointer to where it was."""
+    texts = [ROOT / "README.md", *(p for p in python_files() if p.parts[len(ROOT.parts)] != "tests")]
+    missing = {}
+    for path in texts:
+        text = path.read_text()
+        for cited in CITED_FILE.findall(text):
+            if not (ROOT / cited).exists():
+                missing.setdefault(cited, []).append(str(path.relative_to(ROOT)))
+        for cited in CITED_NAME.findall(text):
+            module, names = module_of(cited.split("."))
+            defined = module is not None and len(names) <= 2
+            if defined and names:
+                name = re.escape(names[0])
+                pattern = rf"^\s*(?:def|class)\s+{name}\b|^{name}\b\s*[:=]|\b{name},|import .*\b{name}\b"
+                defined = re.search(pattern, module.read_text(), re.M) is not None
+            if not defined:
+                missing.setdefault(cited, []).append(str(path.relative_to(ROOT)))
+    assert not missing, f"cited but not where the citation says: {missing}"

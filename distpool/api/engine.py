@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from distpool.facts import Facts
 from distpool.model.sampling import SamplingParams
 
 
@@ -94,7 +95,7 @@ class Health:
         return not self.silent
 
 
-class EngineBusy(Exception):
+class EngineBusy(Facts, Exception):
     """`generate` refuses a request for want of room before doing any work: the front end answers
     503 with Retry-After."""
 
@@ -102,20 +103,14 @@ class EngineBusy(Exception):
         super().__init__(f"the engine is at capacity; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
-    def __reduce__(self):  # it crosses from the engine's replica to the ingress's
-        return (type(self), (self.retry_after_s,))
 
-
-class RequestFailed(Exception):
+class RequestFailed(Facts, Exception):
     """The engine could not finish a request (a worker lost, retries spent): `reason` says why, in the
     engine's words; the front end answers 500 (or an error event on a stream)."""
 
     def __init__(self, request_id: str, reason: str) -> None:
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id, self.reason = request_id, reason
-
-    def __reduce__(self):  # it crosses from the engine's replica to the ingress's
-        return (type(self), (self.request_id, self.reason))
 
 
 @runtime_checkable

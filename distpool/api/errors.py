@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from distpool.facts import Facts
+
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
 SERVER = "server_error"
 OVERLOADED = "overloaded_error"
 
 
-class ApiError(Exception):
+class ApiError(Facts, Exception):
     """A refusal: HTTP `status`, a message naming the field (`param`, dotted) and the fix."""
 
     def __init__(

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distpool.facts import Facts
 
-class DoesNotFit(Exception):
+
+class DoesNotFit(Facts, Exception):
     """A reserve or extend that the pool cannot satisfy now; nothing was taken. Where the allocator
     refuses: `low` / `pages`, the low-band units (slots, window pages) and the pages the call
     needed; `low_free` / `pages_free`, what was free then; `pinned`, the requests a transfer held."""
@@ -37,9 +39,6 @@ class DoesNotFit(Exception):
             pinned,
         )
 
-    def __reduce__(self):  # crosses Ray's process boundary as itself, every fact kept
-        return type(self), (self.request_id, self.reason), vars(self)
-
 
 class NeedsCompaction(DoesNotFit):
     """Does not fit now, or fits only scattered, and would after a compaction; nothing was taken.
@@ -63,18 +62,15 @@ class NeedsCompaction(DoesNotFit):
         self.window, self.window_at = window, window_at
 
 
-class UnknownRequest(KeyError):
+class UnknownRequest(Facts, KeyError):
     """A request id the pool does not hold (`request_id`)."""
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"unknown request {request_id!r}")
         self.request_id = request_id
 
-    def __reduce__(self):
-        return type(self), (self.request_id,)
 
-
-class DuplicateRequest(ValueError):
+class DuplicateRequest(Facts, ValueError):
     """`call` ("reserve", "release", "extend") named `request_id` twice in one batch
     (`in_batch`), or reserved a request id the pool already holds (not `in_batch`)."""
 
@@ -83,11 +79,8 @@ class DuplicateRequest(ValueError):
         super().__init__(f"{call}: request {request_id!r} {where}")
         self.call, self.request_id, self.in_batch = call, request_id, in_batch
 
-    def __reduce__(self):
-        return type(self), (self.call, self.request_id, self.in_batch)
 
-
-class RequestPinned(ValueError):
+class RequestPinned(Facts, ValueError):
     """`call` ("release", "extend") of a request (`request_id`) whose envelope a transfer holds
     (pinned): it may not move or be released until it is unpinned."""
 
@@ -95,22 +88,16 @@ class RequestPinned(ValueError):
         super().__init__(f"{call}: request {request_id!r} is pinned by a transfer")
         self.call, self.request_id = call, request_id
 
-    def __reduce__(self):
-        return type(self), (self.call, self.request_id)
 
-
-class NotPinned(ValueError):
+class NotPinned(Facts, ValueError):
     """An unpin of a request (`request_id`) no transfer holds."""
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"unpin: request {request_id!r} is not pinned")
         self.request_id = request_id
 
-    def __reduce__(self):
-        return type(self), (self.request_id,)
 
-
-class TokenCountInvalid(ValueError):
+class TokenCountInvalid(Facts, ValueError):
     """`call` gave a request (`request_id`) a token count (`value`) that is not an int >= 0 (a bool
     is no count)."""
 
@@ -118,20 +105,14 @@ class TokenCountInvalid(ValueError):
         super().__init__(f"{call} {request_id!r}: token count must be a non-negative int; got {value!r}")
         self.call, self.request_id, self.value = call, request_id, value
 
-    def __reduce__(self):
-        return type(self), (self.call, self.request_id, self.value)
 
-
-class EnvelopeInvalid(ValueError):
+class EnvelopeInvalid(Facts, ValueError):
     """An envelope whose `field` ("request_id", "num_tokens", "ranges") holds `value` (for ranges:
     its shape, dtype and device, as text) where it must be `expected`."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         super().__init__(f"{field} must be {expected}, got {value!r}")
         self.field, self.value, self.expected = field, value, expected
-
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
 
 class RequestIdInvalid(EnvelopeInvalid):
@@ -142,11 +123,8 @@ class RequestIdInvalid(EnvelopeInvalid):
         ValueError.__init__(self, f"a request id is {expected}, got {value!r}")
         self.field, self.value, self.expected, self.limit = "request_id", value, expected, limit
 
-    def __reduce__(self):
-        return type(self), (self.value, self.limit)
 
-
-class HeldPagesInvalid(ValueError):
+class HeldPagesInvalid(Facts, ValueError):
     """`held_pages` pages said held at the destination, of a table with only `pages` pages (or a
     negative count): no transfer can skip them."""
 
@@ -154,11 +132,8 @@ class HeldPagesInvalid(ValueError):
         super().__init__(f"{held_pages} held pages, but the table has {pages} pages")
         self.held_pages, self.pages = held_pages, pages
 
-    def __reduce__(self):
-        return type(self), (self.held_pages, self.pages)
 
-
-class InvariantBroken(AssertionError):
+class InvariantBroken(Facts, AssertionError):
     """A `check` found the pool's accounting broken: `code` names the invariant (short and stable),
     `statement` says what should hold, `subject` what broke it ("high band", a request id, a cached
     page; "": the structure as a whole)."""
@@ -168,11 +143,8 @@ class InvariantBroken(AssertionError):
         super().__init__(f"invariant broken: {where}{statement}")
         self.code, self.statement, self.subject = code, statement, subject
 
-    def __reduce__(self):
-        return type(self), (self.code, self.statement, self.subject)
 
-
-class NotALayerOfKind(ValueError):
+class NotALayerOfKind(Facts, ValueError):
     """A view of `layer` as a layer of `kind` ("full-attention", "sliding-window", "Mamba"), which
     it is not: the model's layers of that kind are `layers` (empty: it has none)."""
 
@@ -184,22 +156,16 @@ class NotALayerOfKind(ValueError):
         super().__init__(text)
         self.layer, self.kind, self.layers = layer, kind, tuple(layers)
 
-    def __reduce__(self):
-        return type(self), (self.layer, self.kind, self.layers)
 
-
-class PlacementUnknown(ValueError):
+class PlacementUnknown(Facts, ValueError):
     """A placement policy `mode` that is none of `known`."""
 
     def __init__(self, mode: object, known: Sequence[str]) -> None:
         self.mode, self.known = mode, tuple(known)
         super().__init__(f"placement must be one of {self.known}; got {mode!r}")
 
-    def __reduce__(self):
-        return type(self), (self.mode, self.known)
 
-
-class KeepsNoCheckpoints(ValueError):
+class KeepsNoCheckpoints(Facts, ValueError):
     """A state checkpoint asked of a prefix cache that keeps pages only (no recurrent state, or a
     decode pool's cache)."""
 
@@ -208,29 +174,23 @@ class KeepsNoCheckpoints(ValueError):
 
 
 # ---- the prefix index's refusals: a caller's misuse (a stale match, a handle named twice, ...) -------
-class StaleMatch(ValueError):
+class StaleMatch(Facts, ValueError):
     """`acquire` of `match` (a `PrefixMatch`), whose checkpoint was evicted since it was matched."""
 
     def __init__(self, match: object) -> None:
         super().__init__(f"stale match {match}: its checkpoint was evicted since; match again")
         self.match = match
 
-    def __reduce__(self):
-        return type(self), (self.match,)
 
-
-class NotAcquired(ValueError):
+class NotAcquired(Facts, ValueError):
     """`release` of cached pages `pages` that no request acquired (or released once too often)."""
 
     def __init__(self, pages: Sequence[int]) -> None:
         self.pages = tuple(pages)
         super().__init__(f"pages {list(self.pages)} were not acquired (or are released once too often)")
 
-    def __reduce__(self):
-        return type(self), (self.pages,)
 
-
-class NotACachedPrefix(ValueError):
+class NotACachedPrefix(Facts, ValueError):
     """Pages `pages` named as a cached prefix, which they are not from page `page` on (evicted
     since they were matched, or never a path from the root)."""
 
@@ -238,11 +198,8 @@ class NotACachedPrefix(ValueError):
         self.pages, self.page = tuple(pages), page
         super().__init__(f"pages {list(self.pages)} are not a cached prefix (page {page}); match again")
 
-    def __reduce__(self):
-        return type(self), (self.pages, self.page)
 
-
-class HandlesReused(ValueError):
+class HandlesReused(Facts, ValueError):
     """An `insert` whose new handles `handles` repeat or are cached already: a handle names one entry."""
 
     def __init__(self, handles: Sequence[int]) -> None:
@@ -251,11 +208,8 @@ class HandlesReused(ValueError):
             f"handles {list(self.handles)} repeat or are cached already: each handle names one entry"
         )
 
-    def __reduce__(self):
-        return type(self), (self.handles,)
 
-
-class CheckpointsRefused(ValueError):
+class CheckpointsRefused(Facts, ValueError):
     """An `insert` with checkpoints at `depths`: an index that keeps none (`keeps_checkpoints`
     False: attention / SWA) takes none; one that keeps them takes depths 1..`full_pages`."""
 
@@ -266,19 +220,13 @@ class CheckpointsRefused(ValueError):
         else:
             super().__init__("index built with needs_checkpoint=False (attention / SWA): pass no checkpoints")
 
-    def __reduce__(self):
-        return type(self), (self.depths, self.full_pages, self.keeps_checkpoints)
 
-
-class PagesStillHeld(RuntimeError):
+class PagesStillHeld(Facts, RuntimeError):
     """`drop_all` while requests still hold `held` cached pages."""
 
     def __init__(self, held: int) -> None:
         super().__init__(f"{held} cached pages are still held by requests: release them first")
         self.held = held
-
-    def __reduce__(self):
-        return type(self), (self.held,)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from distpool.facts import Facts
+
 _MISSING = object()
 NUM_LAYERS = ("num_hidden_layers", "num_layers", "n_layer")
 # Every per-layer list is built only after its length is checked against this: the deepest public
@@ -27,7 +29,7 @@ CANNOT_READ = "cannot_read"  # an OS or decoding error
 NOT_AN_OBJECT = "not_an_object"  # the top level is not a JSON object
 
 
-class ConfigInvalid(ValueError):
+class ConfigInvalid(Facts, ValueError):
     """A config whose `field` (dotted inside a nested config, "layer_types[3]" for an entry; None: no
     one field) holds `value` where it must be `expected`, in the config at `source`. `message` says
     it in the config's own terms; by default "field F must be EXPECTED, got VALUE"."""
@@ -39,9 +41,6 @@ class ConfigInvalid(ValueError):
         self.message = message or f"field {field!r} must be {expected}, got {value!r}"
         super().__init__(f"{source}: {self.message}")
 
-    def __reduce__(self):
-        return type(self), (self.source, self.field, self.value, self.expected, self.message)
-
 
 class ConfigFieldMissing(ConfigInvalid):
     """No spelling of a field the classifier needs is set: `field` and its other spellings
@@ -52,11 +51,8 @@ class ConfigFieldMissing(ConfigInvalid):
         super().__init__(source, field, None, "set", f"missing field {field!r}{also}")
         self.alternatives = alternatives
 
-    def __reduce__(self):
-        return type(self), (self.source, self.field, self.alternatives)
 
-
-class ConfigUnreadable(ValueError):
+class ConfigUnreadable(Facts, ValueError):
     """The config at `source` could not be read: `problem` (one of the names above); `detail` what
     the reader said (the JSON error, the OS error, the type found), or ""."""
 
@@ -71,9 +67,6 @@ class ConfigUnreadable(ValueError):
         }
         super().__init__(f"{source}: {texts.get(problem, problem)}")
         self.source, self.problem, self.detail = source, problem, detail
-
-    def __reduce__(self):
-        return type(self), (self.source, self.problem, self.detail)
 
 
 class ConfigFields:

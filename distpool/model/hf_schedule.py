@@ -208,9 +208,6 @@ class ScheduleMissing(ConfigInvalid):
         super().__init__(source, None, model_type, f"one of {fields}", message)
         self.model_type, self.family = model_type, family
 
-    def __reduce__(self):
-        return type(self), (self.source, self.model_type, self.family)
-
 
 def layer_schedule(f: ConfigFields, model_type: str) -> list[str] | None:
     """One tag per layer, or None when nothing but a uniform transformer layout is stated."""

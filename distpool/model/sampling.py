@@ -19,18 +19,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from distpool.facts import Facts
+
 MAX_SEED = (1 << 63) - 1
 
 
-class SamplingError(ValueError):
+class SamplingError(Facts, ValueError):
     """A generation parameter outside its range: the field, the value, and what it may be."""
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         super().__init__(f"{field} must be {allowed}; got {value!r}")
         self.field, self.value, self.allowed = field, value, allowed
-
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.allowed)
 
 
 def _is_int(value: object) -> bool:

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from distpool.facts import Facts
 from distpool.model.dtypes import dtype_bytes
 from distpool.model.shard_rule import ShardTable, TensorRule
 from distpool.model.spec import ModelSpec
@@ -20,7 +21,7 @@ from distpool.model.spec import ModelSpec
 MAX_LISTED_TP = 64  # refusals list the TP sizes up to this that would work
 
 
-class TpUnshardable(ValueError):
+class TpUnshardable(Facts, ValueError):
     """`tp` ranks cannot each hold a shard of every cached tensor of a model (`architectures`): its
     `count` `unit` (e.g. 6 "query heads"; count None: `unit` names a state tensor no shard rule is
     known for) do not split; `reason` says so in a sentence; `valid_sizes`: the TP sizes up to
@@ -39,19 +40,13 @@ class TpUnshardable(ValueError):
         self.tp, self.architectures, self.reason, self.valid_sizes = tp, architectures, reason, valid_sizes
         self.unit, self.count = unit, count
 
-    def __reduce__(self):
-        return type(self), (self.tp, self.architectures, self.reason, self.valid_sizes, self.unit, self.count)
 
-
-class ShardArgInvalid(ValueError):
+class ShardArgInvalid(Facts, ValueError):
     """A TP size or rank (`field`: "tp" or "rank") of `value`, where it must be `expected`."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         super().__init__(f"{field} must be {expected}; got {value!r}")
         self.field, self.value, self.expected = field, value, expected
-
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
 
 @dataclass(frozen=True)

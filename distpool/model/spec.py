@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from distpool.facts import Facts
 from distpool.model.dtypes import canonical_dtype, dtype_bytes
 from distpool.model.shard_rule import Segment, ShardRule, ShardTable, TensorRule
 
@@ -32,26 +33,20 @@ STATE_CONVENTIONS = (ENGINE_CONVENTION, TRANSFORMERS_CONVENTION)
 COMPUTE_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "norm_eps")
 
 
-class SpecInvalid(ValueError):
+class SpecInvalid(Facts, ValueError):
     """A `ModelSpec` whose fields contradict each other: `field` holds `value`, and must be `expected`."""
 
     def __init__(self, source: str, field: str, value: object, expected: str) -> None:
         super().__init__(f"{source}: ModelSpec.{field} is {value!r}; it must be {expected}")
         self.source, self.field, self.value, self.expected = source, field, value, expected
 
-    def __reduce__(self):
-        return type(self), (self.source, self.field, self.value, self.expected)
 
-
-class SpecLacks(ValueError):
+class SpecLacks(Facts, ValueError):
     """Code that serves only models with `layer_kind` ("full_attention", "mamba") got a spec without it."""
 
     def __init__(self, source: str, layer_kind: str) -> None:
         super().__init__(f"{source} has no {layer_kind} layers")
         self.source, self.layer_kind = source, layer_kind
-
-    def __reduce__(self):
-        return type(self), (self.source, self.layer_kind)
 
 
 def _prod(shape: tuple[int, ...]) -> int:

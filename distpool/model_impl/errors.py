@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distpool.facts import Facts
+
 # Why the reference model cannot run a model (`ImplCannotRun.problem`; None: another reason).
 NOT_MAMBA2_HYBRID = "not_mamba2_hybrid"  # it runs attention and Mamba2 in separate layers only
 TOO_LARGE = "too_large"  # it builds random weights for small configs only
 
 
-class ImplCannotRun(ValueError):
+class ImplCannotRun(Facts, ValueError):
     """Implementation `impl` ("reference", "transformers") cannot run the model at `source`:
     `reason` says why, in the model's terms (its architectures, layers, sizes); `problem`, where
     one of the names above applies."""
@@ -21,11 +23,8 @@ class ImplCannotRun(ValueError):
         super().__init__(reason)
         self.impl, self.source, self.reason, self.problem = impl, source, reason, problem
 
-    def __reduce__(self):
-        return type(self), (self.impl, self.source, self.reason, self.problem)
 
-
-class WeightOptionsUnused(ValueError):
+class WeightOptionsUnused(Facts, ValueError):
     """A weights dtype or load format (`dtype`, `load_format`; "auto" when not given) for an
     implementation (`impl`: reference or synthetic) that loads no weights."""
 
@@ -35,22 +34,16 @@ class WeightOptionsUnused(ValueError):
         )
         self.impl, self.dtype, self.load_format = impl, dtype, load_format
 
-    def __reduce__(self):
-        return type(self), (self.impl, self.dtype, self.load_format)
 
-
-class NoWeights(ValueError):
+class NoWeights(Facts, ValueError):
     """`folder` holds no safetensors weights beside its config.json for `load_format` to load."""
 
     def __init__(self, folder: str, load_format: str) -> None:
         super().__init__(f"{folder} holds no *.safetensors weights beside a config.json ({load_format})")
         self.folder, self.load_format = folder, load_format
 
-    def __reduce__(self):
-        return type(self), (self.folder, self.load_format)
 
-
-class CheckpointDtypeUnsupported(ValueError):
+class CheckpointDtypeUnsupported(Facts, ValueError):
     """The checkpoint is stored in `dtype`, which the transformers runner does not compute in;
     `supported`: the dtypes it does."""
 
@@ -59,11 +52,8 @@ class CheckpointDtypeUnsupported(ValueError):
         super().__init__(f"the checkpoint is stored in {dtype}; the runner computes in {computes}")
         self.dtype, self.supported = dtype, supported
 
-    def __reduce__(self):
-        return type(self), (self.dtype, self.supported)
 
-
-class CacheDtypesUnused(ValueError):
+class CacheDtypesUnused(Facts, ValueError):
     """KV or state dtype overrides (`kv_dtype`, `ssm_dtype`; None: not given) for the transformers
     runner, which keeps K/V and state in the dtype its modeling code computes them in (`dtype`)."""
 
@@ -74,11 +64,8 @@ class CacheDtypesUnused(ValueError):
         )
         self.dtype, self.kv_dtype, self.ssm_dtype = dtype, kv_dtype, ssm_dtype
 
-    def __reduce__(self):
-        return type(self), (self.dtype, self.kv_dtype, self.ssm_dtype)
 
-
-class TokenIdsOutOfRange(ValueError):
+class TokenIdsOutOfRange(Facts, ValueError):
     """`what` ("prompt", "last_tokens", "first_token") holds token ids (`tokens`) outside the
     vocabulary [0, `vocab_size`); `bad`: the first of them."""
 
@@ -90,11 +77,8 @@ class TokenIdsOutOfRange(ValueError):
     def bad(self) -> int:
         return next(t for t in self.tokens if not 0 <= t < self.vocab_size)
 
-    def __reduce__(self):
-        return type(self), (self.what, self.tokens, self.vocab_size)
 
-
-class TokenizerUnloadable(ValueError):
+class TokenizerUnloadable(Facts, ValueError):
     """`folder` holds tokenizer files (`files`) that transformers cannot load: `reason`, what it said
     (one line)."""
 
@@ -104,11 +88,8 @@ class TokenizerUnloadable(ValueError):
         )
         self.folder, self.files, self.reason = folder, files, reason
 
-    def __reduce__(self):
-        return type(self), (self.folder, self.files, self.reason)
 
-
-class TpGroupMismatch(ValueError):
+class TpGroupMismatch(Facts, ValueError):
     """Rank `rank` of a TP group of `tp` ranks was given a process group of `group_size` ranks in
     which it is rank `group_rank` (both None: no group). TP 1 computes alone (no group, or a group
     of one); TP > 1 needs the group of exactly its ranks, in rank order."""
@@ -124,11 +105,8 @@ class TpGroupMismatch(ValueError):
         super().__init__(text)
         self.tp, self.rank, self.group_size, self.group_rank = tp, rank, group_size, group_rank
 
-    def __reduce__(self):
-        return type(self), (self.tp, self.rank, self.group_size, self.group_rank)
 
-
-class TpSplitUneven(ValueError):
+class TpSplitUneven(Facts, ValueError):
     """`tp` ranks cannot split the reference model's `count` `unit` (query heads, MLP channels)
     evenly: a TP size that divides `count` can."""
 
@@ -137,9 +115,6 @@ class TpSplitUneven(ValueError):
             f"tensor parallelism of {tp} ranks cannot split the reference model's {count} {unit}"
         )
         self.tp, self.count, self.unit = tp, count, unit
-
-    def __reduce__(self):
-        return type(self), (self.tp, self.count, self.unit)
 
 
 # What is wrong with a batch a model implementation refuses before writing anything (`BatchRefused`),
@@ -177,7 +152,7 @@ ALREADY_REGISTERED = "already_registered"  # an admit of a request the cache hol
 WRONG_TOKEN = "wrong_token"
 
 
-class BatchRefused(ValueError):
+class BatchRefused(Facts, ValueError):
     """A prefill or decode batch refused before anything was written: `problem` (one of the names
     above) for `request_id` (None: the batch as a whole), what the batch gave (`value`) and what it
     must be or lie within (`limit`), as each name above says; the message states them in the pool's
@@ -189,11 +164,8 @@ class BatchRefused(ValueError):
         super().__init__(message)
         self.problem, self.request_id, self.value, self.limit = problem, request_id, value, limit
 
-    def __reduce__(self):
-        return type(self), (self.problem, self.request_id, str(self), self.value, self.limit)
 
-
-class ShardMismatch(ValueError):
+class ShardMismatch(Facts, ValueError):
     """A TP rank's shard disagrees with what it was given: `field` is "model" (the shard is of another
     spec: `expected` and `got` are their sources; shard the spec the cache runs) or a tensor's name
     (the pool's bytes per row of it: `expected` the rank's, `got` the pool's; build the pool from the
@@ -202,9 +174,6 @@ class ShardMismatch(ValueError):
     def __init__(self, field: str, expected: object, got: object, message: str) -> None:
         super().__init__(message)
         self.field, self.expected, self.got = field, expected, got
-
-    def __reduce__(self):
-        return type(self), (self.field, self.expected, self.got, str(self))
 
 
 @dataclass(frozen=True)
@@ -223,7 +192,7 @@ class LayoutDifference:
         return f"layer {self.layer} {self.tensor}: {holds}"
 
 
-class LayoutMismatch(ValueError):
+class LayoutMismatch(Facts, ValueError):
     """The pools of the model at `source` hold tensors other than transformers allocates for it:
     `differences`, per layer and tensor."""
 
@@ -233,11 +202,8 @@ class LayoutMismatch(ValueError):
             f"{source}: the pool's layout does not match the model: " + "; ".join(map(str, self.differences))
         )
 
-    def __reduce__(self):
-        return type(self), (self.source, self.differences)
 
-
-class PoolsSizedOtherwise(ValueError):
+class PoolsSizedOtherwise(Facts, ValueError):
     """The model loaded from `source` keeps KV `loaded_kv` and state `loaded_state` (specs; None:
     none), and the pools were sized for `sized_kv` and `sized_state`."""
 
@@ -250,6 +216,3 @@ class PoolsSizedOtherwise(ValueError):
         )
         self.source, self.loaded_kv, self.loaded_state = source, loaded_kv, loaded_state
         self.sized_kv, self.sized_state = sized_kv, sized_state
-
-    def __reduce__(self):
-        return type(self), (self.source, self.loaded_kv, self.loaded_state, self.sized_kv, self.sized_state)

@@ -6,6 +6,7 @@ import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
+from distpool.facts import Facts
 from distpool.memory.sizing import PoolArgs
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.source import HFSource
@@ -14,7 +15,7 @@ from distpool.worker.tp_pairing import TpPairing
 from transfer import TransferOptions
 
 
-class WorkerConfigInvalid(ValueError):
+class WorkerConfigInvalid(Facts, ValueError):
     """A worker configuration's field out of range: the field, its value, what it must be (the
     command line names the flag that set it)."""
 

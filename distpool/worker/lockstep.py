@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distpool.facts import Facts
 from distpool.model_impl.errors import TpGroupMismatch
 from distpool.model_impl.prefill_job import PrefillJob
 
 
-class GroupBroken(RuntimeError):
+class GroupBroken(Facts, RuntimeError):
     """Rank `rank` of the TP group of `tp` ranks cannot run a collective: the group had not formed
     (`formed` False: it was never bound to one), or a collective on it failed (`cause`, the process
     group's error as it read) and the group cannot be used again."""
@@ -43,13 +44,6 @@ class GroupBroken(RuntimeError):
         else:
             message = f"rank {rank} of TP {tp} computed before its group formed"
         super().__init__(message)
-
-    def __reduce__(self):
-        return _rebuild_group_broken, (self.rank, self.tp, self.formed, self.cause)
-
-
-def _rebuild_group_broken(rank: int, tp: int, formed: bool, cause: str) -> GroupBroken:
-    return GroupBroken(rank, tp, formed=formed, cause=cause)
 
 
 def id_hash(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distpool.memory.prefix import CacheNews, StateKey
+from distpool.memory.prefix import CacheNews, StateKey, chained_block_keys
 from distpool.serving.routing.conditional import ConditionalOptions, LocalPrefillPolicy, Sizes
 from distpool.serving.routing.router import AFFINITY_SLACK, Router
 from tests.factories import finished_news
@@ -49,6 +49,9 @@ def test_a_later_turn_goes_to_the_worker_holding_its_state():
     assert p.choose([5] + TURN_ONE, 16, set()) is None  # does not extend it
     assert p.choose(TURN_ONE, 16, set()) is None  # the last token must be computed: not a proper prefix
     assert p.choose(TURN_ONE + [7], 16, {"decode-1"}) is None  # avoided after a failure there
+    for prompt in (TURN_ONE + [7, 8, 9], TURN_ONE, TURN_ONE[:33], [5] + TURN_ONE):  # keys known: same answer
+        keys = chained_block_keys(prompt, 16)
+        assert p.choose(prompt, 16, set(), keys) == p.choose(prompt, 16, set())
 
 
 def test_a_later_turn_supersedes_and_an_evicted_state_is_gone():

@@ -89,6 +89,28 @@ def test_longest_match_wins_and_ties_go_to_the_lower_load():
     assert router.decode_candidates(tokens=prompt[:4]) == ["d2", "d1", "d0"]  # d2 alone holds 2 blocks
 
 
+def test_a_request_keys_its_prompt_once_and_routing_reads_the_keys(monkeypatch):
+    """A request's routing decisions (every attempt, every pass waiting for room) match decode
+    caches by its prompt's block keys, hashed once per request."""
+    router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    router.learned("d1", pages(prompt[:6], router))
+    router.learned("d2", pages(prompt[:2], router))
+    hashed = []
+
+    def counted(tokens, block):
+        hashed.append(block)
+        return chained_block_keys(tokens, block)
+
+    monkeypatch.setattr(workload, "chained_block_keys", counted)
+    req = workload.Request("r", prompt)
+    for _ in range(3):
+        assert router.decode_candidates(keys=req.block_keys(2)) == ["d1", "d0", "d2"]
+    assert router.decode_candidates(tokens=prompt) == ["d1", "d0", "d2"]  # the same order from tokens
+    assert hashed == [2]
+    assert req == workload.Request("r", prompt)  # the keys it keeps are no part of what it is
+
+
 def test_an_overloaded_affinity_worker_falls_back_to_load_order():
     router = Router(["p0"], ["d0", "d1", "d2"], page_size=2)
     prompt = [1, 2, 3, 4]

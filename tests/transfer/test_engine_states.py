@@ -32,6 +32,7 @@ from transfer import (
     TransferState,
 )
 from transfer.plans import PAST_ARENA, RangesRefused
+from transfer.wire import HEADER_DIFFERS, NOT_EXPECTED
 
 ARENA_BYTES = 4 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
@@ -98,6 +99,9 @@ def test_a_header_that_does_not_fit_the_reservation_is_refused_before_any_write(
         assert failure_of(transfer).kind is FailureKind.REFUSED
         assert transfer.state is TransferState.FAILED
         assert not transfer.error.channel_broken
+        assert transfer.error.cause.problem == HEADER_DIFFERS  # both ends: what REFUSE named
+    refused = incoming.error.cause  # the receiver's own, with the facts
+    assert (refused.field, refused.mine, refused.theirs) == ("number of tokens", 640, 630)
     assert digest(dst_arena, dst) == before
     assert sender.channel.healthy and receiver.channel.healthy
 
@@ -110,6 +114,7 @@ def test_a_transfer_nobody_expects_is_refused_quickly(pair):
         envelope_for("nobody", src, has_slot=True), make_arena(ARENA_BYTES, 5), deadline_s=60
     )
     assert failure_of(outgoing).kind is FailureKind.REFUSED  # not the deadline
+    assert outgoing.error.cause.problem == NOT_EXPECTED
     assert time.monotonic() - started < 30
 
 

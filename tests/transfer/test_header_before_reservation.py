@@ -9,6 +9,7 @@ import torch
 
 from tests.transfer.transfer_peer import digest, envelope_for, failure_of, fragmented_ranges, make_arena
 from transfer import FailureKind
+from transfer.wire import TURNED_AWAY
 
 ARENA_BYTES = 1 << 20
 PAGE_BYTES = 4096
@@ -56,6 +57,7 @@ def test_a_refused_reservation_refuses_the_waiting_header_at_once(pair):
     wait_until_the_header_waits(receiver)
     receiver.refuse("refused", FailureKind.NO_ROOM, "reservation refused: no room")
     assert failure_of(outgoing).kind is FailureKind.NO_ROOM  # an event, not the minute's wait
+    assert outgoing.error.cause.problem == TURNED_AWAY
 
 
 def test_a_refusal_is_read_once_and_a_later_reservation_clears_it(pair):

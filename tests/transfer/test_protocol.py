@@ -1,5 +1,7 @@
 """Control messages: anything at all that is not a valid message is a ProtocolError, never another type."""
 
+import pickle
+
 import msgpack
 import pytest
 import torch
@@ -7,8 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distpool.memory.envelope import Envelope
+from transfer.plans import UnitSizesDiffer
 from transfer.plans.plan import plan_runs
-from transfer.wire.errors import ProtocolError, TrailerRefused
+from transfer.wire.errors import (
+    LAYOUT,
+    REFUSAL_PROBLEMS,
+    HeaderRefused,
+    ProtocolError,
+    TrailerRefused,
+    TransferError,
+)
 from transfer.wire.failure import FailureKind
 from transfer.wire.protocol import (
     ABORT,
@@ -54,16 +64,39 @@ def test_a_valid_message_round_trips():
     assert FailureKind(message["failure"]) is FailureKind.CORRUPT
 
 
+@pytest.mark.parametrize("problem", sorted(REFUSAL_PROBLEMS))
+def test_every_refusal_problem_crosses_the_wire(problem):
+    blob = encode_message(REFUSE, seq=2, failure=FailureKind.REFUSED, problem=problem, reason="why")
+    assert decode_message(blob, expect=(REFUSE,), max_bytes=4096)["problem"] == problem
+
+
+def test_a_refused_header_pickles_with_its_facts_and_its_cause():
+    cause = UnitSizesDiffer(rank=1, tp=2, kind="page", sizes=[8192], expected=4096)
+    refused = HeaderRefused(FailureKind.REFUSED, LAYOUT, str(cause), cause=cause)
+    error = TransferError("r", FailureKind.REFUSED, "refused", cause=refused, channel_broken=True)
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.request_id, again.kind, again.reason, again.channel_broken) == (
+        "r",
+        FailureKind.REFUSED,
+        "refused",
+        True,
+    )
+    assert (again.cause.kind, again.cause.problem) == (FailureKind.REFUSED, LAYOUT)
+    assert again.cause.detail == str(cause)
+    assert vars(again.cause.cause) == vars(cause)
+
+
 @pytest.mark.parametrize(
     ("kind", "fields"),
     [
-        (REFUSE, {"failure": "sunspots", "reason": ""}),  # not a FailureKind
+        (REFUSE, {"failure": "sunspots", "problem": "layout", "reason": ""}),  # not a FailureKind
+        (REFUSE, {"failure": "refused", "problem": "sunspots", "reason": ""}),  # not a problem
         (ABORT, {"failure": "", "reason": "no kind"}),
         (STATUS, {"ok": True, "failure": "timeout", "reason": "", "broken": False}),  # ok, yet failed
         (STATUS, {"ok": False, "failure": "", "reason": "why not", "broken": False}),  # failed, no kind
     ],
 )
-def test_a_failure_kind_the_protocol_does_not_know_is_refused(kind, fields):
+def test_a_failure_kind_or_problem_the_protocol_does_not_know_is_refused(kind, fields):
     with pytest.raises(ProtocolError):
         decode_message(encode_message(kind, seq=1, **fields), expect=(kind,), max_bytes=4096)
 

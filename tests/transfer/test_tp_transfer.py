@@ -38,12 +38,15 @@ from transfer import (
     EnvelopeReceiver,
     EnvelopeSender,
     FailureKind,
+    HeaderRefused,
     TransferError,
     TransferOptions,
 )
 from transfer.parts import Parts, expect_parts, submit_parts
+from transfer.plans import UnitSizesDiffer
 from transfer.plans.plan import plan_messages
 from transfer.plans.reshard import plan_pair, source_ranks
+from transfer.wire import GIVEN_UP, LAYOUT, NOT_EXPECTED
 
 TP_PAIRS = [(2, 1), (1, 2), (2, 4)]
 MODELS = list(TP_CONFIGS)  # Mamba2 (one and eight groups), GDN, Falcon-H1, window pages, MLA + KDA
@@ -229,7 +232,18 @@ def test_a_header_with_unsharded_unit_sizes_is_refused_typed_and_nothing_leaks(g
             parts.wait(timeout_s=30)
         assert failed.value.kind is FailureKind.REFUSED
         assert all(t.done() for t in parts.transfers)
-    assert "its shard makes them" in str(incoming[0].error or outgoing[0].error)
+    # A receiving rank fails with the typed fact; a sender hears the problem its REFUSE named (or,
+    # where the rank's other part failed first and gave the reservation up, that).
+    for parts in incoming:
+        refused = parts.error.cause
+        assert isinstance(refused, HeaderRefused) and refused.problem == LAYOUT
+        assert isinstance(refused.cause, UnitSizesDiffer)
+        assert all(size == 2 * refused.cause.expected for size in refused.cause.sizes)
+    heard = [parts.error.cause for parts in outgoing]
+    assert all(isinstance(refused, HeaderRefused) for refused in heard)
+    assert LAYOUT in {refused.problem for refused in heard}
+    assert {refused.problem for refused in heard} <= {LAYOUT, GIVEN_UP, NOT_EXPECTED}
+    assert all(refused.cause is None for refused in heard)  # the fact itself does not cross the wire
     assert all(torch.equal(a, pool.buffer) for a, pool in zip(before, groups.dst_pools, strict=True))
     monkeypatch.setattr(sender_module, "table_bytes", real)
     wait_all(groups.expect() + groups.send(first_token=groups.first_token))

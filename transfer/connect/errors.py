@@ -29,10 +29,6 @@ class PeersMissing(ChannelError):
     def missing(self) -> int:
         return self.awaited - self.proven
 
-    def __reduce__(self):
-        fields = {"awaited": self.awaited, "proven": self.proven, "listening": self.listening}
-        return _rebuild, (type(self), (self.host, self.port), fields)
-
 
 class SecretNotProven(ChannelError):
     """What listens at `host:port` answered the nonce exchange without proving the deployment's secret."""
@@ -41,9 +37,6 @@ class SecretNotProven(ChannelError):
         self.host, self.port = host, port
         super().__init__(f"whatever listens at {host}:{port} does not hold this deployment's secret")
 
-    def __reduce__(self):
-        return type(self), (self.host, self.port)
-
 
 class RendezvousHungUp(ChannelError):
     """Every connection to `host:port` up to the deadline ended before rank 0 sent its nonce."""
@@ -51,9 +44,6 @@ class RendezvousHungUp(ChannelError):
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         super().__init__(f"the rendezvous at {host}:{port} hung up before it began")
-
-    def __reduce__(self):
-        return type(self), (self.host, self.port)
 
 
 class FrameTooLarge(ProtocolError):
@@ -67,9 +57,6 @@ class FrameTooLarge(ProtocolError):
             f"a rendezvous frame of {key_bytes} + {value_bytes} bytes "
             f"(at most {max_key_bytes} + {max_value_bytes})"
         )
-
-    def __reduce__(self):
-        return type(self), (self.key_bytes, self.value_bytes, self.max_key_bytes, self.max_value_bytes)
 
 
 # Why a relay store ended (`StoreEnded.why`).
@@ -92,9 +79,6 @@ class StoreEnded(ChannelError):
             reason = f"the rendezvous with a peer failed: {cause}"
         super().__init__(f"{name}: {reason}")
 
-    def __reduce__(self):
-        return type(self), (self.name, self.why, self.num_peers, self.cause)
-
 
 class RankGroupNotFormed(ChannelError):
     """Rank `rank` of the `size`-rank group `name` at `host:port` did not form it within
@@ -110,10 +94,3 @@ class RankGroupNotFormed(ChannelError):
             f"rank group {name} rank {rank} of {size} at {host}:{port} did not form within "
             f"{timeout_s:.1f} s: {cause}"
         )
-
-    def __reduce__(self):
-        return type(self), (self.name, self.rank, self.size, self.host, self.port, self.timeout_s, self.cause)
-
-
-def _rebuild(cls: type, args: tuple, kwargs: dict) -> ChannelError:
-    return cls(*args, **kwargs)

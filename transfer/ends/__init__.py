@@ -1,9 +1,9 @@
 """The two ends of a channel and what they move: a transfer as each end sees it.
 
 `handle.py`: `Transfer` (its states) and `TransferOptions`; `end.py`: what both ends share (the job,
-the worker thread, staging, how a transfer concludes); `sender.py` and `receiver.py` (the receiver
-checks a header against its reservation, `header_check.py`); one transfer's chunks going out or
-landing (`send_pipeline.py`, `receive_pipeline.py`) through `staging.py` (gather, scatter, checksum);
+the worker thread, staging, how a transfer concludes); `sender.py` and `receiver.py` (which also
+checks a header against its reservation); one transfer's chunks going out or landing
+(`send_pipeline.py`, `receive_pipeline.py`) through `staging.py` (gather, scatter, checksum);
 `activity.py`: whether a worker's ends move bytes; `link.py`: the raw link measured on a channel.
 """
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distpool.facts import Facts
 from distpool.memory.envelope import Envelope
 from transfer.ends.activity import Activity, ActivityLock
 from transfer.ends.handle import ChunkHook, Transfer
@@ -39,12 +40,13 @@ class Job:
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
 
 
-class Stopped(Exception):
-    """This transfer ends without success (refused, withdrawn, aborted); the channel is still in step."""
+class Stopped(Facts, Exception):
+    """This transfer ends without success (refused, withdrawn, aborted); the channel is still in step.
+    `cause`: the typed fact behind it, where there is one (a `HeaderRefused`)."""
 
-    def __init__(self, kind: FailureKind, reason: str) -> None:
+    def __init__(self, kind: FailureKind, reason: str, *, cause: Exception | None = None) -> None:
         super().__init__(reason)
-        self.kind = kind
+        self.kind, self.cause = kind, cause
 
 
 def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> TransferError:
@@ -52,7 +54,7 @@ def as_transfer_error(channel: Channel, request_id: str, exc: Exception) -> Tran
     if isinstance(exc, TransferError):
         return exc
     if isinstance(exc, Stopped):
-        return TransferError(request_id, exc.kind, str(exc))
+        return TransferError(request_id, exc.kind, str(exc), cause=exc.cause)
     if isinstance(exc, ChannelError):
         kind, reason = exc.kind, str(exc)
     else:

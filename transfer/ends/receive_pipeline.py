@@ -1,8 +1,11 @@
-"""The receiving side of one transfer's chunks: chunk k is scattered while chunks k+1 and k+2 arrive.
+"""The receiving side of one transfer's payload: chunk k is scattered while chunks k+1 and k+2 arrive.
 
-    keep three chunks' receives posted (messages contiguous here straight into our arena, staged
-        ones into staging buffer k % 3); land chunk k (its staged messages are scattered as they come,
-        while the chunk's other messages and chunks k+1 and k+2 arrive), then post k+3
+    `receive_payload`: the chunks, the trailer, the sender's ABORT after an unfilled stream, and
+        the checksum
+    `ReceivePipeline`: keep three chunks' receives posted (messages contiguous here straight into
+        our arena, staged ones into staging buffer k % 3); land chunk k (its staged messages are
+        scattered as they come, while the chunk's other messages and chunks k+1 and k+2 arrive),
+        then post k+3
 
 Where bytes go is computed from this end's own ranges alone (`Job.runs`); the sending side is
 `transfer.ends.send_pipeline`, and the control messages around both are the ends' own.
@@ -11,14 +14,51 @@ Where bytes go is computed from this end's own ranges alone (`Job.runs`); the se
 from __future__ import annotations
 
 import collections
+import time
 
 import torch
 
-from transfer.ends.end import Job
-from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, scatter
+from transfer.ends.end import ChannelEnd, Job
+from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, checksum, scatter
 from transfer.pair import Channel
-from transfer.plans import DST, NBYTES, Chunk, assign_streams
-from transfer.wire import TAG_DATA, TRAILER_WORDS, read_trailer
+from transfer.plans import DST, NBYTES, Chunk, assign_streams, plan_messages
+from transfer.wire import (
+    ABORT,
+    TAG_DATA,
+    TRAILER_WORDS,
+    ChannelError,
+    FailureKind,
+    abort_key,
+    read_trailer,
+)
+
+
+def receive_payload(end: ChannelEnd, job: Job, seq: int, header: dict) -> tuple[FailureKind, str] | None:
+    """Receive transfer `seq`'s payload at the receiving `end` (its `header` accepted, `job.runs`
+    planned) into the job's arena and read its trailer: None when it landed whole (and matches its
+    checksum, if one was asked), else how it failed, (kind, reason): our own abort, the sender's
+    (its ABORT says why), or a checksum mismatch. A sender that never says why it aborted costs the
+    channel (ChannelError)."""
+    deadline, runs = job.transfer.deadline, job.runs
+    sizes = {"chunk_bytes": header["chunk_bytes"], "direct_min_bytes": header["direct_min_bytes"]}
+    chunks = plan_messages(runs, **sizes)
+    pipeline = ReceivePipeline(end.channel, end.staging, job, chunks)
+    aborted = pipeline.receive(deadline)
+    filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
+    failure = None if aborted is None else (FailureKind.ABORTED, aborted)
+    if not filled:  # the sender aborted: its ABORT says why
+        abort = end.await_message(
+            abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
+        )
+        if abort is None:
+            reason = "the sender did not say why it aborted the transfer before the deadline"
+            raise ChannelError(reason, kind=FailureKind.TIMEOUT)
+        failure = failure or (FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}")
+    elif failure is None and header["checksum"]:
+        ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
+        if sent_checksum != ours:
+            failure = (FailureKind.CORRUPT, f"checksum mismatch: sender {sent_checksum}, receiver {ours}")
+    return failure
 
 
 class ReceivePipeline:

@@ -11,8 +11,8 @@ part has (`Parts.wait()`). One transfer:
         `unexpected_wait_s` for `expect`)
     check it against the reservation: request id, tokens, row count and row sizes (the source
         table, less the pages held here already, must pair with ours; across TP sizes each row
-        must have the source shard's unit size), chunk size (`transfer.ends.header_check`); any
-        mismatch -> REFUSE, nothing written
+        must have the source shard's unit size), chunk size; any mismatch -> REFUSE naming the
+        problem (`HeaderRefused`), nothing written
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
         (`transfer.ends.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import time
 
+import numpy as np
 import torch
 
 from distpool.memory.envelope import MAX_PAGES, Envelope
@@ -41,28 +42,35 @@ from transfer.defaults import (
 from transfer.ends.activity import Activity
 from transfer.ends.end import ChannelEnd, Job, Stopped
 from transfer.ends.handle import ChunkHook, Transfer
-from transfer.ends.header_check import Refusal, header_runs
-from transfer.ends.receive_pipeline import ReceivePipeline
-from transfer.ends.staging import checksum
+from transfer.ends.receive_pipeline import receive_payload
 from transfer.pair import RECEIVER_RANK, Channel
-from transfer.plans import DST, NBYTES, plan_messages
+from transfer.plans import NBYTES, channel_runs
 from transfer.wire import (
-    ABORT,
+    CHUNK_LIMITS,
+    GIVEN_UP,
     HEADER,
+    HEADER_DIFFERS,
+    LAYOUT,
+    MALFORMED_HEADER,
+    NOT_EXPECTED,
+    PROTOCOL_VERSION,
     READY,
     REFUSE,
+    SENDER_WITHDREW,
     STATUS,
+    TURNED_AWAY,
     AlreadyExpected,
     ChannelError,
     FailureKind,
+    HeaderRefused,
     ProtocolError,
     TransferError,
-    abort_key,
     decode_message,
     encode_message,
     reply_key,
     status_key,
     table_bytes,
+    table_from_bytes,
     withdraw_key,
 )
 
@@ -95,7 +103,7 @@ class EnvelopeReceiver(ChannelEnd):
         self._expected: dict[str, Job] = {}
         # request id -> why its header is refused at once: the destination was refused or given up
         # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
-        self._refused: collections.OrderedDict[str, Refusal] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[str, HeaderRefused] = collections.OrderedDict()
 
     def expect(
         self,
@@ -140,7 +148,7 @@ class EnvelopeReceiver(ChannelEnd):
             if kind is None:
                 self._refused.pop(request_id, None)
                 return
-            self._refused[request_id] = (kind, reason)
+            self._refused[request_id] = HeaderRefused(kind, TURNED_AWAY, reason)
             self._refused.move_to_end(request_id)
             while len(self._refused) > MAX_REFUSALS_KEPT:  # never read ones go, oldest first
                 self._refused.popitem(last=False)
@@ -159,7 +167,7 @@ class EnvelopeReceiver(ChannelEnd):
             del self._expected[transfer.request_id]
         transfer.conclude(transfer.unstarted_error("no transfer arrived from the sender before the deadline"))
 
-    def _take(self, request_id: str) -> tuple[Job | None, Refusal | None]:
+    def _take(self, request_id: str) -> tuple[Job | None, HeaderRefused | None]:
         """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
         limit = time.monotonic() + self.unexpected_wait_s
         with self.io_lock.waiting(), self.cond:  # for the reservation, perhaps: nothing moves
@@ -173,7 +181,9 @@ class EnvelopeReceiver(ChannelEnd):
             job = self._expected.pop(request_id, None)
             refused = self._refused.pop(request_id, None)  # read once: a later attempt may be expected
         if job is None:
-            return None, refused or (FailureKind.REFUSED, "no reservation for this request on the receiver")
+            return None, refused or HeaderRefused(
+                FailureKind.REFUSED, NOT_EXPECTED, "no reservation for this request on the receiver"
+            )
         return job, None
 
     # ---- worker ----------------------------------------------------------------------------------
@@ -200,16 +210,18 @@ class EnvelopeReceiver(ChannelEnd):
             if job is not None:
                 refusal = self._check_header(job, seq, header)
         except ProtocolError as exc:
-            refusal = (FailureKind.PROTOCOL, f"malformed header: {exc}")
+            refusal = HeaderRefused(FailureKind.PROTOCOL, MALFORMED_HEADER, f"malformed header: {exc}")
         rid = header["request_id"] if header is not None else "?"
 
         def receive() -> None:
-            if refusal is None and self.channel.control.holds(withdraw_key(seq)):
-                answer = (FailureKind.TIMEOUT, "the sender withdrew the transfer (its deadline passed)")
-            else:
-                answer = refusal
+            answer = refusal
+            if answer is None and self.channel.control.holds(withdraw_key(seq)):
+                reason = "the sender withdrew the transfer (its deadline passed)"
+                answer = HeaderRefused(FailureKind.TIMEOUT, SENDER_WITHDREW, reason)
             reply = (
-                encode_message(REFUSE, seq=seq, failure=answer[0], reason=answer[1])
+                encode_message(
+                    REFUSE, seq=seq, failure=answer.kind, problem=answer.problem, reason=answer.detail
+                )
                 if answer is not None
                 else encode_message(
                     READY, seq=seq, table=table_bytes(job.envelope.moving), held=job.envelope.held_pages
@@ -217,12 +229,17 @@ class EnvelopeReceiver(ChannelEnd):
             )
             self.channel.control.send(reply_key(seq), reply)
             if answer is not None:
-                raise Stopped(answer[0], f"refused the sender's header: {answer[1]}")
+                raise Stopped(answer.kind, f"refused the sender's header: {answer.detail}", cause=answer)
             if job is None or header is None:
                 raise RuntimeError("a header accepted without its job")
             job.transfer.first_token = header["first_token"]
             job.transfer.begin()
-            self._receive_chunks(job, seq, header)
+            failure = receive_payload(self, job, seq, header)
+            if failure is not None:
+                self._status(seq, failure)
+                raise Stopped(*failure)
+            self.stream.synchronize()  # the bytes are in place before anyone hears "success"
+            self._status(seq)
 
         def tell_sender(error: TransferError) -> None:
             if job is not None and job.transfer.began_at is not None:
@@ -238,59 +255,56 @@ class EnvelopeReceiver(ChannelEnd):
         # A withdrawal that comes after the answer is never read: tidied with the transfer.
         self.conclude(rid, job, receive, unread=[withdraw_key(seq)], on_broken=tell_sender)
 
-    def _check_header(self, job: Job, seq: int, header: dict) -> Refusal | None:
-        """Why the header cannot fill this reservation, or None if it can."""
+    def _check_header(self, job: Job, seq: int, header: dict) -> HeaderRefused | None:
+        """Why the header cannot fill this reservation, or None if it can (then `job.runs` is set).
+
+        It must agree with the reservation on the protocol version, the sequence number the bell
+        rang for, the tokens and the rows; its chunk sizes must stay within this receiver's limits;
+        and its table, less the pages held here already, must pair with ours (across TP sizes each
+        row must have the source shard's unit size). Nothing is written, nothing waited for."""
         expected, transfer = job.envelope, job.transfer
         if transfer.abort_reason is not None:
-            return FailureKind.ABORTED, transfer.abort_reason
+            return HeaderRefused(FailureKind.ABORTED, GIVEN_UP, transfer.abort_reason)
         if time.monotonic() >= transfer.deadline:
-            return FailureKind.TIMEOUT, "the reservation's deadline passed before the transfer could start"
-        job.runs, refusal = header_runs(
-            expected, header, seq=seq, max_chunk_bytes=self.max_chunk_bytes, tp_pair=self.channel.tp_pair
-        )
-        if refusal is not None:
-            return refusal
-        transfer.num_bytes = int(job.runs[:, NBYTES].sum())  # across TP: this channel's share
+            reason = "the reservation's deadline passed before the transfer could start"
+            return HeaderRefused(FailureKind.TIMEOUT, GIVEN_UP, reason)
+        num_rows = len(header["table"]) // 16
+        for field, mine, theirs in (
+            ("protocol version", PROTOCOL_VERSION, header["version"]),
+            ("transfer sequence number", seq, header["seq"]),
+            ("number of tokens", expected.num_tokens, header["num_tokens"]),
+            ("number of byte ranges (slot and pages)", expected.ranges.shape[0], num_rows),
+        ):
+            if mine != theirs:
+                detail = f"{field} differs: reserved {mine!r}, sender has {theirs!r}"
+                return HeaderRefused(
+                    FailureKind.REFUSED, HEADER_DIFFERS, detail, field=field, mine=mine, theirs=theirs
+                )
+        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
+            detail = (
+                f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} "
+                f"must be in (0, {self.max_chunk_bytes}] and > 0"
+            )
+            return HeaderRefused(FailureKind.REFUSED, CHUNK_LIMITS, detail)
+        try:
+            source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
+            runs: np.ndarray = channel_runs(
+                self.channel.tp_pair,
+                source,
+                expected.moving,
+                num_tokens=expected.num_tokens,
+                held=expected.held_pages,
+            )
+        except (ProtocolError, ValueError) as exc:
+            return HeaderRefused(FailureKind.REFUSED, LAYOUT, str(exc), cause=exc)
+        job.runs = runs
+        transfer.num_bytes = int(runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
-    def _status(self, seq: int, failure: Refusal | None = None) -> None:
+    def _status(self, seq: int, failure: tuple[FailureKind, str] | None = None) -> None:
         """STATUS ok (no `failure`), or failed as `failure`: (kind, reason)."""
         kind, reason = failure or ("", "")
         message = encode_message(
             STATUS, seq=seq, ok=failure is None, failure=kind, reason=reason, broken=False
         )
         self.channel.control.send(status_key(seq), message)
-
-    def _receive_chunks(self, job: Job, seq: int, header: dict) -> None:
-        deadline, runs = job.transfer.deadline, job.runs
-        chunks = plan_messages(
-            runs, chunk_bytes=header["chunk_bytes"], direct_min_bytes=header["direct_min_bytes"]
-        )
-        pipeline = ReceivePipeline(self.channel, self.staging, job, chunks)
-        aborted = pipeline.receive(deadline)
-        filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
-        abort = None
-        if not filled:  # the sender aborted: its ABORT says why
-            abort = self.await_message(
-                abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
-            )
-            if abort is None:
-                reason = "the sender did not say why it aborted the transfer before the deadline"
-                raise ChannelError(reason, kind=FailureKind.TIMEOUT)
-        failure: Refusal | None = None
-        if aborted is not None:
-            failure = (FailureKind.ABORTED, aborted)
-        elif abort is not None:
-            failure = (FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}")
-        elif header["checksum"]:
-            ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
-            if sent_checksum != ours:
-                failure = (
-                    FailureKind.CORRUPT,
-                    f"checksum mismatch: sender {sent_checksum}, receiver {ours}",
-                )
-        if failure is not None:
-            self._status(seq, failure)
-            raise Stopped(*failure)
-        self.stream.synchronize()  # the bytes are in place before anyone hears "success"
-        self._status(seq)

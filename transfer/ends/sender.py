@@ -45,6 +45,7 @@ from transfer.wire import (
     WITHDRAWN,
     ChannelError,
     FailureKind,
+    HeaderRefused,
     ProtocolError,
     TransferError,
     abort_key,
@@ -212,9 +213,10 @@ class EnvelopeSender(ChannelEnd):
             deadline = time.monotonic() + channel.timeout_s
         max_bytes = job.envelope.ranges.shape[0] * 16 + 1024
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
-        if reply["kind"] == REFUSE:
-            kind = FailureKind(reply["failure"])
-            raise TransferError(transfer.request_id, kind, f"receiver refused: {reply['reason']}")
+        if reply["kind"] == REFUSE:  # the protocol checked the kind and the problem
+            refused = HeaderRefused(FailureKind(reply["failure"]), reply["problem"], reply["reason"])
+            reason = f"receiver refused: {refused.detail}"
+            raise TransferError(transfer.request_id, refused.kind, reason, cause=refused)
         try:  # the receiver holds the first `held` pages already: they do not move
             ours = moving_rows(job.envelope.ranges, reply["held"], has_slot=job.envelope.has_slot)
             theirs = table_from_bytes(reply["table"], num_rows=ours.shape[0])

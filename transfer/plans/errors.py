@@ -4,6 +4,8 @@ Each is a ValueError (a caller's or a peer's table that cannot be planned), pick
 
 from __future__ import annotations
 
+from distpool.facts import Facts
+
 # What is wrong with a range table (`RangesRefused.problem`).
 BAD_SHAPE = "bad_shape"  # not an (n, 2) int64 tensor; `shape` says what it is
 EMPTY = "empty"  # no rows: an envelope holds at least one byte range
@@ -12,7 +14,7 @@ PAST_ARENA = "past_arena"  # a row reaches byte `reach`, past the arena's `arena
 OVERLAPPING = "overlapping"  # two rows share a byte
 
 
-class RangesRefused(ValueError):
+class RangesRefused(Facts, ValueError):
     """The range table `name` cannot be planned: `problem` (one of the names above); `shape` for
     BAD_SHAPE, `reach` and `arena_bytes` for PAST_ARENA."""
 
@@ -35,12 +37,8 @@ class RangesRefused(ValueError):
             return f"{name} reaches byte {self.reach} past the arena's {self.arena_bytes}"
         return f"{name} has overlapping rows: one byte cannot belong to two positions"
 
-    def __reduce__(self):
-        facts = {"shape": self.shape, "reach": self.reach, "arena_bytes": self.arena_bytes}
-        return _rebuild, (type(self), (self.name, self.problem), facts)
 
-
-class RowsDoNotPair(ValueError):
+class RowsDoNotPair(Facts, ValueError):
     """A source and a destination table that cannot pair row with row: `src_rows` / `dst_rows`
     rows; when the counts agree, row `row` holds `src_bytes` at the source and `dst_bytes` at the
     destination (the first row that differs)."""
@@ -62,12 +60,8 @@ class RowsDoNotPair(ValueError):
             )
         super().__init__(message)
 
-    def __reduce__(self):
-        facts = {"row": self.row, "src_bytes": self.src_bytes, "dst_bytes": self.dst_bytes}
-        return _rebuild, (type(self), (self.src_rows, self.dst_rows), facts)
 
-
-class UnitSizesDiffer(ValueError):
+class UnitSizesDiffer(Facts, ValueError):
     """Rank `rank` of TP `tp` holds units of `kind` ("slot", "page", "swa_page") of `sizes` bytes,
     where its shard makes them `expected`: its pool was not built from its shard's spec (with the
     run's dtypes and page size)."""
@@ -78,9 +72,6 @@ class UnitSizesDiffer(ValueError):
             f"rank {rank} of TP {tp} holds {kind}s of {self.sizes} bytes, but its shard makes them {expected}"
         )
 
-    def __reduce__(self):
-        return type(self), (self.rank, self.tp, self.kind, self.sizes, self.expected)
-
 
 # Why two TP layouts, or their ranks' unit tables, cannot be planned (`LayoutsDoNotPair.problem`).
 RANKS_NOT_IN_ORDER = "ranks_not_in_order"  # `side`'s layout is not ranks 0..tp-1 of one TP size
@@ -89,7 +80,7 @@ TABLES_PER_RANK = "tables_per_rank"  # not one unit table per rank on each side
 UNIT_COUNTS_DIFFER = "unit_counts_differ"  # the ranks' envelopes hold different numbers of units
 
 
-class LayoutsDoNotPair(ValueError):
+class LayoutsDoNotPair(Facts, ValueError):
     """A reshard plan refused: `problem` (one of the names above); `side` ("source" or
     "destination") for RANKS_NOT_IN_ORDER; `counts`, the (kind, units) seen, for UNIT_COUNTS_DIFFER."""
 
@@ -105,10 +96,3 @@ class LayoutsDoNotPair(ValueError):
         if self.problem == TABLES_PER_RANK:
             return "give one unit table per rank on each side"
         return f"the ranks' envelopes do not pair: units per kind {list(self.counts)}"
-
-    def __reduce__(self):
-        return _rebuild, (type(self), (self.problem,), {"side": self.side, "counts": self.counts})
-
-
-def _rebuild(cls: type, args: tuple, facts: dict) -> ValueError:
-    return cls(*args, **facts)

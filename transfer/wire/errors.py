@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from distpool.facts import Facts
 from transfer.wire.failure import FailureKind
 
 
-class ArgInvalid(ValueError):
+class ArgInvalid(Facts, ValueError):
     """An argument of the transfer engine (`field`: a channel's `port`, an arena `buffer`, a rank
     group's `size`, ...) holds `value`; it must be `expected` (e.g. "> 0", "in 1..65535").
     `value` is what the caller gave, or a description of it where it is a tensor."""
@@ -14,22 +15,16 @@ class ArgInvalid(ValueError):
         self.field, self.value, self.expected = field, value, expected
         super().__init__(f"{field} must be {expected}, got {value!r}")
 
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
-
-class AlreadyExpected(ValueError):
+class AlreadyExpected(Facts, ValueError):
     """The receiver already expects request `request_id` on this channel."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         super().__init__(f"request {request_id!r} is already expected on this channel")
 
-    def __reduce__(self):
-        return type(self), (self.request_id,)
 
-
-class ChannelError(Exception):
+class ChannelError(Facts, Exception):
     """A channel could not be connected, or is broken and must be rebuilt before it carries more.
 
     `kind`: how a transfer that meets it fails; the link or the peer is gone unless said otherwise
@@ -53,9 +48,6 @@ class FingerprintMismatch(ChannelError):
             f"{name} is {mine!r} here, {theirs!r} on the peer" for name, (mine, theirs) in fields.items()
         )
         super().__init__(f"pool layout differs from the peer's: {detail}")
-
-    def __reduce__(self):
-        return type(self), (self.fields,)
 
 
 # Why two ends' TP layouts do not pair (`ReshardRefused.problem`).
@@ -102,47 +94,83 @@ class ReshardRefused(ChannelError):
             f"TP {dst_size}: that rank's shard comes from source ranks {list(self.needed)}"
         )
 
-    def __reduce__(self):
-        facts = {
-            "peer_rank": self.peer_rank,
-            "peer_size": self.peer_size,
-            "src": self.src,
-            "dst": self.dst,
-            "needed": self.needed,
-            "cause": self.cause,
-        }
-        return _rebuild_with_facts, (type(self), (self.problem,), facts)
+
+# Why a receiver refused a sender's header (`HeaderRefused.problem`): the code REFUSE carries.
+NOT_EXPECTED = "not_expected"  # no reservation for the request came in time
+TURNED_AWAY = "turned_away"  # the receiving worker refused the request before its header came
+GIVEN_UP = "given_up"  # the reservation was aborted, or its deadline passed, before the header came
+SENDER_WITHDREW = "sender_withdrew"  # the sender withdrew the transfer (its deadline passed)
+HEADER_DIFFERS = "header_differs"  # version, sequence number, tokens or rows disagree (`field`)
+CHUNK_LIMITS = "chunk_limits"  # chunk_bytes or direct_min_bytes outside this receiver's bounds
+LAYOUT = "layout"  # the source table does not pair with the reservation (`cause`, at the receiver)
+MALFORMED_HEADER = "malformed_header"  # the header does not decode
+REFUSAL_PROBLEMS = frozenset(
+    (
+        NOT_EXPECTED,
+        TURNED_AWAY,
+        GIVEN_UP,
+        SENDER_WITHDREW,
+        HEADER_DIFFERS,
+        CHUNK_LIMITS,
+        LAYOUT,
+        MALFORMED_HEADER,
+    )
+)
 
 
-class TransferError(Exception):
+class HeaderRefused(Facts, Exception):
+    """A receiver refused a sender's header: the transfer fails as `kind`, for `problem` (one of the
+    names above), told to a person by `detail`. Both ends know these three (REFUSE carries them).
+    At the receiver only: `field`, `mine` and `theirs` for HEADER_DIFFERS (the reservation's value,
+    the header's); `cause` for LAYOUT, the typed refusal of the source table (`RowsDoNotPair`,
+    `UnitSizesDiffer`, `RangesRefused`, or a ProtocolError for a table that does not decode)."""
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        problem: str,
+        detail: str,
+        *,
+        field: str = "",
+        mine: object = None,
+        theirs: object = None,
+        cause: Exception | None = None,
+    ) -> None:
+        self.kind, self.problem, self.detail = FailureKind(kind), problem, detail
+        self.field, self.mine, self.theirs, self.cause = field, mine, theirs, cause
+        super().__init__(detail)
+
+
+class TransferError(Facts, Exception):
     """One envelope transfer failed; the caller must release what it holds for `request_id`.
 
     `kind` says what kind of failure it was (read it, not the wording); `reason` says it to a
     person. `channel_broken` says whether the channel went down with it (rebuild before the next
-    transfer).
+    transfer). `cause`, where there is one, is the typed fact behind it (a `HeaderRefused` at
+    either end of a refused header).
     """
 
     def __init__(
-        self, request_id: str, kind: FailureKind, reason: str, *, channel_broken: bool = False
+        self,
+        request_id: str,
+        kind: FailureKind,
+        reason: str,
+        *,
+        channel_broken: bool = False,
+        cause: Exception | None = None,
     ) -> None:
         super().__init__(f"transfer of request {request_id!r} failed ({kind.value}): {reason}")
         self.request_id = request_id
         self.kind = FailureKind(kind)
         self.reason = reason
         self.channel_broken = channel_broken
-
-    def __reduce__(self):  # crosses Ray's process boundary as itself
-        return _rebuild_transfer_error, (self.request_id, self.kind.value, self.reason, self.channel_broken)
+        self.cause = cause
 
 
 class ProtocolError(ChannelError):
     """The peer sent something the protocol does not allow; the stream is out of step (rebuild)."""
 
     kind = FailureKind.PROTOCOL
-
-
-def _rebuild_transfer_error(request_id: str, kind: str, reason: str, channel_broken: bool) -> TransferError:
-    return TransferError(request_id, FailureKind(kind), reason, channel_broken=channel_broken)
 
 
 class TrailerRefused(ProtocolError):
@@ -157,10 +185,3 @@ class TrailerRefused(ProtocolError):
     def out_of_step(self) -> bool:
         """It is a trailer, of another transfer."""
         return self.words[0] != self.seq
-
-    def __reduce__(self):
-        return type(self), (self.seq, self.words)
-
-
-def _rebuild_with_facts(cls: type, args: tuple, facts: dict) -> Exception:
-    return cls(*args, **facts)

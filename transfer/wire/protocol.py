@@ -9,7 +9,8 @@
                                                     <-  status/{seq} := STATUS (ok | failure, broken)
 
 A failure travels as its kind (a `FailureKind` value, which the other end reads) and a reason (a
-sentence for a person, truncated to MAX_REASON_CHARS).
+sentence for a person, truncated to MAX_REASON_CHARS); a REFUSE also names what about the header it
+refused (a `HeaderRefused` problem).
 
 A sender whose deadline passes before the reply comes sends withdraw/{seq} := WITHDRAWN and fails
 its transfer; the receiver, if it has not answered yet, answers REFUSE, and the channel stays in
@@ -35,10 +36,10 @@ from typing import Any
 import msgpack
 import torch
 
-from transfer.wire.errors import ProtocolError, TrailerRefused
+from transfer.wire.errors import REFUSAL_PROBLEMS, ProtocolError, TrailerRefused
 from transfer.wire.failure import WIRE_VALUES, FailureKind
 
-PROTOCOL_VERSION = 8  # 8: the stream ends with a trailer, no END message (7: one Gloo frame a message)
+PROTOCOL_VERSION = 9  # 9: REFUSE names its problem; 8: the stream ends with a trailer, no END message
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, ABORT, STATUS = (
@@ -64,8 +65,9 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     # held: the destination holds the envelope's first `held` pages; table lists the rows it takes
     READY: {"seq": int, "table": bytes, "held": int},
-    # failure: a FailureKind's value, what the peer reads; reason: the same for a person
-    REFUSE: {"seq": int, "failure": str, "reason": str},
+    # failure: a FailureKind's value, what the peer reads; reason: the same for a person;
+    # problem: what about the header was refused (a `HeaderRefused` problem)
+    REFUSE: {"seq": int, "failure": str, "problem": str, "reason": str},
     WITHDRAWN: {"seq": int, "reason": str},
     ABORT: {"seq": int, "failure": str, "reason": str},
     # broken: the receiver tore down; failure is "" exactly when ok
@@ -164,6 +166,8 @@ def decode_message(blob: object, *, expect: tuple[str, ...], max_bytes: int) -> 
         and (fields["failure"], kind) != ("", STATUS)
     ):
         raise ProtocolError(f"{kind} message names no known failure kind: {fields['failure'][:40]!r}")
+    if kind == REFUSE and fields["problem"] not in REFUSAL_PROBLEMS:
+        raise ProtocolError(f"a REFUSE message names no known problem: {fields['problem'][:40]!r}")
     if kind == STATUS and (fields["failure"] == "") != fields["ok"]:
         raise ProtocolError("a STATUS message names a failure kind exactly when it is not ok")
     return fields

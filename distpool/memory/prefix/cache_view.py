@@ -148,9 +148,11 @@ class CacheView:
                 return i
         return len(keys)
 
-    def state_chain(self, prompt: Sequence[int]) -> list[bytes]:
-        """The keys `longest_state` looks `prompt` up by (the same for every view of one block)."""
-        return [ROOT_KEY, *chained_block_keys(prompt, self.block, max(len(prompt) - 1, 0) // self.block)]
+    def state_chain(self, prompt: Sequence[int], keys: Sequence[bytes] | None = None) -> list[bytes]:
+        """The keys `longest_state` looks `prompt` up by (the same for every view of one block);
+        `keys`: the prompt's `chained_block_keys`, if known."""
+        count = max(len(prompt) - 1, 0) // self.block
+        return [ROOT_KEY, *(chained_block_keys(prompt, self.block, count) if keys is None else keys[:count])]
 
     def longest_state(self, prompt: Sequence[int], chain: Sequence[bytes] | None = None) -> int | None:
         """The tokens of the longest kept state whose tokens are a proper prefix of `prompt` (None:

@@ -7,24 +7,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distpool.facts import Facts
+
 # Why unified memory is refused (`UnifiedMemoryRefused.reason`).
 DEEPSEEK_V4_POOLS = "deepseek_v4_pools"  # DeepSeek-V4 keeps its own pools, never unified
 NOT_HYBRID = "not_hybrid"  # one kind of per-request memory: nothing to share an arena with
 SWA_UNDER_PD = "swa_under_pd"  # no whole-envelope transfer scheme for the sliding-window band
 
 
-class PoolArgInvalid(ValueError):
+class PoolArgInvalid(Facts, ValueError):
     """`PoolArgs.field` holds `value`; it must be `expected` (e.g. ">= 1", "in (0, 1)")."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         super().__init__(f"PoolArgs.{field} must be {expected}; got {value!r}")
         self.field, self.value, self.expected = field, value, expected
 
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
-
-class UnifiedMemoryRefused(ValueError):
+class UnifiedMemoryRefused(Facts, ValueError):
     """Unified memory asked for a model (`architectures`, of `kind`) where it cannot mean anything safe:
     `reason` is one of DEEPSEEK_V4_POOLS, NOT_HYBRID, SWA_UNDER_PD (with `disaggregation_mode`)."""
 
@@ -35,9 +34,6 @@ class UnifiedMemoryRefused(ValueError):
         )
         self.reason, self.architectures, self.kind = reason, architectures, kind
         self.disaggregation_mode = disaggregation_mode
-
-    def __reduce__(self):
-        return type(self), (self.reason, self.architectures, self.kind, self.disaggregation_mode)
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class RequestNeeds:
     kv_bytes_per_token: int  # full-attention KV per token (unpadded)
 
 
-class BudgetTooSmall(ValueError):
+class BudgetTooSmall(Facts, ValueError):
     """A budget of `budget_bytes` cannot hold one request (`needs`). `split`: None when the whole
     budget cannot; "state/KV" or "full/SWA" when the static split of it leaves one pool too small."""
 
@@ -62,6 +58,3 @@ class BudgetTooSmall(ValueError):
             f"{needs.context_len} tokens ({needs.needed_bytes} bytes)"
         )
         self.needs, self.budget_bytes, self.split = needs, budget_bytes, split
-
-    def __reduce__(self):
-        return type(self), (self.needs, self.budget_bytes, self.split)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from distpool.facts import Facts
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 << 20  # an index names tensors and files: megabytes at most
@@ -47,16 +49,13 @@ TENSOR_MISSING = "tensor_missing"  # a tensor of the config's model that no file
 CONFIG_REJECTED = "config_rejected"  # transformers' validation rejects config.json
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Facts, ValueError):
     """A checkpoint file that cannot be loaded: the file, `kind` (one of the names above) and what
     is wrong with it (`problem`)."""
 
     def __init__(self, path: Path, problem: str, kind: str) -> None:
         super().__init__(f"{path}: {problem}")
         self.path, self.problem, self.kind = path, problem, kind
-
-    def __reduce__(self):
-        return type(self), (self.path, self.problem, self.kind)
 
 
 @dataclass(frozen=True)

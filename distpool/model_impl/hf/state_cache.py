@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from distpool.facts import Facts
 from distpool.memory.pool import Pool
 from distpool.model.spec import ModelSpec
 from distpool.model_impl.hf.transformers_internals import (
@@ -121,7 +122,7 @@ def pooled_cache(spec: ModelSpec, states: dict[int, States], *, kernel: int, num
     return Cache(layers=layers)
 
 
-class StatesReplaced(RuntimeError):
+class StatesReplaced(Facts, RuntimeError):
     """transformers replaced layer `layer`'s state tensors rather than updating the pool's in place."""
 
     def __init__(self, layer: int) -> None:

@@ -28,13 +28,15 @@ import torch
 import transformers
 from torch import nn
 
+from distpool.facts import Facts
+
 # The releases (major, minor) the uses above were checked against; pyproject.toml declares exactly
 # these (tests/model_impl/test_transformers_internals.py holds the two together).
 CHECKED_RELEASES: tuple[tuple[int, int], ...] = ((5, 23), (5, 24))
 DECLARED_RANGE = ">=5.23,<5.25"
 
 
-class TransformersVersionError(ValueError):
+class TransformersVersionError(Facts, ValueError):
     """The installed transformers is not one the internals this module uses were checked against."""
 
     def __init__(self, installed: str) -> None:

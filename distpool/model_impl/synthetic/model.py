@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distpool.facts import Facts
 from distpool.memory.pool import Pool
 from distpool.model.sampling import TokenPick
 from distpool.model.shard import RankShard
@@ -44,7 +45,7 @@ from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, toke
 DEFAULT_VOCAB_SIZE = 32000  # for specs that do not state one
 
 
-class CorruptCheckpoint(Exception):
+class CorruptCheckpoint(Facts, Exception):
     """A checkpoint that does not hold the state after the cached prefix it stands for: prefill
     refused to start from it (nothing was written). The caller evicts that checkpoint and prefills
     without the cached prefix."""
@@ -55,9 +56,6 @@ class CorruptCheckpoint(Exception):
             f"cached tokens ({mismatch})"
         )
         self.request_id, self.slot, self.num_tokens, self.mismatch = request_id, slot, num_tokens, mismatch
-
-    def __reduce__(self):  # crosses Ray's process boundary as itself
-        return type(self), (self.request_id, self.slot, self.num_tokens, self.mismatch)
 
 
 @dataclass

@@ -5,6 +5,7 @@ refusals: TP sizes the model implementation or the placement cannot run, and a c
 
 from __future__ import annotations
 
+from distpool.facts import Facts
 from distpool.memory.sizing import size_pools, size_tp_pools
 from distpool.worker.config import WorkerConfig
 
@@ -16,7 +17,7 @@ TP_WITH_TRANSFORMERS = "tp_with_transformers"  # the transformers runner runs at
 TP_WITH_SPREAD = "tp_with_spread"  # a TP group is packed on one node
 
 
-class DeploymentRefused(ValueError):
+class DeploymentRefused(Facts, ValueError):
     """A deployment refused for `problem` (one of the names above), with its TP sizes and the
     model's `architectures` and `kind`."""
 
@@ -33,11 +34,8 @@ class DeploymentRefused(ValueError):
         architectures = "/".join(worker.spec.architectures) or "this model"
         return cls(problem, worker.prefill_tp, worker.decode_tp, architectures, worker.spec.kind)
 
-    def __reduce__(self):
-        return type(self), (self.problem, self.prefill_tp, self.decode_tp, self.architectures, self.kind)
 
-
-class TooFewNodes(ValueError):
+class TooFewNodes(Facts, ValueError):
     """A spread deployment of `workers` TP-1 workers, one per node, on a cluster of `nodes` live
     nodes (fewer): counted before placement, which would wait for nodes that never come."""
 
@@ -45,19 +43,13 @@ class TooFewNodes(ValueError):
         super().__init__(f"{workers} workers spread one per node, but the cluster has {nodes} node(s)")
         self.workers, self.nodes = workers, nodes
 
-    def __reduce__(self):
-        return type(self), (self.workers, self.nodes)
 
-
-class RankPoolRefused(ValueError):
+class RankPoolRefused(Facts, ValueError):
     """Sizing refused one rank's pool of a `role` worker at TP `tp` (`tp` > 1): `refusal` says why."""
 
     def __init__(self, role: str, tp: int, refusal: ValueError) -> None:
         super().__init__(f"{role} at TP {tp}: {refusal}")
         self.role, self.tp, self.refusal = role, tp, refusal
-
-    def __reduce__(self):
-        return type(self), (self.role, self.tp, self.refusal)
 
 
 def check_rank_pools(worker: WorkerConfig, roles: tuple[str, ...]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from distpool.facts import Facts
 from distpool.worker.messages import (
     DecodeEvents,
     DecodeFailed,
@@ -52,16 +53,13 @@ CALLS = frozenset(
 Settle = Callable[..., Awaitable[Any]]  # (refs, *the call's arguments) -> the group's answer
 
 
-class NotAGroupCall(AttributeError):
+class NotAGroupCall(Facts, AttributeError):
     """Method `method` asked of TP group `group`, which makes only the calls in `CALLS`."""
 
     def __init__(self, group: str, method: str) -> None:
         known = ", ".join(sorted(CALLS))
         super().__init__(f"{group} is a TP group: it makes the calls {known}, not {method!r}")
         self.group, self.method = group, method
-
-    def __reduce__(self):
-        return type(self), (self.group, self.method)
 
 
 class RanksDisagree(RuntimeError):

@@ -5,6 +5,7 @@ kind. Anything else an attempt raises is a bug, and fails the request at once.""
 
 from __future__ import annotations
 
+from distpool.facts import Facts
 from distpool.worker.messages import DecodeFailed
 from transfer.wire import FailureKind
 
@@ -15,7 +16,7 @@ class Busy(Exception):
     """A pool had no room right now: wait and try again; this does not count as a failed attempt."""
 
 
-class AdmissionTimedOut(Busy):
+class AdmissionTimedOut(Facts, Busy):
     """No decode worker had room for request `request_id` within the admission timeout,
     `timeout_s`."""
 
@@ -23,20 +24,14 @@ class AdmissionTimedOut(Busy):
         super().__init__(f"no decode worker had room for {request_id}")
         self.request_id, self.timeout_s = request_id, timeout_s
 
-    def __reduce__(self):
-        return type(self), (self.request_id, self.timeout_s)
 
-
-class Retry(Exception):
+class Retry(Facts, Exception):
     """This attempt failed in a way another pair may not (a failed transfer, a dead worker), as
     `kind`; the message says why."""
 
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
-
-    def __reduce__(self):
-        return type(self), (self.kind, str(self))
 
 
 class NoProgress(Retry):
@@ -55,11 +50,8 @@ class NoProgress(Retry):
     def held(self) -> bool:
         return self.progress != NOT_HELD
 
-    def __reduce__(self):
-        return type(self), (self.worker, self.request_id, self.waited_s, self.progress)
 
-
-class GiveUp(Exception):
+class GiveUp(Facts, Exception):
     """The request fails as `kind` without another attempt: an envelope damaged inside decode's pool
     (CORRUPT at release) is a bug to see, not bad luck to retry; so is anything a worker says
     retrying would only repeat."""
@@ -67,9 +59,6 @@ class GiveUp(Exception):
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
-
-    def __reduce__(self):
-        return type(self), (self.kind, str(self))
 
 
 def decode_failure(result: DecodeFailed) -> Exception:

@@ -73,7 +73,8 @@ class LocalPath:
         """Prefill `req` on the decode worker holding its state, if the policy says so: its result
         (filled into `out` when it finished), or None (not chosen, or refused holding nothing): the
         disaggregated path serves it. A failure there puts that worker in `avoid`."""
-        chosen = self.policy.choose(req.prompt, req.max_new_tokens, avoid)
+        keys = req.block_keys(self.policy.router.page_size)
+        chosen = self.policy.choose(req.prompt, req.max_new_tokens, avoid, keys)
         if chosen is None:
             return None
         decode_name, held = chosen
@@ -147,7 +148,8 @@ class ColocatedPath(LocalPath):
 
     async def attempt(self, req: Request, out: Outcome, submitted: float, avoid: set[str]) -> DecodeResult:
         refusals = []
-        for name in self.router.decode_candidates(avoid, req.prompt if self.cache_affinity else None):
+        keys = req.block_keys(self.router.page_size) if self.cache_affinity else None
+        for name in self.router.decode_candidates(avoid, keys=keys):
             result = await self.prefill_on(name, req, out, submitted, avoid, fresh=True)
             if not isinstance(result, LocalPrefillRefused):
                 return result

@@ -50,12 +50,15 @@ class Reservations:
             return None
         if prefill_name in self.router.dead:  # it died since it was chosen: choose again
             raise Retry(FailureKind.WORKER_LOST, f"{prefill_name} died")
-        prompt = req.prompt if self.cache_affinity else None
-        name = self.router.decode_candidates(avoid, tokens=prompt)[0]
+        name = self.router.decode_candidates(avoid, keys=self._keys(req))[0]
         if time.monotonic() - self.refused_at.get(name, -math.inf) < REFUSAL_MEMORY_S:
             return None
         self.router.begin(name)
         return name
+
+    def _keys(self, req: Request) -> list[bytes] | None:
+        """What routing matches decode caches by: the prompt's block keys (None: no affinity)."""
+        return req.block_keys(self.router.page_size) if self.cache_affinity else None
 
     async def settle(
         self, reserving: asyncio.Task, sending: asyncio.Future, decode_name: str, avoid: set[str]
@@ -96,8 +99,7 @@ class Reservations:
             room = self.attempts.room  # set once room frees after this pass began
             if prefill_name in self.router.dead:  # it died since it was chosen: choose again
                 raise Retry(FailureKind.WORKER_LOST, f"{prefill_name} died")
-            prompt = req.prompt if self.cache_affinity else None
-            for name in self.router.decode_candidates(avoid, tokens=prompt):
+            for name in self.router.decode_candidates(avoid, keys=self._keys(req)):
                 # Counted as in flight from the moment of asking, so concurrent requests spread out.
                 self.router.begin(name)
                 try:

@@ -228,14 +228,21 @@ class LocalPrefillPolicy:
         return estimate is not None and estimate.local(batch_running)
 
     # ---- which worker holds what -----------------------------------------------------------------
-    def choose(self, prompt: Sequence[int], max_new_tokens: int, avoid: set[str]) -> tuple[str, int] | None:
-        """(the decode worker to prefill `prompt` on, the tokens it holds), or None: disaggregated."""
+    def choose(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        avoid: set[str],
+        keys: Sequence[bytes] | None = None,
+    ) -> tuple[str, int] | None:
+        """(the decode worker to prefill `prompt` on, the tokens it holds), or None: disaggregated.
+        `keys`: the prompt's `chained_block_keys` in the decode pools' blocks, if known."""
         live = [n for n in self.router.alive(self.router.decode_names) if n not in avoid]
         if not live:
             return None
         best: tuple[str, int] | None = None
         views = self.router.views
-        chain = views[live[0]].state_chain(prompt)  # hashed once: every view has the same block
+        chain = views[live[0]].state_chain(prompt, keys)  # every view has the same block
         for name in live:
             held = views[name].longest_state(prompt, chain)
             if held is not None and (best is None or held > best[1]):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from distpool.facts import Facts
 from distpool.memory.prefix import CacheNews, CacheView, chained_block_keys
 
 # A cache hit saves transferring part of the prompt once, but a worker with a long queue delays every
@@ -25,27 +26,21 @@ from distpool.memory.prefix import CacheNews, CacheView, chained_block_keys
 AFFINITY_SLACK = 8
 
 
-class NoWorkerAlive(RuntimeError):
+class NoWorkerAlive(Facts, RuntimeError):
     """Every worker of `role` ("prefill" or "decode") is dead: nothing can be served."""
 
     def __init__(self, role: str) -> None:
         super().__init__(f"every {role} worker is dead")
         self.role = role
 
-    def __reduce__(self):
-        return type(self), (self.role,)
 
-
-class RouterArgInvalid(ValueError):
+class RouterArgInvalid(Facts, ValueError):
     """A router given `value` for `field` (a constructor argument, or the worker a call names), which
     must be `expected`."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         super().__init__(f"{field} must be {expected}; got {value!r}")
         self.field, self.value, self.expected = field, value, expected
-
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.expected)
 
 
 class Router:
@@ -94,20 +89,25 @@ class Router:
         return view.matched_blocks(chained_block_keys(tokens, self.page_size)) if view is not None else 0
 
     def decode_candidates(
-        self, avoid: set[str] = frozenset(), tokens: Sequence[int] | None = None
+        self,
+        avoid: set[str] = frozenset(),
+        tokens: Sequence[int] | None = None,
+        *,
+        keys: Sequence[bytes] | None = None,
     ) -> list[str]:
         """Live decode workers, least loaded first; workers in `avoid` (e.g. one that just failed this
         request) go last rather than being excluded, so a single decode worker can still retry. Given
-        `tokens`, the non-avoided worker caching the longest prefix of them goes first (ties: lower
-        load, then listed order) unless it has over `AFFINITY_SLACK` more requests in flight than the
-        least-loaded non-avoided worker."""
+        `tokens` (or their `chained_block_keys` in blocks of `page_size`, `keys`), the non-avoided
+        worker caching the longest prefix of them goes first (ties: lower load, then listed order)
+        unless it has over `AFFINITY_SLACK` more requests in flight than the least-loaded
+        non-avoided worker."""
         live = self.alive(self.decode_names)
         if not live:
             raise NoWorkerAlive("decode")
         order = sorted(live, key=lambda n: (n in avoid, self.in_flight[n]))
-        if tokens is None or order[0] in avoid:
+        if (tokens is None and keys is None) or order[0] in avoid:
             return order
-        keys = chained_block_keys(tokens, self.page_size)
+        keys = chained_block_keys(tokens, self.page_size) if keys is None else keys
         best, best_match = order[0], 0
         for name in order:  # load order, so the first of the longest matches has the lowest load
             if name in avoid:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distpool.memory.envelope import MAX_REQUEST_ID_CHARS as MAX_ID_CHARS  # an id must fit an envelope
+from distpool.memory.prefix import chained_block_keys
 from distpool.memory.sizing import PoolArgs
 from distpool.model.sampling import SamplingError, SamplingParams
 from distpool.model_impl.hf.tokenizer import PromptTokenizer
@@ -56,10 +57,20 @@ class Request:
     request_id: str
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)  # its seed set by the server
+    # block size -> the prompt's chained block keys, once a routing decision needed them
+    _keys: dict[int, list[bytes]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def max_new_tokens(self) -> int:
         return self.params.max_tokens
+
+    def block_keys(self, block: int) -> list[bytes]:
+        """The prompt's chained block keys (`chained_block_keys`), computed once per request however
+        many routing decisions and attempts read them."""
+        keys = self._keys.get(block)
+        if keys is None:
+            keys = self._keys[block] = chained_block_keys(self.prompt, block)
+        return keys
 
 
 def generate(
