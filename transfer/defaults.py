@@ -14,7 +14,7 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 3600.0
 DEFAULT_CHUNK_BYTES = 32 << 20
 MAX_CHUNK_BYTES = 1 << 30
 
-# Default zero-copy thresholds (see TransferOptions and `transfer.plans.plan.plan_messages`). Runs this long
+# Default zero-copy thresholds (see TransferOptions and `transfer.plans.messages.plan_messages`). Runs this long
 # are sent as messages of their own, straight from and into the arenas, unless one staged batch of
 # their chunk copies fewer bytes; the threshold doubles as what one more message costs in bytes
 # copied. On this class of 2-core CPU machine a Gloo message costs about as much as copying

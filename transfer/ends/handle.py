@@ -60,7 +60,7 @@ class TransferOptions:
     `direct_min_bytes`: runs at least this long are sent straight from / into the arena (zero
     copy, one message each) instead of through a staging buffer, unless one staged batch of their
     chunk copies fewer bytes, counting each message as this many bytes copied
-    (`transfer.plans.plan.plan_messages`); None picks the device's default (on Gloo a message costs
+    (`transfer.plans.messages.plan_messages`); None picks the device's default (on Gloo a message costs
     about what copying 256 KiB does; on NCCL a GPU gathers at HBM speed). `checksum`: CRC-32 of
     the envelope's bytes on both ends, compared by the receiver.
     """

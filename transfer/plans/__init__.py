@@ -1,10 +1,10 @@
 """Which bytes move: pure plans from both ends' rows to coalesced runs, chunks and messages.
 
-`plan.py`: one rank to one rank (coalesced runs, chunks, streams); `reshard.py`: between two TP
-layouts, which source rank sends which bytes to which destination rank, with `unit_templates.py`
-(inside one unit, which source rank sends which pieces); `tp_pair.py`: what one channel moves across
-TP sizes; `tp_handshake.py`: the hello fields two TP layouts must share, and whether they reshard;
-`errors.py`: what a plan refuses, as facts.
+`plan.py`: one rank to one rank (coalesced runs); `messages.py`: runs into chunks, messages and
+streams; `reshard.py`: between two TP layouts, which source rank sends which bytes to which
+destination rank, with `unit_templates.py` (inside one unit, which source rank sends which pieces);
+`tp_pair.py`: what one channel moves across TP sizes; `tp_handshake.py`: the hello fields two TP
+layouts must share, and whether they reshard; `errors.py`: what a plan refuses, as facts.
 """
 
 from transfer.plans.errors import (
