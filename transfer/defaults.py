@@ -14,10 +14,10 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 3600.0
 DEFAULT_CHUNK_BYTES = 32 << 20
 MAX_CHUNK_BYTES = 1 << 30
 
-# Default zero-copy thresholds (see TransferOptions and `transfer.plans.messages.plan_messages`). Runs this long
-# are sent as messages of their own, straight from and into the arenas, unless one staged batch of
-# their chunk copies fewer bytes; the threshold doubles as what one more message costs in bytes
-# copied. On this class of 2-core CPU machine a Gloo message costs about as much as copying
+# Default zero-copy thresholds (see TransferOptions and `transfer.plans.messages.plan_messages`).
+# Runs this long are sent as messages of their own, straight from and into the arenas, unless one
+# staged batch of their chunk copies fewer bytes; the threshold doubles as what one more message
+# costs in bytes copied. On this class of 2-core CPU machine a Gloo message costs about as much as copying
 # 256 KiB (README, "Transfer data path"): 384 KiB pages scattered on both sides go as one message
 # each, a 2 MiB half of an SSM state resharded across TP goes zero-copy beside its staged KV-head
 # slices, and an envelope of small pieces still goes as a few staged chunks.
