@@ -13,16 +13,19 @@ covered by test_tp_transfer and test_run_tables; this covers the plans and copie
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from distpool.memory.arena import merge_runs
 from tests.factories import TP_CONFIGS, make_rank_pool, tp_spec
 from tests.transfer.test_reshard import PAGE_SIZE, layout, units_of
 from transfer.ends.staging import gather, scatter
 from transfer.plans.plan import DST, NBYTES, SRC, plan_messages
-from transfer.plans.reshard import plan_pair, source_ranks
+from transfer.plans.reshard import EnvelopeUnits, _unit_bytes, plan_pair, source_ranks
+from transfer.plans.unit_templates import UNIT_KINDS, unit_templates
 
 DIRECTIONS = [(1, 2), (2, 1), (2, 4), (4, 2)]
 
@@ -98,3 +101,52 @@ def test_random_tp_run_tables_land_byte_exact_through_the_staged_and_direct_path
             moved += int(runs[:, NBYTES].sum())
         assert torch.equal(actual, expected), f"destination rank {d} differs from a copy per run"
     assert moved > 0
+
+
+def placed_units(rank_shard, num_pages: int, draw) -> EnvelopeUnits:
+    """One rank's units at drawn places: each unit right after the one before it (so that their
+    runs may join across units), or after a gap, or elsewhere in the arena."""
+    sizes = [_unit_bytes(rank_shard, kind, PAGE_SIZE) for kind in UNIT_KINDS]
+    counts = [int(rank_shard.spec.mamba is not None), num_pages, 0]
+    tables, at = [], draw(st.integers(0, 64))
+    for size, count in zip(sizes, counts, strict=True):
+        rows = []
+        for _ in range(count):
+            at = draw(st.sampled_from([at, at + 8, at + 10_000, draw(st.integers(0, 1 << 20)) * 8]))
+            rows.append((at, size))
+            at += size
+        tables.append(np.asarray(rows, dtype=np.int64).reshape(-1, 2))
+    return EnvelopeUnits(slot=tables[0], page=tables[1], swa_page=tables[2])
+
+
+@pytest.mark.parametrize("src_tp,dst_tp", DIRECTIONS, ids=[f"{a}to{b}" for a, b in DIRECTIONS])
+@pytest.mark.parametrize("model", list(TP_CONFIGS))
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), num_pages=st.integers(0, 6))
+def test_a_pair_moves_its_shifted_unit_templates_merged_wherever_units_join(
+    model, src_tp, dst_tp, data, num_pages
+):
+    """The reshard writes each unit's template shifted to the unit and merges only at the joints
+    between units: the runs are exactly every template row shifted, in order, merged wherever a run
+    continues the one before it on both sides (units placed back to back on both sides join)."""
+    spec = tp_spec(model)
+    src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+    for d, dst in enumerate(dst_shards):
+        dst_units = placed_units(dst, num_pages, data.draw)
+        for s in source_ranks(src_shards, dst_shards, d):
+            src_units = placed_units(src_shards[s], num_pages, data.draw)
+            runs = plan_pair(
+                src_shards, src_units, dst_shards, dst_units, src_rank=s, dst_rank=d, page_size=PAGE_SIZE
+            )
+            templates = unit_templates(tuple(src_shards), dst, PAGE_SIZE)
+            rows = [
+                templates[s, kind] + np.array([src_at, dst_at, 0])
+                for kind in UNIT_KINDS
+                if (s, kind) in templates
+                for src_at, dst_at in zip(
+                    getattr(src_units, kind)[:, 0], getattr(dst_units, kind)[:, 0], strict=True
+                )
+            ]
+            shifted = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
+            expected = merge_runs(shifted[:, SRC], shifted[:, DST], shifted[:, NBYTES])
+            assert runs.tolist() == expected.tolist()

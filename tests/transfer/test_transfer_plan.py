@@ -275,3 +275,21 @@ def test_a_batch_scattered_on_both_sides_goes_as_stretches_of_one_side_where_tha
     (chunk,) = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=2000)
     ((at_src, at_dst),) = [(m.in_place_at(SRC), m.in_place_at(DST)) for m in chunk.messages]
     assert (at_src, at_dst) == (None, None)
+
+
+def test_a_doubly_staged_batch_sends_its_long_stretches_alone_and_keeps_its_short_ones_batched():
+    """TP 2 -> 1's slot and pages in one chunk: 24-byte conv halves, one after each zero-copy state
+    half (taken out: they leave the halves apart on both sides), then a long stretch of slices
+    back to back at the source, interleaved at the destination. The long stretch goes alone,
+    staged at the destination only; the conv halves stay one batch, staged on both sides (a
+    message each would cost more than copying them twice)."""
+    conv = [(i * 1000, 50_000 + i * 2000, 24) for i in range(6)]
+    states = [(i * 1000 + 24, 50_000 + i * 2000 + 48, 900) for i in range(6)]
+    slot = [run for pair in zip(conv, states, strict=True) for run in pair]
+    slices = [(6000 + i * 10, 90_000 + i * 20, 10) for i in range(40)]  # 400 bytes, one stretch at SRC
+    runs = np.array(slot + slices, dtype=np.int64)
+    (chunk,) = plan_messages(runs, chunk_bytes=1 << 20, direct_min_bytes=200)
+    shapes = [(m.pieces.shape[0], m.in_place_at(SRC), m.in_place_at(DST)) for m in chunk.messages]
+    assert shapes == [(6, None, None), (40, 6000, None)] + [(1, s, d) for s, d, _ in states]
+    assert chunk.staging_offsets(SRC) == [0, None] + [None] * 6
+    assert chunk.staging_offsets(DST) == [0, 6 * 24] + [None] * 6
