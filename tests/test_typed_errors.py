@@ -7,12 +7,16 @@ import inspect
 import pickle
 import pkgutil
 
+import pytest
+
 from distpool.facts import Facts
 from distpool.memory.errors import DoesNotFit, KeepsNoCheckpoints
 from distpool.worker.config import WorkerConfigInvalid
 from transfer.wire import ChannelError, FailureKind, HeaderRefused, TransferError
 
 PACKAGES = ("distpool", "prefill", "decode", "transfer")
+# Importing every module imports Ray Serve, whose config models warn of pydantic's deprecations.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def package_exceptions() -> set[type[BaseException]]:
