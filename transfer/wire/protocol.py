@@ -39,7 +39,9 @@ import torch
 from transfer.wire.errors import REFUSAL_PROBLEMS, ProtocolError, TrailerRefused
 from transfer.wire.failure import WIRE_VALUES, FailureKind
 
-PROTOCOL_VERSION = 9  # 9: REFUSE names its problem; 8: the stream ends with a trailer, no END message
+# 9: REFUSE names its problem, and a batch's long stretches go as messages of their own (both ends
+# must cut the same messages); 8: the stream ends with a trailer, no END message.
+PROTOCOL_VERSION = 9
 MAX_REASON_CHARS = 300
 
 HEADER, READY, REFUSE, WITHDRAWN, ABORT, STATUS = (
