@@ -113,15 +113,23 @@ def piece_lists(draw) -> list[tuple[int, int]]:
 @settings(max_examples=150, deadline=None)
 @given(rows=piece_lists(), seed=st.integers(0, 1000))
 def test_gather_and_scatter_match_a_copy_per_piece_for_any_pieces(rows, seed):
-    arena_bytes = max(o + n for o, n in rows) + 17
-    arena = random_arena(arena_bytes, seed=seed)
+    assert_gather_and_scatter_copy_each_piece(
+        random_arena(max(o + n for o, n in rows) + 17, seed=seed), rows, seed
+    )
+
+
+def assert_gather_and_scatter_copy_each_piece(
+    arena: torch.Tensor, rows: list[tuple[int, int]], seed: int
+) -> None:
+    """`gather` packs the pieces `rows` of `arena` end to end, and `scatter` puts a packed buffer
+    back: both as a copy per piece would."""
     offsets, nbytes = pieces(rows)
     out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
     gather(arena, offsets.numpy(), nbytes.numpy(), out)
     assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in rows]))
     before, src = arena.clone(), random_arena(out.shape[0], seed=seed + 1)
     scatter(src, offsets.numpy(), nbytes.numpy(), arena)
-    expected, position = before.clone(), 0
+    expected, position = before, 0
     for o, n in rows:
         expected[o : o + n] = src[position : position + n]
         position += n
@@ -160,18 +168,9 @@ def strided_piece_lists(draw) -> list[tuple[int, int]]:
 @settings(max_examples=150, deadline=None)
 @given(rows=strided_piece_lists(), seed=st.integers(0, 1000))
 def test_strided_stretches_gather_and_scatter_as_a_copy_per_piece(rows, seed):
-    arena = random_arena(max(o + n for o, n in rows) + 3, seed=seed)
-    offsets, nbytes = pieces(rows)
-    out = torch.empty(int(nbytes.sum()), dtype=torch.uint8)
-    gather(arena, offsets.numpy(), nbytes.numpy(), out)
-    assert torch.equal(out, torch.cat([arena[o : o + n] for o, n in rows]))
-    before, src = arena.clone(), random_arena(out.shape[0], seed=seed + 1)
-    scatter(src, offsets.numpy(), nbytes.numpy(), arena)
-    expected, position = before, 0
-    for o, n in rows:
-        expected[o : o + n] = src[position : position + n]
-        position += n
-    assert torch.equal(arena, expected)
+    assert_gather_and_scatter_copy_each_piece(
+        random_arena(max(o + n for o, n in rows) + 3, seed=seed), rows, seed
+    )
 
 
 def test_kv_head_slices_page_after_page_are_one_strided_segment():
