@@ -23,7 +23,8 @@ from distpool.memory.arena import merge_runs
 from tests.factories import TP_CONFIGS, make_rank_pool, tp_spec
 from tests.transfer.test_reshard import PAGE_SIZE, layout, units_of
 from transfer.ends.staging import gather, scatter
-from transfer.plans.plan import DST, NBYTES, SRC, plan_messages
+from transfer.plans.messages import plan_messages
+from transfer.plans.plan import DST, NBYTES, SRC
 from transfer.plans.reshard import EnvelopeUnits, _unit_bytes, plan_pair, source_ranks
 from transfer.plans.unit_templates import UNIT_KINDS, unit_templates
 

@@ -44,7 +44,7 @@ from transfer import (
 )
 from transfer.parts import Parts, expect_parts, submit_parts
 from transfer.plans import UnitSizesDiffer
-from transfer.plans.plan import plan_messages
+from transfer.plans.messages import plan_messages
 from transfer.plans.reshard import plan_pair, source_ranks
 from transfer.wire import GIVEN_UP, LAYOUT, NOT_EXPECTED
 

@@ -17,16 +17,8 @@ from transfer.plans import (
     RangesRefused,
     RowsDoNotPair,
 )
-from transfer.plans.plan import (
-    DST,
-    NBYTES,
-    SRC,
-    assign_streams,
-    check_ranges,
-    moving_rows,
-    plan_messages,
-    plan_runs,
-)
+from transfer.plans.messages import assign_streams, plan_messages
+from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 
 
 def table(rows: list[list[int]]) -> torch.Tensor:

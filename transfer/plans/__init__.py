@@ -22,18 +22,8 @@ from transfer.plans.errors import (
     RowsDoNotPair,
     UnitSizesDiffer,
 )
-from transfer.plans.plan import (
-    DST,
-    NBYTES,
-    SRC,
-    Chunk,
-    Message,
-    assign_streams,
-    check_ranges,
-    moving_rows,
-    plan_messages,
-    plan_runs,
-)
+from transfer.plans.messages import Chunk, Message, assign_streams, plan_messages
+from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 from transfer.plans.reshard import source_ranks
 from transfer.plans.tp_handshake import check_reshard, tp_differing_fields, tp_of
 from transfer.plans.tp_pair import TpPair, channel_runs

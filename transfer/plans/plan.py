@@ -6,7 +6,7 @@ Concatenating the rows in that order gives the *stream*: the byte sequence the t
 
     plan_runs(src, dst)  -> (m, 3) runs (src_offset, dst_offset, nbytes) in stream order, merged
                             where both sides continue contiguously
-    plan_messages(runs)  -> chunks of messages (`transfer.plans.messages`, re-exported here)
+    (then `transfer.plans.messages.plan_messages(runs)` -> chunks of messages)
 
 Both ends compute the same plan from the same two tables, so no per-message metadata travels.
 Plans are numpy int64 arrays: they are small, host-side, and numpy's per-call cost is a fraction
@@ -29,18 +29,13 @@ from transfer.plans.errors import (
     RangesRefused,
     RowsDoNotPair,
 )
-from transfer.plans.messages import Chunk, Message, assign_streams, plan_messages
 
 __all__ = [
     "DST",
     "NBYTES",
     "SRC",
-    "Chunk",
-    "Message",
-    "assign_streams",
     "check_ranges",
     "moving_rows",
-    "plan_messages",
     "plan_runs",
 ]
 
