@@ -45,7 +45,7 @@ def test_unified_high_band_is_top_aligned_when_the_page_stride_does_not_divide_t
     assert low.num_positions == 8000 // 768
 
 
-def test_kv_view_aliases_the_arena_page_major():
+def test_kv_view_aliases_the_arena_page_major_heads_outermost():
     sizes = make_sizes(unified=False, budget_bytes=7680)
     arena = Arena(sizes)
     high = arena.high
@@ -53,14 +53,15 @@ def test_kv_view_aliases_the_arena_page_major():
     assert places[(3, "k")].offset == 256 and places[(3, "v")].offset == 384  # L1.K | L1.V | L3.K | L3.V
     k, v = arena.kv_view(3)
     assert k.shape == (7, 4, 2, 8) and k.dtype == torch.bfloat16
-    assert k.stride() == (256, 16, 8, 1)  # 512-byte pages of bfloat16
+    # 512-byte pages of bfloat16; in a page, (kv_heads, page_size, dim): a head's 4 tokens together
+    assert k.stride() == (256, 8, 32, 1)
     assert k.data_ptr() == arena.buffer.data_ptr() + high.base_bytes + 256
     assert v.data_ptr() == arena.buffer.data_ptr() + high.base_bytes + 384
 
     k[5, 2, 1] = torch.arange(8, dtype=torch.bfloat16)
     v[5, 0, 0, 7] = -3.5
     page = high.base_bytes + 5 * 512
-    token_k = page + 256 + (2 * 2 + 1) * 8 * 2  # token 2, head 1, 8 bf16 each
+    token_k = page + 256 + (1 * 4 + 2) * 8 * 2  # head 1, token 2, 8 bf16 each
     assert torch.equal(
         _bytes_at(arena, token_k, 16).view(torch.bfloat16), torch.arange(8, dtype=torch.bfloat16)
     )

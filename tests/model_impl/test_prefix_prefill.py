@@ -270,8 +270,8 @@ def test_prefill_never_writes_a_shared_page(model: ReferenceModel, kind: str) ->
     pool.reserve("b", len(b), prefix=match)
     layer = HYBRID.full_attention_layers[-1]
     k, _ = pool.kv_view(layer)
-    row = k[pool.page_ids("b")[2], PAGE - 1].view(torch.uint8).view(-1)  # token 11: the prefix's last
-    row[0] ^= 1
+    row = k[pool.page_ids("b")[2], PAGE - 1].view(torch.uint8)  # token 11, the prefix's last: (heads, bytes)
+    row[0, 0] ^= 1
     marked = row.clone()
     checkpoint = pool.prefix_cache.checkpoint_slot(match.checkpoint)
     cache.prefill(pool, [PrefillJob("b", b, cached=12, checkpoint_slot=checkpoint)])

@@ -179,10 +179,10 @@ def test_one_wrong_byte_in_a_kv_row_or_the_state_is_named_exactly() -> None:
     _, dst, first = landed(NEMOTRON)
     layer = NEMOTRON.full_attention_layers[0]
     _, v = dst.kv_view(layer)
-    v[dst.page_ids("r")[1], 1].view(torch.uint8).view(-1)[7] ^= 0xFF  # token 5 = page 1, row 1
+    v[dst.page_ids("r")[1], 1].view(torch.uint8)[0, 7] ^= 0xFF  # token 5 = page 1, row 1; head 0
     mismatch = refused(SyntheticCache(NEMOTRON), dst, PROMPT, first)
     assert mismatch == Mismatch(kind="kv", layer=layer, tensor="v", position=5, byte_offset=7)
-    v[dst.page_ids("r")[1], 1].view(torch.uint8).view(-1)[7] ^= 0xFF
+    v[dst.page_ids("r")[1], 1].view(torch.uint8)[0, 7] ^= 0xFF
     layer = NEMOTRON.mamba_layers[3]
     dst.state_view(layer)[1][dst.slot_id("r")].view(torch.uint8).view(-1)[100] ^= 0xFF
     mismatch = refused(SyntheticCache(NEMOTRON), dst, PROMPT, first)

@@ -33,9 +33,26 @@ def serve(spec: ModelSpec, pool: ArenaPool, cache: SyntheticCache) -> list[int]:
 
 
 def envelope_digest(pool: ArenaPool) -> str:
+    """The envelope's bytes in the order the arena held them when a page kept each K and V as
+    (page_size, kv_heads, dim): the slot as it lies, each page's K and V token by token, then its
+    padding (zeros). Independent of the order a page keeps them in now."""
     h = hashlib.sha256()
-    for offset, nbytes in pool.envelope_ranges("a").tolist():
+    spec, ranges = pool.sizes.spec, pool.envelope_ranges("a").tolist()
+    if spec.mamba is not None:
+        offset, nbytes = ranges.pop(0)
         h.update(pool.buffer[offset : offset + nbytes].numpy().tobytes())
+    pages = [(page, spec.full_attention_layers, pool.kv_view) for page in pool.page_ids("a").tolist()]
+    if spec.sliding_window_layers:
+        swa = pool.swa_page_ids("a").tolist()
+        pages += [(page, spec.sliding_window_layers, pool.swa_kv_view) for page in swa]
+    for (page, layers, view), (_, stride) in zip(pages, ranges, strict=True):
+        held = 0
+        for layer in layers:
+            for tensor in view(layer):
+                row = tensor[page].contiguous().view(torch.uint8)
+                h.update(row.numpy().tobytes())
+                held += row.numel()
+        h.update(bytes(stride - held))
     return h.hexdigest()[:16]
 
 

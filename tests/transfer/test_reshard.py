@@ -221,6 +221,25 @@ def test_equal_layouts_move_whole_units_rank_to_rank_as_the_one_rank_plan(tp):
         assert np.array_equal(step.runs, plan_runs(src.envelope_ranges("r"), dst.envelope_ranges("r")))
 
 
+@pytest.mark.parametrize("src_tp,dst_tp", [(2, 1), (1, 2)])
+def test_a_ranks_share_of_a_pages_k_or_v_is_one_run(src_tp, dst_tp):
+    """A page keeps each K and V heads outermost: between TP 1 and 2, a rank pair moves one run per
+    layer's K and V of each page (its heads' page_size tokens), not one per token."""
+    spec = tp_spec("gdn_kv2")  # 2 KV heads of 8 dims, bfloat16; full attention at layers 1 and 3
+    attn = spec.full_attention
+    run_bytes = (attn.num_kv_heads // 2) * PAGE_SIZE * attn.head_dim * 2
+    src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+    src_pools, _ = prefill_ranks(spec, src_shards, unified=True)
+    dst_pools = destination_ranks(dst_shards, unified=True)
+    plan = plan_between(src_shards, src_pools, dst_shards, dst_pools)
+    pages = len(src_pools[0].page_ids("r"))
+    for step in plan:
+        kv = step.runs[step.runs[:, 2] == run_bytes]
+        assert len(kv) == pages * 2 * len(spec.full_attention_layers)  # K and V of each layer, per page
+    execute(plan, src_pools, dst_pools)
+    received_once(plan, dst_pools, dst_shards)
+
+
 def test_replicated_parts_come_from_a_source_rank_the_destination_hears_from_anyway():
     """At 4 -> 2 with one group, every source rank holds B and C; destination rank 1 takes them
     from source rank 2, which sends it x anyway, so it needs channels to ranks 2 and 3 only."""

@@ -19,6 +19,7 @@ A pure function of both layouts' `RankShard`s and the page size, cached per dest
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -92,12 +93,20 @@ def _local(pieces: tuple[tuple[int, int], ...], position: int) -> int:
     raise AssertionError(f"{position} is not in {pieces}")
 
 
+def _in_page(tensor: TensorShard, page_size: int) -> TensorShard:
+    """K's or V's shard as one page holds it: (kv_heads, page_size, dim) (`KV_ORDER`), split by heads,
+    so a rank's heads are one run of the page's tensor."""
+    if tensor.axis != 0:
+        raise ValueError(f"{tensor.name} is split along axis {tensor.axis}; a page keeps KV heads outermost")
+    return dataclasses.replace(tensor, shape=(tensor.shape[0], page_size, *tensor.shape[1:]))
+
+
 def _tensor_runs(
-    src: TensorShard, dst: TensorShard, src_at: TensorPlace, dst_at: TensorPlace, lead: int, a: int, b: int
+    src: TensorShard, dst: TensorShard, src_at: TensorPlace, dst_at: TensorPlace, a: int, b: int
 ) -> np.ndarray:
     """Runs, relative to the two units' starts, moving axis [a, b) of every row of one tensor."""
     inner = src.inner_bytes
-    rows = lead * math.prod(src.shape[: src.axis])
+    rows = math.prod(src.shape[: src.axis])
     src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
     if src_at.nbytes != rows * src_row or dst_at.nbytes != rows * dst_row:
         raise ValueError("a shard breaks its rank's layout")
@@ -126,12 +135,11 @@ def unit_templates(
             if dst_at.nbytes == 0:
                 continue  # MLA's V: nothing cached
             expected += dst_at.nbytes
-            lead = 1 if kind == "slot" else page_size
-            sources = [s.tensor(name) for s in src_shards]
-            for rank, a, b in assign_pieces(dst.tensor(name), sources, order):
-                runs = _tensor_runs(
-                    sources[rank], dst.tensor(name), src_places[rank][layer, name], dst_at, lead, a, b
-                )
+            sources, target = [s.tensor(name) for s in src_shards], dst.tensor(name)
+            if kind != "slot":
+                sources, target = [_in_page(s, page_size) for s in sources], _in_page(target, page_size)
+            for rank, a, b in assign_pieces(target, sources, order):
+                runs = _tensor_runs(sources[rank], target, src_places[rank][layer, name], dst_at, a, b)
                 parts.setdefault((rank, kind), []).append(runs)
         moved = sum(int(r[:, 2].sum()) for (_, k), rs in parts.items() if k == kind for r in rs)
         if moved != expected:

@@ -25,7 +25,14 @@ import numpy as np
 import torch
 
 from distpool.memory.errors import NotALayerOfKind
-from distpool.memory.sizing import ALIGN_BYTES, PoolSizes, TensorPlace, page_places, slot_places
+from distpool.memory.sizing import (
+    ALIGN_BYTES,
+    PoolSizes,
+    TensorPlace,
+    kv_page_shape,
+    page_places,
+    slot_places,
+)
 from distpool.model.dtypes import torch_dtype
 from distpool.model.spec import AttentionSpec
 
@@ -145,9 +152,10 @@ class Arena:
         k = _find(places, layer, "k", what, layers)
         v = _find(places, layer, "v", what, layers)
         ps = self.sizes.page_size
+        # Stored (kv_heads, page_size, dim) per page (`KV_ORDER`); read as (page_size, kv_heads, dim).
         return (
-            self._typed(band, k, attn.dtype, (ps, attn.num_kv_heads, attn.head_dim)),
-            self._typed(band, v, attn.dtype, (ps, attn.num_kv_heads, attn.v_head_dim)),
+            self._typed(band, k, attn.dtype, kv_page_shape(attn, ps, attn.head_dim)).transpose(1, 2),
+            self._typed(band, v, attn.dtype, kv_page_shape(attn, ps, attn.v_head_dim)).transpose(1, 2),
         )
 
     def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

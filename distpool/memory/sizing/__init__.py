@@ -20,9 +20,11 @@ from distpool.memory.sizing.errors import (
 from distpool.memory.sizing.fingerprint import layout_description, layout_fingerprint
 from distpool.memory.sizing.layout import (
     ALIGN_BYTES,
+    KV_ORDER,
     TensorPlace,
     align_up,
     ceil_div,
+    kv_page_shape,
     page_places,
     slot_places,
     slot_stride_bytes,
@@ -36,6 +38,7 @@ __all__ = [
     "BudgetTooSmall",
     "DEEPSEEK_V4_POOLS",
     "GIB",
+    "KV_ORDER",
     "NOT_HYBRID",
     "PoolArgInvalid",
     "PoolArgs",
@@ -48,6 +51,7 @@ __all__ = [
     "UnifiedMemoryRefused",
     "align_up",
     "ceil_div",
+    "kv_page_shape",
     "layout_description",
     "layout_fingerprint",
     "page_places",

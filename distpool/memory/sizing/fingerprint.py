@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from distpool.memory.sizing.layout import ALIGN_BYTES
+from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER
 from distpool.memory.sizing.sizing import PoolSizes
 
 
@@ -23,6 +23,7 @@ def layout_description(sizes: PoolSizes) -> dict[str, object]:
         "swa_page_stride_bytes": sizes.swa_page_stride_bytes,
         "slot_stride_bytes": sizes.slot_stride_bytes,
         "align_bytes": ALIGN_BYTES,
+        "kv_order": list(KV_ORDER),
     }
 
 

@@ -2,7 +2,12 @@
 
 Page envelope, `page_size` tokens of every full-attention layer, page-major:
 
-    | L0.K | L0.V | L1.K | L1.V | ... |      each (page_size, kv_heads, head_dim) in the KV dtype
+    | L0.K | L0.V | L1.K | L1.V | ... |      each (kv_heads, page_size, head_dim) in the KV dtype
+
+Heads outermost inside each tensor (`KV_ORDER`): a TP rank's share of a layer's heads is one run
+of a page, not one slice per token, so a transfer between TP sizes moves a few runs of kilobytes
+per page rather than one run of a head slice per token and layer. The pool's K/V views still read
+(pages, page_size, kv_heads, dim): strided views over this order.
 
 Slot envelope, one request's recurrent state of every Mamba layer:
 
@@ -20,6 +25,9 @@ from distpool.model.spec import AttentionSpec, ModelSpec
 
 # 64 bytes: a cache line on CPUs and a multiple of every dtype's size, so views never straddle.
 ALIGN_BYTES = 64
+
+# The order of K's and V's dims inside a page (the layout fingerprint carries it).
+KV_ORDER = ("kv_heads", "page_size", "dim")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -40,8 +48,13 @@ class TensorPlace:
     nbytes: int
 
 
+def kv_page_shape(attn: AttentionSpec, page_size: int, dim: int) -> tuple[int, int, int]:
+    """K's (or V's, with its `dim`) shape inside one page, in `KV_ORDER`."""
+    return (attn.num_kv_heads, page_size, dim)
+
+
 def page_places(layers: tuple[int, ...], attn: AttentionSpec | None, page_size: int) -> list[TensorPlace]:
-    """K then V of each layer in `layers`, for one page of `page_size` tokens."""
+    """K then V of each layer in `layers`, for one page of `page_size` tokens (each `kv_page_shape`)."""
     if attn is None:
         return []
     k_bytes = page_size * attn.num_kv_heads * attn.head_dim * dtype_bytes(attn.dtype)

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from distpool.memory.sizing.layout import ALIGN_BYTES
+from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER
 from distpool.memory.sizing.sizing import PoolSizes
 from distpool.model.shard import RankShard
 
@@ -40,6 +40,7 @@ class TpEnd:
             "page_size": sizes.page_size,
             "unified": sizes.unified,
             "align_bytes": ALIGN_BYTES,
+            "kv_order": list(KV_ORDER),
         }
         return cls(shard=shard, model=json.loads(json.dumps(fields, default=str)))
 

@@ -1,7 +1,8 @@
 """The synthetic pattern laid over a pool: which rows a request holds, writing them, verifying them.
 
 Rows are addressed through the pool's own views (no copies): a KV tensor as (num_pages, page_size,
-words) and a state tensor as (num_slots, words), words as `pattern.as_words` reads them.
+kv_heads, units) (`pattern.as_units`: a token's heads lie apart in a page) and a state tensor as
+(num_slots, words), words as `pattern.as_words` reads them.
 Writes are batched: one indexed write per layer, tensor and chunk of positions for a whole batch.
 A pool of one tensor-parallel rank holds that rank's shard (`distpool.model.shard.RankShard`): its
 rows are laid over the unsharded rows through a `RowMap`, so shards of any TP size verify.
@@ -21,12 +22,15 @@ from distpool.model.spec import ModelSpec
 from distpool.model_impl.errors import ShardMismatch
 from distpool.model_impl.pool_model import Mismatch
 from distpool.model_impl.synthetic.pattern import (
+    as_units,
     as_words,
     prefix_hashes,
+    put_unit_rows,
     row_hashes,
     spread,
     stream_key,
     stripe_writers,
+    unit_rows,
 )
 from distpool.model_impl.synthetic.row_map import RowMap
 
@@ -34,7 +38,7 @@ CHUNK_POSITIONS = 4096  # KV rows generated at once: bounds the temporary memory
 KV_KINDS = ("kv", "swa_kv")  # full attention, sliding window
 _STREAM_PREFIX = {"kv": "", "swa_kv": "swa_"}  # stream names: k / v, swa_k / swa_v
 
-# (layer, tensor name, words, (pages, rows) on the device, chunk start, expected rows (n, words))
+# (layer, tensor name, units, (pages, rows) on the device, chunk start, expected rows (n, words))
 _KvChunk = tuple[int, str, torch.Tensor, tuple[torch.Tensor, torch.Tensor], int, torch.Tensor]
 
 
@@ -113,9 +117,12 @@ class EnvelopePattern:
             )
         return row_map
 
-    def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
+    def _check_device(self, view: torch.Tensor) -> None:
         if view.device != self.device:
             raise ValueError(f"the pool is on {view.device} but the synthetic cache on {self.device}")
+
+    def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
+        self._check_device(view)
         return as_words(view, lead_dims, row_map.word_dtype)
 
     def _stream(self, layer: int, what: str, row_map: RowMap) -> tuple[int, torch.Tensor]:
@@ -145,30 +152,31 @@ class EnvelopePattern:
                     continue  # MLA caches no V
                 what = _STREAM_PREFIX[kind] + name  # also the tensor's name in a shard
                 row_map = self._row_map(what, tensor, 2)
-                words = self._words(tensor, 2, row_map)  # (num_pages, page_size, words)
+                self._check_device(tensor)
+                units = as_units(tensor)  # (num_pages, page_size, kv_heads, units)
                 key, base = self._stream(layer, what, row_map)
                 phases = self._phases(row_map, 0, base.numel())
                 for start, where in chunks:
                     mixed = row_hashes(key, hashes[start : start + CHUNK_POSITIONS])
                     expected = base ^ spread(mixed, phases, self.device)
-                    yield layer, name, words, where, start, expected
+                    yield layer, name, units, where, start, expected
 
     def write_kv(
         self, pool: Pool, kind: str, pages: torch.Tensor, rows: torch.Tensor, hashes: np.ndarray
     ) -> None:
         """Write the rows at (pages, rows) of every layer of `kind`; `hashes` are their H_{p+1}."""
-        for _, _, words, where, _, expected in self._kv_chunks(pool, kind, pages, rows, hashes):
-            words[where] = expected
+        for _, _, units, where, _, expected in self._kv_chunks(pool, kind, pages, rows, hashes):
+            put_unit_rows(units, where, expected)
 
     def _verify_kv(
         self, pool: Pool, request_id: str, kind: str, hashes: np.ndarray, num_tokens: int
     ) -> Mismatch | None:
         positions = self.held_positions(pool, request_id, kind, num_tokens)
         pages, rows = self.places(pool, request_id, kind, positions)
-        for layer, name, words, where, start, expected in self._kv_chunks(
+        for layer, name, units, where, start, expected in self._kv_chunks(
             pool, kind, pages, rows, hashes[positions + 1]
         ):
-            actual = words[where]  # (n, words), a copy
+            actual = unit_rows(units, where, expected.dtype)  # (n, words), a copy
             if torch.equal(actual, expected):  # the common case, without a mask of every word
                 continue
             bad = (actual != expected).any(dim=1)

@@ -100,6 +100,26 @@ def as_words(view: torch.Tensor, lead_dims: int, dtype: torch.dtype | None = Non
     return words
 
 
+def as_units(view: torch.Tensor) -> torch.Tensor:
+    """`view` (..., dim) with its last dim read as raw units, sharing storage: int64 where the dim
+    is whole words, else bytes. A KV view's rows span heads that lie apart in a page (heads are
+    outermost there), so its rows are read and written per head's units (`unit_rows`,
+    `put_unit_rows`), not as one run of words."""
+    raw = view.view(torch.uint8)  # the last dim is contiguous
+    return raw.view(word_dtype(raw.shape[-1]))
+
+
+def unit_rows(units: torch.Tensor, where: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The rows of `units` (`as_units`) at `where`, as (n, words) of `dtype`: a copy."""
+    picked = units[where]  # (n, *rest), contiguous
+    return picked.view(torch.uint8).reshape(picked.shape[0], -1).view(dtype)
+
+
+def put_unit_rows(units: torch.Tensor, where: tuple[torch.Tensor, ...], rows: torch.Tensor) -> None:
+    """Write (n, words) `rows` (any word dtype) over the rows of `units` at `where`."""
+    units[where] = rows.view(torch.uint8).view(units.dtype).view(rows.shape[0], *units.shape[2:])
+
+
 def spread(hashes: np.ndarray, phases: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """Row hashes laid over words of their rows: (n, 1) int64 for int64 words (`phases` None), or
     (n, len(phases)) bytes, byte e taking byte `phases[e]` (its unsharded offset % 8) of its hash.
