@@ -22,7 +22,7 @@ from transfer.plans import (
     UnitSizesDiffer,
 )
 from transfer.plans.plan import plan_runs
-from transfer.plans.reshard import EnvelopeUnits, RankRuns, plan_reshard, source_ranks
+from transfer.plans.reshard import EnvelopeUnits, PairPlanner, RankRuns, plan_pair, plan_reshard, source_ranks
 
 PROMPT = [5, 3, 8, 1, 9, 2, 7, 4, 6, 0, 11]  # 11 tokens: three pages of 4, the last partly filled
 PAGE_SIZE = 4
@@ -238,6 +238,33 @@ def test_a_ranks_share_of_a_pages_k_or_v_is_one_run(src_tp, dst_tp):
         assert len(kv) == pages * 2 * len(spec.full_attention_layers)  # K and V of each layer, per page
     execute(plan, src_pools, dst_pools)
     received_once(plan, dst_pools, dst_shards)
+
+
+@pytest.mark.parametrize("src_tp,dst_tp", [(2, 1), (2, 4), (2, 2)])
+def test_a_channels_planner_plans_each_envelope_without_looking_at_the_layouts_again(
+    src_tp, dst_tp, monkeypatch
+):
+    """A pair's planner answers as `plan_pair` does, and per envelope neither hashes nor compares a
+    shard (which, a model spec deep, took most of a plan's time)."""
+    spec = tp_spec("mamba2_groups1")
+    src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+    src_pools, _ = prefill_ranks(spec, src_shards, unified=True)
+    dst_pools = destination_ranks(dst_shards, unified=True)
+    for src_rank in range(src_tp):
+        for dst_rank in range(dst_tp):
+            ranks = {"src_rank": src_rank, "dst_rank": dst_rank, "page_size": PAGE_SIZE}
+            planner = PairPlanner.of(src_shards, dst_shards, **ranks)
+            units = (units_of(src_pools[src_rank], "r"), units_of(dst_pools[dst_rank], "r"))
+            expected = plan_pair(src_shards, units[0], dst_shards, units[1], **ranks)
+
+            def looked(*_):
+                raise AssertionError("a layout was hashed or compared per envelope")
+
+            with monkeypatch.context() as patched:
+                patched.setattr(RankShard, "__hash__", looked)
+                patched.setattr(RankShard, "__eq__", looked)
+                runs = planner.runs(*units)
+            assert np.array_equal(runs, expected)
 
 
 def test_replicated_parts_come_from_a_source_rank_the_destination_hears_from_anyway():

@@ -162,6 +162,76 @@ def plan_reshard(
     return tuple(plan)
 
 
+@dataclass(frozen=True)
+class PairPlanner:
+    """What every plan of one (source rank, destination rank) pair reads, worked out once per
+    channel: both ranks' unit sizes and the pair's unit templates (`unit_templates`; None between
+    equal layouts). `runs` is then a pass over the envelope's two unit tables alone: the layouts
+    are neither compared nor hashed again per request."""
+
+    src_shard: RankShard
+    dst_shard: RankShard
+    page_size: int
+    equal: bool
+    src_unit_bytes: tuple[int, ...]  # per UNIT_KINDS
+    dst_unit_bytes: tuple[int, ...]
+    templates: tuple[np.ndarray | None, ...] | None  # per UNIT_KINDS: the pair's template, if any
+
+    @classmethod
+    def of(
+        cls,
+        src_shards: Sequence[RankShard],
+        dst_shards: Sequence[RankShard],
+        *,
+        src_rank: int,
+        dst_rank: int,
+        page_size: int,
+    ) -> PairPlanner:
+        """The planner of the pair, after checking that the layouts pair and the ranks are theirs."""
+        _check_layouts(src_shards, dst_shards)
+        if not (0 <= src_rank < len(src_shards) and 0 <= dst_rank < len(dst_shards)):
+            raise ValueError(
+                f"no rank pair ({src_rank}, {dst_rank}) between TP {len(src_shards)} and {len(dst_shards)}"
+            )
+        src, dst = src_shards[src_rank], dst_shards[dst_rank]
+        equal = list(src_shards) == list(dst_shards)
+        templates = None
+        if not equal:
+            found = unit_templates(tuple(src_shards), dst, page_size)
+            templates = tuple(found.get((src_rank, kind)) for kind in UNIT_KINDS)
+        return cls(
+            src_shard=src,
+            dst_shard=dst,
+            page_size=page_size,
+            equal=equal,
+            src_unit_bytes=tuple(_unit_bytes(src, kind, page_size) for kind in UNIT_KINDS),
+            dst_unit_bytes=tuple(_unit_bytes(dst, kind, page_size) for kind in UNIT_KINDS),
+            templates=templates,
+        )
+
+    def runs(self, src_units: EnvelopeUnits, dst_units: EnvelopeUnits) -> np.ndarray:
+        """The pair's runs of one envelope (`plan_pair`); ValueError when the tables do not pair."""
+        for shard, table, expected in (
+            (self.src_shard, src_units, self.src_unit_bytes),
+            (self.dst_shard, dst_units, self.dst_unit_bytes),
+        ):
+            for kind, nbytes in zip(UNIT_KINDS, expected, strict=True):
+                sizes = getattr(table, kind)[:, 1]
+                if (sizes != nbytes).any():
+                    raise UnitSizesDiffer(shard.rank, shard.tp, kind, sorted(set(sizes.tolist())), nbytes)
+        for kind in UNIT_KINDS:
+            src_count, dst_count = getattr(src_units, kind).shape[0], getattr(dst_units, kind).shape[0]
+            if src_count != dst_count:
+                raise ValueError(
+                    f"the ranks' envelopes do not pair: {src_count} {kind}s at the source, {dst_count} here"
+                )
+        if self.templates is None:
+            if self.src_shard.rank != self.dst_shard.rank:
+                return np.zeros((0, 3), dtype=np.int64)
+            return plan_runs(src_units.rows, dst_units.rows)
+        return _shifted(self.templates, src_units, dst_units)
+
+
 def plan_pair(
     src_shards: Sequence[RankShard],
     src_units: EnvelopeUnits,
@@ -175,25 +245,10 @@ def plan_pair(
     """The runs source rank `src_rank` sends destination rank `dst_rank`: that pair's entry of
     `plan_reshard`, from the two ranks' unit tables alone (what one channel knows). (0, 3) when the
     pair moves nothing of this envelope. Raises ValueError when the layouts or the tables do not pair.
+    A channel keeps the `PairPlanner` instead, and asks it for every envelope.
     """
-    _check_layouts(src_shards, dst_shards)
-    if not (0 <= src_rank < len(src_shards) and 0 <= dst_rank < len(dst_shards)):
-        raise ValueError(
-            f"no rank pair ({src_rank}, {dst_rank}) between TP {len(src_shards)} and {len(dst_shards)}"
-        )
-    _check_units([src_shards[src_rank]], [src_units], page_size)
-    _check_units([dst_shards[dst_rank]], [dst_units], page_size)
-    for kind in UNIT_KINDS:
-        src_count, dst_count = getattr(src_units, kind).shape[0], getattr(dst_units, kind).shape[0]
-        if src_count != dst_count:
-            raise ValueError(
-                f"the ranks' envelopes do not pair: {src_count} {kind}s at the source, {dst_count} here"
-            )
-    if list(src_shards) == list(dst_shards):
-        if src_rank != dst_rank:
-            return np.zeros((0, 3), dtype=np.int64)
-        return plan_runs(src_units.rows, dst_units.rows)
-    return _pair_runs(tuple(src_shards), src_units, dst_shards[dst_rank], dst_units, src_rank, page_size)
+    ranks = {"src_rank": src_rank, "dst_rank": dst_rank}
+    return PairPlanner.of(src_shards, dst_shards, **ranks, page_size=page_size).runs(src_units, dst_units)
 
 
 def _pair_runs(
@@ -204,15 +259,21 @@ def _pair_runs(
     src_rank: int,
     page_size: int,
 ) -> np.ndarray:
-    """The templates of (source rank, unit kind) shifted to every unit's start, merged.
+    """The runs of (source rank, `dst`) for one envelope: its templates shifted (`_shifted`)."""
+    templates = unit_templates(src_shards, dst, page_size)
+    return _shifted(tuple(templates.get((src_rank, kind)) for kind in UNIT_KINDS), src_units, dst_units)
+
+
+def _shifted(
+    templates: tuple[np.ndarray | None, ...], src_units: EnvelopeUnits, dst_units: EnvelopeUnits
+) -> np.ndarray:
+    """The templates (per UNIT_KINDS) shifted to every unit's start, merged.
 
     Each template is merged already (`unit_templates`), and a shift moves a unit's runs alike on
     both sides, so runs can only merge across two units: where none does, the shifted templates
     are the runs (no pass over them all). Written into one table, kind after kind."""
-    templates = unit_templates(src_shards, dst, page_size)
     kinds = []
-    for kind in UNIT_KINDS:
-        template = templates.get((src_rank, kind))
+    for kind, template in zip(UNIT_KINDS, templates, strict=True):
         src_at, dst_at = getattr(src_units, kind)[:, 0], getattr(dst_units, kind)[:, 0]
         if template is not None and src_at.size:
             kinds.append((template, src_at, dst_at))

@@ -3,11 +3,12 @@
 A channel between source rank s of TP A and destination rank d of TP B (A != B) moves exactly
 `plan_reshard`'s runs for the pair (s, d): each side's own envelope rows, split into units
 (`EnvelopeUnits`: the slot, the pages, the window pages), paired unit by unit, the pieces inside
-a unit at the plan's offsets (`transfer.plans.reshard.plan_pair`). Both ends compute the same runs from
-the same two tables, which cross as they always did: the source's rows in the HEADER, the
-destination's in READY (each less the pages the destination holds already). The rest is known to
-both ends from the handshake: the unsharded model and page size (compared there), and each end's
-TP size and rank, from which every rank's shard follows (`distpool.model.shard.shard`).
+a unit at the plan's offsets (`transfer.plans.reshard.plan_pair`, through the pair's
+`PairPlanner`, worked out once per channel). Both ends compute the same runs from the same two
+tables, which cross as they always did: the source's rows in the HEADER, the destination's in
+READY (each less the pages the destination holds already). The rest is known to both ends from
+the handshake: the unsharded model and page size (compared there), and each end's TP size and
+rank, from which every rank's shard follows (`distpool.model.shard.shard`).
 
 With equal TP sizes (or no TP layout at all) there is no `TpPair`: row i moves to row i
 (`transfer.plans.plan.plan_runs`), exactly as between two one-rank pools.
@@ -16,6 +17,7 @@ With equal TP sizes (or no TP layout at all) there is no `TpPair`: row i moves t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ import torch
 from distpool.memory.sizing import TpEnd, ceil_div
 from distpool.model.shard import RankShard, shard
 from transfer.plans.plan import plan_runs
-from transfer.plans.reshard import EnvelopeUnits, plan_pair, source_ranks
+from transfer.plans.reshard import EnvelopeUnits, PairPlanner, source_ranks
 from transfer.plans.tp_handshake import tp_of
 
 
@@ -87,11 +89,15 @@ class TpPair:
         held pages left out). Raises ValueError when the tables do not pair under the layouts."""
         src_units = self._units(self.src_shards[self.src_rank], src_moving, num_tokens, held)
         dst_units = self._units(self.dst_shards[self.dst_rank], dst_moving, num_tokens, held)
-        return plan_pair(
+        return self.planner.runs(src_units, dst_units)
+
+    @cached_property
+    def planner(self) -> PairPlanner:
+        """The pair's unit sizes and templates, worked out at the first request (`plan_pair` per
+        request compared and hashed both layouts again: most of a plan's time)."""
+        return PairPlanner.of(
             self.src_shards,
-            src_units,
             self.dst_shards,
-            dst_units,
             src_rank=self.src_rank,
             dst_rank=self.dst_rank,
             page_size=self.page_size,
