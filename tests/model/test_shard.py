@@ -3,9 +3,12 @@ and one-line refusals naming the units and their counts for TP sizes that cannot
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
-from distpool.memory.sizing import PoolArgs, layout_fingerprint, size_pools
+from distpool.memory.sizing import KV_ORDER, PoolArgs, layout_description, layout_fingerprint, size_pools
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import PRESETS_DIR
 from distpool.model.shard import (
@@ -24,14 +27,22 @@ def preset(name: str):
 
 
 def test_tp_one_is_the_model_itself_with_the_fingerprint_it_always_had():
-    """Regression: the fingerprints were taken before shard rules existed."""
+    """Regression: the fingerprints were taken before shard rules existed. Since, the description
+    gained one field, the order of K's and V's dims in a page (`kv_order`, heads outermost), which
+    a pool of the former order lacks: the two refuse to pair."""
     spec = preset("nemotron-h-8b")
     whole = shard(spec, 1, 0)
     assert whole.spec is spec and whole.replicated == ()
     assert all(t.pieces == ((0, t.shape[t.axis]),) for t in whole.tensors)
     args = PoolArgs(enable_unified_memory=True, disaggregation_mode="decode")
-    assert layout_fingerprint(size_pools(whole.spec, args, 8 << 30)) == "6d2c3c1e26084734"
-    assert layout_fingerprint(size_pools(preset("falcon-h1-7b"), args, 8 << 30)) == "8a9af2e1645a0b7a"
+    for sizes, before in (
+        (size_pools(whole.spec, args, 8 << 30), "6d2c3c1e26084734"),
+        (size_pools(preset("falcon-h1-7b"), args, 8 << 30), "8a9af2e1645a0b7a"),
+    ):
+        description = layout_description(sizes)
+        assert description.pop("kv_order") == list(KV_ORDER) == ["kv_heads", "page_size", "dim"]
+        assert hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16] == before
+        assert layout_fingerprint(sizes) != before
 
 
 def test_a_mamba2_conv_state_shards_segment_by_segment():
