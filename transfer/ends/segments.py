@@ -1,9 +1,10 @@
 """Strided segments of a piece list: stretches of pieces of one length at one stride in the arena.
 
-A heterogeneous-TP plan cuts every page into KV-head slices: on the side that holds more heads,
-the slices a rank pair moves are one length apart by one stride (say 512 bytes every 1,024), page
-after page. Such a stretch is one strided view of the arena, copied to or from its place in the
-packed buffer by one numpy copy (~10 GB/s on CPU for 512-byte pieces, where an indexed copy of
+A heterogeneous-TP plan cuts every page into KV-head runs: on the side that holds more heads, the
+runs a rank pair moves are one length apart by one stride (a page keeps each layer's K and V heads
+outermost, so at Bamba 2 -> 1 a rank's heads of a K or V are 16 KiB every 32 KiB), page after
+page. Such a stretch is one strided view of the arena, copied to or from its place in the packed
+buffer by one numpy copy (~10 GB/s on CPU even for 512-byte pieces, where an indexed copy of
 512-byte rows moves ~7 GB/s), rather than by an index of its rows.
 
     strided_segments(offsets, nbytes) -> (first piece, count, stride) per segment, in order, or

@@ -9,7 +9,7 @@ in the arena merge (the packed side is contiguous anyway): a batch whose pieces 
 side, but not on the other, moves as one slice here. Then:
 - few or large pieces (8 at most, or 64 KiB a piece on average on CPU, 1 MiB on CUDA): one slice
   copy per piece (at most 512 for a 32 MiB chunk);
-- many small pieces in a few strided stretches (KV-head slices of pages across TP sizes, on CPU):
+- many small pieces in a few strided stretches (KV-head runs of pages across TP sizes, on CPU):
   one numpy copy per stretch, through a strided view of the arena (`transfer.ends.segments`);
 - other many small pieces: one vectorised indexed copy. The arena is viewed as rows of `unit` bytes, the
   gcd of every offset and count, so each piece is a whole number of rows (a copy per piece only
