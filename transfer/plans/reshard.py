@@ -92,13 +92,23 @@ def _unit_bytes(shard: RankShard, kind: str, page_size: int) -> int:
     return align_up(page_size * per_token)
 
 
+def _unit_sizes(shard: RankShard, page_size: int) -> tuple[int, ...]:
+    """The rank's unit strides, per UNIT_KINDS."""
+    return tuple(_unit_bytes(shard, kind, page_size) for kind in UNIT_KINDS)
+
+
+def _check_sizes(shard: RankShard, table: EnvelopeUnits, expected: tuple[int, ...]) -> None:
+    """Every unit is as large as the rank's shard says (`expected`, per UNIT_KINDS): the pool was
+    built from the shard's spec."""
+    for kind, nbytes in zip(UNIT_KINDS, expected, strict=True):
+        sizes = getattr(table, kind)[:, 1]
+        if (sizes != nbytes).any():
+            raise UnitSizesDiffer(shard.rank, shard.tp, kind, sorted(set(sizes.tolist())), nbytes)
+
+
 def _check_units(shards: Sequence[RankShard], units: Sequence[EnvelopeUnits], page_size: int) -> None:
-    """Every unit is as large as the rank's shard says: the pools were built from the shards' specs."""
     for shard, table in zip(shards, units, strict=True):
-        for kind in UNIT_KINDS:
-            sizes, expected = getattr(table, kind)[:, 1], _unit_bytes(shard, kind, page_size)
-            if (sizes != expected).any():
-                raise UnitSizesDiffer(shard.rank, shard.tp, kind, sorted(set(sizes.tolist())), expected)
+        _check_sizes(shard, table, _unit_sizes(shard, page_size))
 
 
 def _check_layouts(src_shards: Sequence[RankShard], dst_shards: Sequence[RankShard]) -> None:
@@ -171,8 +181,6 @@ class PairPlanner:
 
     src_shard: RankShard
     dst_shard: RankShard
-    page_size: int
-    equal: bool
     src_unit_bytes: tuple[int, ...]  # per UNIT_KINDS
     dst_unit_bytes: tuple[int, ...]
     templates: tuple[np.ndarray | None, ...] | None  # per UNIT_KINDS: the pair's template, if any
@@ -194,31 +202,22 @@ class PairPlanner:
                 f"no rank pair ({src_rank}, {dst_rank}) between TP {len(src_shards)} and {len(dst_shards)}"
             )
         src, dst = src_shards[src_rank], dst_shards[dst_rank]
-        equal = list(src_shards) == list(dst_shards)
         templates = None
-        if not equal:
+        if list(src_shards) != list(dst_shards):
             found = unit_templates(tuple(src_shards), dst, page_size)
             templates = tuple(found.get((src_rank, kind)) for kind in UNIT_KINDS)
         return cls(
             src_shard=src,
             dst_shard=dst,
-            page_size=page_size,
-            equal=equal,
-            src_unit_bytes=tuple(_unit_bytes(src, kind, page_size) for kind in UNIT_KINDS),
-            dst_unit_bytes=tuple(_unit_bytes(dst, kind, page_size) for kind in UNIT_KINDS),
+            src_unit_bytes=_unit_sizes(src, page_size),
+            dst_unit_bytes=_unit_sizes(dst, page_size),
             templates=templates,
         )
 
     def runs(self, src_units: EnvelopeUnits, dst_units: EnvelopeUnits) -> np.ndarray:
         """The pair's runs of one envelope (`plan_pair`); ValueError when the tables do not pair."""
-        for shard, table, expected in (
-            (self.src_shard, src_units, self.src_unit_bytes),
-            (self.dst_shard, dst_units, self.dst_unit_bytes),
-        ):
-            for kind, nbytes in zip(UNIT_KINDS, expected, strict=True):
-                sizes = getattr(table, kind)[:, 1]
-                if (sizes != nbytes).any():
-                    raise UnitSizesDiffer(shard.rank, shard.tp, kind, sorted(set(sizes.tolist())), nbytes)
+        _check_sizes(self.src_shard, src_units, self.src_unit_bytes)
+        _check_sizes(self.dst_shard, dst_units, self.dst_unit_bytes)
         for kind in UNIT_KINDS:
             src_count, dst_count = getattr(src_units, kind).shape[0], getattr(dst_units, kind).shape[0]
             if src_count != dst_count:

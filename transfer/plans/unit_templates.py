@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from distpool.memory.arena import merge_runs
-from distpool.memory.sizing import TensorPlace, page_places, slot_places
+from distpool.memory.sizing import TensorPlace, kv_page_shape, page_places, slot_places
 from distpool.model.shard import RankShard, TensorShard
 
 UNIT_KINDS = ("slot", "page", "swa_page")  # canonical order of an envelope's units
@@ -98,7 +98,7 @@ def _in_page(tensor: TensorShard, page_size: int) -> TensorShard:
     so a rank's heads are one run of the page's tensor."""
     if tensor.axis != 0:
         raise ValueError(f"{tensor.name} is split along axis {tensor.axis}; a page keeps KV heads outermost")
-    return dataclasses.replace(tensor, shape=(tensor.shape[0], page_size, *tensor.shape[1:]))
+    return dataclasses.replace(tensor, shape=kv_page_shape(tensor.shape, page_size))
 
 
 def _tensor_runs(

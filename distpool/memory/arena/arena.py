@@ -152,11 +152,11 @@ class Arena:
         k = _find(places, layer, "k", what, layers)
         v = _find(places, layer, "v", what, layers)
         ps = self.sizes.page_size
+        heads = attn.num_kv_heads
+        k_page = self._typed(band, k, attn.dtype, kv_page_shape((heads, attn.head_dim), ps))
+        v_page = self._typed(band, v, attn.dtype, kv_page_shape((heads, attn.v_head_dim), ps))
         # Stored (kv_heads, page_size, dim) per page (`KV_ORDER`); read as (page_size, kv_heads, dim).
-        return (
-            self._typed(band, k, attn.dtype, kv_page_shape(attn, ps, attn.head_dim)).transpose(1, 2),
-            self._typed(band, v, attn.dtype, kv_page_shape(attn, ps, attn.v_head_dim)).transpose(1, 2),
-        )
+        return k_page.transpose(1, 2), v_page.transpose(1, 2)
 
     def kv_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of full-attention layer `layer`: each (num_page_positions, page_size, kv_heads, dim)."""

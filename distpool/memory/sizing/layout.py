@@ -48,9 +48,10 @@ class TensorPlace:
     nbytes: int
 
 
-def kv_page_shape(attn: AttentionSpec, page_size: int, dim: int) -> tuple[int, int, int]:
-    """K's (or V's, with its `dim`) shape inside one page, in `KV_ORDER`."""
-    return (attn.num_kv_heads, page_size, dim)
+def kv_page_shape(row: tuple[int, ...], page_size: int) -> tuple[int, ...]:
+    """A token's K or V row, (kv_heads, dim), as one page holds `page_size` of them (`KV_ORDER`)."""
+    heads, *rest = row
+    return (heads, page_size, *rest)
 
 
 def page_places(layers: tuple[int, ...], attn: AttentionSpec | None, page_size: int) -> list[TensorPlace]:
