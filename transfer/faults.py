@@ -75,18 +75,19 @@ class FaultInjector:
         self._lock = threading.Lock()
         self._planned: dict[str, str] = {}  # request id -> fault kind
 
-    def plan(self, request_id: str, kind: str | None) -> None:
+    def plan(self, request_id: str, kind: str | None) -> bool:
         """Inject `kind` (one of SENDER_FAULTS or RECEIVER_FAULTS) into the next transfer of
-        `request_id` here; None forgets a plan not taken."""
+        `request_id` here; None forgets a plan not taken. Returns whether a plan not taken was
+        dropped (so with None after an attempt: False where its transfer took the plan)."""
         if kind is not None and kind not in SENDER_FAULTS + RECEIVER_FAULTS:
             raise ArgInvalid(
                 "kind", kind, "a transfer fault: one of " + ", ".join(SENDER_FAULTS + RECEIVER_FAULTS)
             )
         with self._lock:
-            if kind is None:
-                self._planned.pop(request_id, None)
-            else:
+            dropped = self._planned.pop(request_id, None) is not None
+            if kind is not None:
                 self._planned[request_id] = kind
+            return dropped
 
     def _take(self, request_id: str, kinds: tuple[str, ...]) -> str | None:
         with self._lock:

@@ -183,10 +183,11 @@ class WorkerBase:
         decode end returns the median seconds per message (see `transfer.ends.link`)."""
         return self.channels.measure_link(peer, nbytes, repeats)
 
-    def plan_fault(self, request_id: str, kind: str | None) -> None:
+    def plan_fault(self, request_id: str, kind: str | None) -> bool:
         """Inject `kind` (a fault of `transfer.faults`) into the next transfer of `request_id` here,
-        on purpose (tests, `--fault-rate`); None forgets a plan not taken. See `FaultInjector`."""
-        self.channels.faults.plan(request_id, kind)
+        on purpose (tests, `--fault-rate`); None forgets a plan not taken. Returns whether a plan
+        not taken was dropped. See `FaultInjector`."""
+        return self.channels.faults.plan(request_id, kind)
 
     def peer_lost(self, peer: str, peer_life: int) -> None:
         """Worker `peer` died in life `peer_life` (a TP group goes down as one): fail every transfer

@@ -25,9 +25,12 @@ def test_a_planned_fault_is_taken_once_by_the_end_it_strikes():
 
 def test_a_plan_can_be_forgotten_and_only_transfer_faults_are_planned():
     faults = FaultInjector()
-    faults.plan("r", STALL)
-    faults.plan("r", None)
+    assert faults.plan("r", STALL) is False  # nothing was planned before
+    assert faults.plan("r", None) is True  # a plan not taken was dropped
     assert faults.sender_hook("r", timeout_s=1.0) is None
+    faults.plan("r", SENDER_ABORT)
+    assert faults.sender_hook("r", timeout_s=1.0) is not None
+    assert faults.plan("r", None) is False  # its transfer took it: nothing left to drop
     with pytest.raises(ArgInvalid) as refused:
         faults.plan("r", "receiver_cancel")  # the driver's own action, not a transfer's
     assert (refused.value.field, refused.value.value) == ("kind", "receiver_cancel")

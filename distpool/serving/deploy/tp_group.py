@@ -130,6 +130,7 @@ class TpGroup:
             "next_finished": self._settle_next_finished,
             "next_events": self._settle_next_events,
             "progress": self._settle_progress,
+            "plan_fault": self._settle_plan_fault,
         }
 
     def down(self) -> None:
@@ -164,6 +165,11 @@ class TpGroup:
         if any(a != answers[0] for a in answers[1:]):
             raise RanksDisagree(f"the ranks of {self.name} answered differently: {answers}")
         return answers[0]
+
+    async def _settle_plan_fault(self, refs: list[ray.ObjectRef], *_) -> bool:
+        """Whether every rank dropped a plan not taken: a rank whose transfer took its plan (and
+        one that did not get to its transfer) may answer differently."""
+        return all(await _answers(refs))
 
     async def _settle_ping(self, refs: list[ray.ObjectRef]) -> str:
         await _answers(refs)  # each rank answers with its own name

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from distpool.serving.deploy import Recovery, WorkerLost
 from distpool.serving.path.attempt_errors import NOT_HELD, Busy, NoProgress, Retry
 from distpool.worker.messages import DecodeResult
 from transfer.wire import FailureKind
+
+T = TypeVar("T")
 
 # The driver's deadline on a request's result from its decode worker (`await_result`).
 #
@@ -166,12 +168,13 @@ class Attempts:
         except WorkerLost as exc:
             raise Retry(FailureKind.WORKER_LOST, str(exc)) from exc
 
-    async def quiet(self, ref: Awaitable) -> None:
-        """Await a call whose outcome does not matter, as long as its worker answers in time."""
+    async def quiet(self, ref: Awaitable[T]) -> T | None:
+        """Await a call whose failure does not matter, as long as its worker answers in time: its
+        answer, or None when it failed or stayed silent."""
         try:
-            await asyncio.wait_for(ref, self.silence_s)
+            return await asyncio.wait_for(ref, self.silence_s)
         except Exception:  # the peer is gone, silent, or never held it: nothing left to free there
-            pass
+            return None
 
     def in_background(self, call: Coroutine[Any, Any, None]) -> None:
         """Run `call` beside the requests: cancelled when the server stops."""

@@ -27,7 +27,10 @@ class FaultPlan:
             )
         self.rates = {kind: p for kind, p in rates.items() if p > 0}
         self.rng = random.Random(seed)
-        self.injected: Counter[str] = Counter()
+        self.injected: Counter[str] = Counter()  # drawn for an attempt
+        # Planned on workers and taken by a transfer there; an attempt that ends before its
+        # transfer (no room: tried again later) leaves its plan untaken.
+        self.struck: Counter[str] = Counter()
 
     def draw(self) -> str | None:
         """The fault for the next attempt, or None (counted when drawn)."""

@@ -155,7 +155,8 @@ class RemotePath:
                     raise
         finally:
             self.router.end(prefill_name, decode_name)
-            await self._forget_fault(rid, planned_on)
+            if await self._forget_fault(rid, planned_on):
+                self.faults.struck[fault] += 1
 
     def lost(self, name: str) -> None:
         """Worker `name` was lost: its requests not yet sent to it are retried elsewhere."""
@@ -185,10 +186,14 @@ class RemotePath:
             raise
         return names
 
-    async def _forget_fault(self, rid: str, names: list[str]) -> None:
-        """After the attempt: no plan it did not take is left for the next one."""
+    async def _forget_fault(self, rid: str, names: list[str]) -> bool:
+        """After the attempt: no plan it did not take is left for the next one. Returns whether a
+        worker's transfer took the plan (it answered that it had none left to drop)."""
         handles = self.dep.handles()
-        await asyncio.gather(*(self.attempts.quiet(handles[n].plan_fault.remote(rid, None)) for n in names))
+        dropped = await asyncio.gather(
+            *(self.attempts.quiet(handles[n].plan_fault.remote(rid, None)) for n in names)
+        )
+        return any(answer is False for answer in dropped)
 
     async def _prefill(self, name: str, item: PrefillItem) -> PrefillResult:
         """Prefill and send one request on prefill worker `name` (batched with others). Sent or
