@@ -164,9 +164,8 @@ def plan_reshard(
     plan = []
     for dst in dst_shards:
         for src_rank in range(len(src_shards)):
-            runs = _pair_runs(
-                tuple(src_shards), src_units[src_rank], dst, dst_units[dst.rank], src_rank, page_size
-            )
+            templates = _pair_templates(tuple(src_shards), dst, src_rank, page_size)
+            runs = _shifted(templates, src_units[src_rank], dst_units[dst.rank])
             if runs.shape[0]:
                 plan.append(RankRuns(src_rank, dst.rank, runs))
     return tuple(plan)
@@ -204,8 +203,7 @@ class PairPlanner:
         src, dst = src_shards[src_rank], dst_shards[dst_rank]
         templates = None
         if list(src_shards) != list(dst_shards):
-            found = unit_templates(tuple(src_shards), dst, page_size)
-            templates = tuple(found.get((src_rank, kind)) for kind in UNIT_KINDS)
+            templates = _pair_templates(tuple(src_shards), dst, src_rank, page_size)
         return cls(
             src_shard=src,
             dst_shard=dst,
@@ -250,17 +248,12 @@ def plan_pair(
     return PairPlanner.of(src_shards, dst_shards, **ranks, page_size=page_size).runs(src_units, dst_units)
 
 
-def _pair_runs(
-    src_shards: tuple[RankShard, ...],
-    src_units: EnvelopeUnits,
-    dst: RankShard,
-    dst_units: EnvelopeUnits,
-    src_rank: int,
-    page_size: int,
-) -> np.ndarray:
-    """The runs of (source rank, `dst`) for one envelope: its templates shifted (`_shifted`)."""
+def _pair_templates(
+    src_shards: tuple[RankShard, ...], dst: RankShard, src_rank: int, page_size: int
+) -> tuple[np.ndarray | None, ...]:
+    """The templates (source rank `src_rank`, `dst`) moves, per UNIT_KINDS (None: nothing of a kind)."""
     templates = unit_templates(src_shards, dst, page_size)
-    return _shifted(tuple(templates.get((src_rank, kind)) for kind in UNIT_KINDS), src_units, dst_units)
+    return tuple(templates.get((src_rank, kind)) for kind in UNIT_KINDS)
 
 
 def _shifted(
