@@ -9,7 +9,7 @@ import torch
 from distpool.memory.arena import arena as arena_module
 from distpool.memory.arena.arena import Arena, BandGeometry, band_geometry
 from distpool.memory.errors import NotALayerOfKind
-from distpool.memory.sizing.layout import page_places, slot_places
+from distpool.memory.sizing.layout import SLOT_ORDER, page_places, slot_places
 from distpool.model.spec import DENSE, HYBRID_SWA
 from tests.factories import make_pool, make_sizes, make_spec
 
@@ -72,22 +72,35 @@ def test_kv_view_aliases_the_arena_page_major_heads_outermost():
     assert int(rest.count_nonzero()) == 0
 
 
-def test_state_view_aliases_each_tensor_in_its_own_dtype_at_the_slot_offsets():
+def test_state_view_aliases_each_tensor_in_its_own_dtype_its_rows_interleaved_by_layer():
+    """A slot holds one region per state tensor, rows outermost then the layer (`SLOT_ORDER`): a
+    layer's rows of a tensor lie `layers x row bytes` apart, so a TP rank's rows of every layer are
+    one run. Mamba layers 0 and 2: conv (3, 16) bf16 rows of 32 bytes, ssm (2, 4, 8) f32 rows of
+    128; each region as large as two tensors rounded up to 64 bytes (conv 2 x 128, ssm 2 x 256)."""
     sizes = make_sizes(budget_bytes=7680)
     arena = Arena(sizes)
-    places = {(p.layer, p.name): p.offset for p in slot_places(sizes.spec)}
-    assert places == {(0, "conv"): 0, (0, "ssm"): 128, (2, "conv"): 384, (2, "ssm"): 512}
+    places = {(p.layer, p.name): (p.offset, p.row_stride) for p in slot_places(sizes.spec)}
+    assert places == {
+        (0, "conv"): (0, 64),
+        (2, "conv"): (32, 64),
+        (0, "ssm"): (256, 256),
+        (2, "ssm"): (384, 256),
+    }
+    assert SLOT_ORDER == ("tensor", "rows", "layer", "rest")
     conv, ssm = arena.state_view(2)
     assert conv.shape == (10, 3, 16) and conv.dtype == torch.bfloat16
     assert ssm.shape == (10, 2, 4, 8) and ssm.dtype == torch.float32
-    assert ssm.data_ptr() == arena.buffer.data_ptr() + 512
-    assert ssm.stride() == (768 // 4, 32, 8, 1)
+    assert ssm.data_ptr() == arena.buffer.data_ptr() + 384
+    assert ssm.stride() == (768 // 4, 256 // 4, 8, 1) and conv.stride() == (768 // 2, 64 // 2, 1)
 
     values = torch.linspace(-1, 1, 64).reshape(2, 4, 8)
     ssm[3] = values
     conv[3, 2, 15] = 7.0
-    assert torch.equal(_bytes_at(arena, 3 * 768 + 512, 256).view(torch.float32).reshape(2, 4, 8), values)
-    assert float(_bytes_at(arena, 3 * 768 + 384 + (2 * 16 + 15) * 2, 2).view(torch.bfloat16)[0]) == 7.0
+    for row in range(2):  # layer 2's row r of slot 3: after layer 0's, 256 bytes after row r - 1
+        at = 3 * 768 + 384 + row * 256
+        assert torch.equal(_bytes_at(arena, at, 128).view(torch.float32).reshape(4, 8), values[row])
+    assert float(_bytes_at(arena, 3 * 768 + 32 + 2 * 64 + 15 * 2, 2).view(torch.bfloat16)[0]) == 7.0
+    assert int(_bytes_at(arena, 3 * 768 + 256, 128).count_nonzero()) == 0  # layer 0's row 0: untouched
 
 
 def test_swa_view_lives_in_the_low_band_and_kv_view_in_the_high_band():

@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from distpool.memory.sizing import KV_ORDER, PoolArgs, layout_description, layout_fingerprint, size_pools
+from distpool.memory.sizing import (
+    KV_ORDER,
+    SLOT_ORDER,
+    PoolArgs,
+    layout_description,
+    layout_fingerprint,
+    size_pools,
+)
 from distpool.model.hf_config import spec_from_hf
 from distpool.model.presets import PRESETS_DIR
 from distpool.model.shard import (
@@ -28,8 +35,9 @@ def preset(name: str):
 
 def test_tp_one_is_the_model_itself_with_the_fingerprint_it_always_had():
     """Regression: the fingerprints were taken before shard rules existed. Since, the description
-    gained one field, the order of K's and V's dims in a page (`kv_order`, heads outermost), which
-    a pool of the former order lacks: the two refuse to pair."""
+    gained two fields, the order of K's and V's dims in a page (`kv_order`, heads outermost) and of
+    a slot's (`slot_order`, each tensor's rows outermost across layers), which a pool of the former
+    orders lacks: the two refuse to pair."""
     spec = preset("nemotron-h-8b")
     whole = shard(spec, 1, 0)
     assert whole.spec is spec and whole.replicated == ()
@@ -41,6 +49,7 @@ def test_tp_one_is_the_model_itself_with_the_fingerprint_it_always_had():
     ):
         description = layout_description(sizes)
         assert description.pop("kv_order") == list(KV_ORDER) == ["kv_heads", "page_size", "dim"]
+        assert description.pop("slot_order") == list(SLOT_ORDER) == ["tensor", "rows", "layer", "rest"]
         assert hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16] == before
         assert layout_fingerprint(sizes) != before
 

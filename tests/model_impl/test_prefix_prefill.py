@@ -28,6 +28,7 @@ from distpool.model_impl.prefill_job import PrefillJob
 from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.synthetic.model import CorruptCheckpoint, Mismatch, SyntheticCache
+from distpool.model_impl.synthetic.pattern import state_rows
 from tests.factories import make_sizes, make_spec, prefill_tokens
 from tests.model_impl.test_synthetic import NEMOTRON, copy_envelope
 
@@ -168,7 +169,8 @@ def test_synthetic_refuses_a_corrupt_checkpoint_and_writes_nothing() -> None:
     pool.reserve("b", 14, prefix=match)
     checkpoint = pool.prefix_cache.checkpoint_slot(match.checkpoint)
     layer = NEMOTRON.mamba_layers[1]
-    pool.state_view(layer)[1][checkpoint].view(torch.uint8).view(-1)[20] ^= 0xFF
+    rows = state_rows(pool.state_view(layer)[1])[checkpoint]  # (rows, row bytes)
+    rows[divmod(20, rows.shape[1])] ^= 0xFF  # the tensor's byte 20 in row-major order
     before = pool.buffer.clone()
     with pytest.raises(CorruptCheckpoint) as failure:
         synthetic.prefill(pool, [PrefillJob("b", a[:12] + [1, 2], cached=12, checkpoint_slot=checkpoint)])

@@ -29,7 +29,7 @@ from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
 from distpool.model_impl.synthetic.model import Mismatch, SyntheticCache
-from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes
+from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, state_rows
 from tests.factories import FIXTURES, accounting, make_pool, make_spec, prefill_tokens
 
 PAGE = 4
@@ -184,7 +184,8 @@ def test_one_wrong_byte_in_a_kv_row_or_the_state_is_named_exactly() -> None:
     assert mismatch == Mismatch(kind="kv", layer=layer, tensor="v", position=5, byte_offset=7)
     v[dst.page_ids("r")[1], 1].view(torch.uint8)[0, 7] ^= 0xFF
     layer = NEMOTRON.mamba_layers[3]
-    dst.state_view(layer)[1][dst.slot_id("r")].view(torch.uint8).view(-1)[100] ^= 0xFF
+    rows = state_rows(dst.state_view(layer)[1])[dst.slot_id("r")]  # (rows, row bytes)
+    rows[divmod(100, rows.shape[1])] ^= 0xFF  # the tensor's byte 100 in row-major order
     mismatch = refused(SyntheticCache(NEMOTRON), dst, PROMPT, first)
     assert mismatch == Mismatch(kind="state", layer=layer, tensor="ssm", position=None, byte_offset=100)
     assert str(mismatch) == f"layer {layer} ssm state, byte 100"

@@ -33,14 +33,19 @@ def serve(spec: ModelSpec, pool: ArenaPool, cache: SyntheticCache) -> list[int]:
 
 
 def envelope_digest(pool: ArenaPool) -> str:
-    """The envelope's bytes in the order the arena held them when a page kept each K and V as
-    (page_size, kv_heads, dim): the slot as it lies, each page's K and V token by token, then its
-    padding (zeros). Independent of the order a page keeps them in now."""
+    """The envelope's bytes in the order the arena held them when a slot kept each layer's state
+    tensors side by side and a page each K and V as (page_size, kv_heads, dim): the slot layer by
+    layer, each tensor padded to 64 bytes with zeros; each page's K and V token by token, then its
+    padding. Independent of the order a slot and a page keep them in now."""
     h = hashlib.sha256()
     spec, ranges = pool.sizes.spec, pool.envelope_ranges("a").tolist()
     if spec.mamba is not None:
-        offset, nbytes = ranges.pop(0)
-        h.update(pool.buffer[offset : offset + nbytes].numpy().tobytes())
+        ranges.pop(0)
+        slot = pool.slot_id("a")
+        for layer in spec.mamba_layers:
+            for tensor in pool.state_view(layer):
+                raw = tensor[slot].contiguous().view(torch.uint8).numpy().tobytes()
+                h.update(raw + bytes(-len(raw) % 64))
     pages = [(page, spec.full_attention_layers, pool.kv_view) for page in pool.page_ids("a").tolist()]
     if spec.sliding_window_layers:
         swa = pool.swa_page_ids("a").tolist()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from distpool.memory.arena_pool import ArenaPool
+from distpool.model.dtypes import dtype_bytes
 from distpool.model.shard import RankShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, prefill_tokens, tp_spec
@@ -236,6 +237,29 @@ def test_a_ranks_share_of_a_pages_k_or_v_is_one_run(src_tp, dst_tp):
     for step in plan:
         kv = step.runs[step.runs[:, 2] == run_bytes]
         assert len(kv) == pages * 2 * len(spec.full_attention_layers)  # K and V of each layer, per page
+    execute(plan, src_pools, dst_pools)
+    received_once(plan, dst_pools, dst_shards)
+
+
+@pytest.mark.parametrize("src_tp,dst_tp", [(2, 1), (1, 2)])
+def test_a_ranks_share_of_a_state_tensor_is_one_run_across_every_layer(src_tp, dst_tp):
+    """A slot keeps each state tensor's rows outermost across layers (`SLOT_ORDER`): between TP 1
+    and 2, a rank pair moves its heads of every layer's SSM state as one run, and its channels of
+    each conv segment (x | B | C) as one run each, not one run per layer."""
+    spec = tp_spec("mamba2_groups8")  # every conv segment splits
+    layers = len(spec.mamba_layers)
+    assert layers > 1
+    conv, ssm = spec.mamba.tensors
+    src_shards, dst_shards = layout(spec, src_tp), layout(spec, dst_tp)
+    src_pools, _ = prefill_ranks(spec, src_shards, unified=True)
+    dst_pools = destination_ranks(dst_shards, unified=True)
+    plan = plan_between(src_shards, src_pools, dst_shards, dst_pools)
+    for step in plan:
+        slot, nbytes = dst_pools[step.dst_rank].envelope_ranges("r")[0].tolist()
+        runs = step.runs[(step.runs[:, 1] >= slot) & (step.runs[:, 1] < slot + nbytes)]
+        row_bytes = conv.shape[1] * dtype_bytes(conv.dtype)
+        segments = [s.length // 2 * row_bytes * layers for s in spec.mamba.shard_rules[0].segments]
+        assert sorted(runs[:, 2].tolist()) == sorted([ssm.nbytes // 2 * layers, *segments])
     execute(plan, src_pools, dst_pools)
     received_once(plan, dst_pools, dst_shards)
 

@@ -120,10 +120,12 @@ class Arena:
     def _typed(
         self, band: BandGeometry, place: TensorPlace, dtype_name: str, shape: tuple[int, ...]
     ) -> torch.Tensor:
-        """(band.num_positions, *shape) in `dtype_name`: dim 0 steps one unit, the rest contiguous."""
+        """(band.num_positions, *shape) in `dtype_name`: dim 0 steps one unit, the rest contiguous
+        but for the tensor's first axis where the place says its rows lie `row_stride` apart."""
         dtype = torch_dtype(dtype_name)
         item = dtype.itemsize
-        if band.stride_bytes % item or (band.base_bytes + place.offset) % item:
+        row_stride = place.row_stride or 0
+        if band.stride_bytes % item or (band.base_bytes + place.offset) % item or row_stride % item:
             raise ValueError(
                 f"a {dtype_name} tensor at byte {band.base_bytes + place.offset}, stride "
                 f"{band.stride_bytes}, is not aligned to its {item}-byte elements"
@@ -132,6 +134,8 @@ class Arena:
         for dim in reversed(shape):  # contiguous strides of one unit's tensor
             inner.insert(0, stride)
             stride *= dim
+        if place.row_stride is not None and inner:
+            inner[0] = place.row_stride // item
         return self.buffer.view(dtype).as_strided(
             size=(band.num_positions, *shape),
             stride=(band.stride_bytes // item, *inner),

@@ -21,6 +21,7 @@ from distpool.memory.sizing.fingerprint import layout_description, layout_finger
 from distpool.memory.sizing.layout import (
     ALIGN_BYTES,
     KV_ORDER,
+    SLOT_ORDER,
     TensorPlace,
     align_up,
     ceil_div,
@@ -39,6 +40,7 @@ __all__ = [
     "DEEPSEEK_V4_POOLS",
     "GIB",
     "KV_ORDER",
+    "SLOT_ORDER",
     "NOT_HYBRID",
     "PoolArgInvalid",
     "PoolArgs",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER
+from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER, SLOT_ORDER
 from distpool.memory.sizing.sizing import PoolSizes
 
 
@@ -24,6 +24,7 @@ def layout_description(sizes: PoolSizes) -> dict[str, object]:
         "slot_stride_bytes": sizes.slot_stride_bytes,
         "align_bytes": ALIGN_BYTES,
         "kv_order": list(KV_ORDER),
+        "slot_order": list(SLOT_ORDER),
     }
 
 

@@ -9,9 +9,14 @@ of a page, not one slice per token, so a transfer between TP sizes moves a few r
 per page rather than one run of a head slice per token and layer. The pool's K/V views still read
 (pages, page_size, kv_heads, dim): strided views over this order.
 
-Slot envelope, one request's recurrent state of every Mamba layer:
+Slot envelope, one request's recurrent state of every Mamba layer, one region per state tensor:
 
-    | L0.conv | L0.ssm | L1.conv | L1.ssm | ... |   each tensor in its own dtype, ALIGN_BYTES-aligned
+    | conv (rows, layers, ...) | ssm (rows, layers, ...) |   each in its own dtype, ALIGN_BYTES-aligned
+
+Inside a region the tensor's first axis (the one TP splits: heads, conv channels) is outermost and
+the layer next (`SLOT_ORDER`): a TP rank's share of a state tensor is one run across every layer
+(a few for a conv state's segments), not one per layer. A layer's state is a strided view: its rows
+lie `layers x row bytes` apart (`TensorPlace.row_stride`).
 
 Both strides are rounded up to ALIGN_BYTES so every view starts on an aligned address.
 """
@@ -28,6 +33,8 @@ ALIGN_BYTES = 64
 
 # The order of K's and V's dims inside a page (the layout fingerprint carries it).
 KV_ORDER = ("kv_heads", "page_size", "dim")
+# The order of a slot's dims: one region per state tensor, its first axis outermost, then the layer.
+SLOT_ORDER = ("tensor", "rows", "layer", "rest")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -46,6 +53,8 @@ class TensorPlace:
     name: str  # "k", "v", or the state tensor's name
     offset: int  # bytes from the envelope's start
     nbytes: int
+    # Bytes between successive indices of the tensor's first axis; None: the tensor is contiguous.
+    row_stride: int | None = None
 
 
 def kv_page_shape(row: tuple[int, ...], page_size: int) -> tuple[int, ...]:
@@ -69,17 +78,31 @@ def page_places(layers: tuple[int, ...], attn: AttentionSpec | None, page_size: 
 
 
 def slot_places(spec: ModelSpec) -> list[TensorPlace]:
-    """Every Mamba layer's state tensors, in slot order, each start aligned."""
+    """Every Mamba layer's state tensors (`SLOT_ORDER`), by layer then tensor: each tensor's region
+    starts aligned (`slot_stride_bytes`), and a layer's rows of it lie `row_stride` apart."""
     if spec.mamba is None:
         return []
-    places, offset = [], 0
-    for layer in spec.mamba_layers:
-        for tensor in spec.mamba.tensors:
-            places.append(TensorPlace(layer=layer, name=tensor.name, offset=offset, nbytes=tensor.nbytes))
-            offset = align_up(offset + tensor.nbytes)
-    return places
+    layers = spec.mamba_layers
+    places, region = [], 0
+    for tensor in spec.mamba.tensors:
+        rows = tensor.shape[0] if tensor.shape else 1
+        row_bytes = tensor.nbytes // rows if rows else 0
+        for i, layer in enumerate(layers):
+            place = TensorPlace(
+                layer=layer,
+                name=tensor.name,
+                offset=region + i * row_bytes,
+                nbytes=tensor.nbytes,
+                row_stride=len(layers) * row_bytes,
+            )
+            places.append(place)
+        region += len(layers) * align_up(tensor.nbytes)
+    return sorted(places, key=lambda p: p.layer)  # stable: each layer's tensors in spec order
 
 
 def slot_stride_bytes(spec: ModelSpec) -> int:
-    places = slot_places(spec)
-    return align_up(places[-1].offset + places[-1].nbytes) if places else 0
+    """A slot's bytes: a region per state tensor, each as large as every layer's tensor rounded up
+    to ALIGN_BYTES (the padding at the region's end), so each region starts aligned."""
+    if spec.mamba is None:
+        return 0
+    return sum(len(spec.mamba_layers) * align_up(t.nbytes) for t in spec.mamba.tensors)

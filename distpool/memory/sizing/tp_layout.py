@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER
+from distpool.memory.sizing.layout import ALIGN_BYTES, KV_ORDER, SLOT_ORDER
 from distpool.memory.sizing.sizing import PoolSizes
 from distpool.model.shard import RankShard
 
@@ -41,6 +41,7 @@ class TpEnd:
             "unified": sizes.unified,
             "align_bytes": ALIGN_BYTES,
             "kv_order": list(KV_ORDER),
+            "slot_order": list(SLOT_ORDER),
         }
         return cls(shard=shard, model=json.loads(json.dumps(fields, default=str)))
 

@@ -36,7 +36,6 @@ from distpool.model_impl.hf.source import HFSource
 from distpool.model_impl.hf.state_cache import (
     SlotStates,
     StateCopies,
-    States,
     check_states_kept,
     pooled_cache,
 )
@@ -117,7 +116,7 @@ class TransformersRunner(PoolModel):
         """See `PoolModel.prefill`: each prompt after its cached prefix, from its checkpoint's state;
         its K/V rows into its own pages, its final state into its slot, snapshots where asked."""
         slots = self._views_of(pool).slots
-        jobs = check_jobs(pool, jobs, num_slots=next(iter(slots.segments.values())).shape[0])
+        jobs = check_jobs(pool, jobs, num_slots=slots.num_slots)
         for job in jobs:
             check_token_ids(job.prompt, self.vocab_size, "prompt")
         return prefilled(
@@ -177,8 +176,7 @@ class TransformersRunner(PoolModel):
         else:
             index = torch.tensor(slot_ids)
             gathered = slots.gather(index)
-            states: dict[int, States] = {layer: views for layer, (_, views) in gathered.items()}
-            logits = self._forward(pool, page_table, positions, tokens, states)
+            logits = self._forward(pool, page_table, positions, tokens, gathered)
             slots.scatter(index, gathered)
         return pick_tokens(logits, picks)
 

@@ -1,10 +1,11 @@
 """The cache a pooled forward hands to transformers: its conv and recurrent states are our slot's bytes.
 
-A Mamba layer's state tensors sit side by side in a slot (`memory/layout.py`), so each layer's state is
-one byte segment per slot. A forward of one request works on views of its slot, which transformers
-updates in place (`copy_`); a decode step of several requests gathers each layer's segments of every
-request at once (one indexed read per layer, into a `[B, ...]` tensor transformers updates) and
-scatters them back after the step (one indexed write per layer). `StateCopies` counts both.
+A slot keeps each state tensor's rows of every Mamba layer interleaved (`memory/sizing/layout.py`),
+so a layer's state is strided views over the pool (`Pool.state_view`). A forward of one request
+works on views of its slot, which transformers updates in place (`copy_`); a decode step of several
+requests gathers each layer's state of every request at once (an indexed read of each tensor, into
+the `[B, ...]` tensors transformers updates) and scatters it back after the step (an indexed write
+of each). `StateCopies` counts both, per layer.
 
 K/V never pass through the cache: its attention layers hand the new tokens' K/V to the registered
 attention function (`paged_attention.py`), which keeps them in pages.
@@ -28,10 +29,6 @@ from distpool.model_impl.hf.transformers_internals import (
     state_layer,
 )
 
-# A segment is rounded up to this many bytes, so typed views over a gathered batch stay aligned: it
-# never reaches past the next tensor, which starts at least this aligned (memory/layout.py).
-_ALIGN = 64
-
 
 @dataclass
 class StateCopies:
@@ -44,66 +41,54 @@ class StateCopies:
 
 
 class SlotStates:
-    """Each Mamba layer's state as one byte segment per slot: views, gathers, scatters, copies."""
+    """Each Mamba layer's state tensors as the pool's views over every slot: views, gathers,
+    scatters, copies."""
 
     def __init__(self, pool: Pool, spec: ModelSpec, copies: StateCopies) -> None:
         self.copies = copies
         self.kernel = spec.needs_mamba().tensors[0].shape[-1]  # conv columns: transformers' conv_kernel_size
-        self.segments: dict[int, torch.Tensor] = {}  # layer -> (num_slots, segment bytes) uint8
-        self.parts: dict[int, list[tuple[int, int, torch.dtype, torch.Size]]] = {}  # offset, bytes, ...
-        base = pool.buffer.data_ptr()
+        self.tensors: dict[int, States] = {}  # layer -> (conv, recurrent), (num_slots, *shape) each
         for layer in spec.mamba_layers:
-            views = pool.state_view(layer)  # (num_slots, *shape) each, one slot apart
-            stride = views[0].stride(0) * views[0].element_size()
-            if any(v.stride(0) * v.element_size() != stride for v in views):
-                raise ValueError(f"layer {layer}'s state tensors are not one slot apart ({stride} bytes)")
-            starts = [v.data_ptr() - base for v in views]
-            first = min(starts)
-            end = max(s + v[0].numel() * v.element_size() for s, v in zip(starts, views, strict=True))
-            length = min(-(-(end - first) // _ALIGN) * _ALIGN, stride)
-            self.segments[layer] = pool.buffer.as_strided(
-                (views[0].shape[0], length), (stride, 1), pool.buffer.storage_offset() + first
-            )
-            self.parts[layer] = [
-                (s - first, v[0].numel() * v.element_size(), v.dtype, v.shape[1:])
-                for s, v in zip(starts, views, strict=True)
-            ]
+            conv, recurrent = pool.state_view(layer)
+            self.tensors[layer] = conv, recurrent
 
-    def _carve(self, layer: int, segment: torch.Tensor) -> States:
-        """Typed `(B, *shape)` tensors over a `(B, segment bytes)` uint8 tensor (views, no copy)."""
-        out = [
-            segment[:, offset : offset + nbytes].view(dtype).view(segment.shape[0], *shape)
-            for offset, nbytes, dtype, shape in self.parts[layer]
-        ]
-        return out[0], out[1]
+    @property
+    def num_slots(self) -> int:
+        return next(iter(self.tensors.values()))[0].shape[0]
 
     def views(self, slot: int) -> dict[int, States]:
         """Per layer, `(1, *shape)` views of one slot's state: transformers updates them in place."""
-        return {layer: self._carve(layer, seg[slot : slot + 1]) for layer, seg in self.segments.items()}
+        return {
+            layer: (conv[slot : slot + 1], recurrent[slot : slot + 1])
+            for layer, (conv, recurrent) in self.tensors.items()
+        }
 
-    def gather(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, States]]:
-        """Per layer, the segments of `slots` copied into one batch tensor, and its typed views."""
+    def gather(self, slots: torch.Tensor) -> dict[int, States]:
+        """Per layer, the states of `slots` copied into `[B, ...]` tensors (one gather of a layer's
+        state: an indexed read of each tensor; index_select, on a CPU several times faster than
+        indexing with the tensor of slots)."""
         out = {}
-        for layer, seg in self.segments.items():
-            # (B, segment bytes): one indexed read (index_select: on a CPU several times faster than
-            # indexing with the tensor of slots)
-            batch = seg.index_select(0, slots.to(seg.device))
+        for layer, (conv, recurrent) in self.tensors.items():
+            index = slots.to(conv.device)
+            batch = conv.index_select(0, index), recurrent.index_select(0, index)
             self.copies.gathers += 1
-            self.copies.bytes += batch.numel()
-            out[layer] = (batch, self._carve(layer, batch))
+            self.copies.bytes += sum(t.numel() * t.element_size() for t in batch)
+            out[layer] = batch
         return out
 
-    def scatter(self, slots: torch.Tensor, gathered: dict[int, tuple[torch.Tensor, States]]) -> None:
-        """Write gathered segments (updated by a forward) back to their slots."""
-        for layer, (batch, _) in gathered.items():
-            self.segments[layer][slots.to(batch.device)] = batch  # one indexed write
+    def scatter(self, slots: torch.Tensor, gathered: dict[int, States]) -> None:
+        """Write gathered states (updated by a forward) back to their slots."""
+        for layer, batch in gathered.items():
+            for view, updated in zip(self.tensors[layer], batch, strict=True):
+                view[slots.to(updated.device)] = updated  # one indexed write per tensor
             self.copies.scatters += 1
-            self.copies.bytes += batch.numel()
+            self.copies.bytes += sum(t.numel() * t.element_size() for t in batch)
 
     def copy(self, src_slot: int, dst_slot: int) -> None:
         """Every layer's state of `src_slot` into `dst_slot` (a checkpoint read, a snapshot taken)."""
-        for seg in self.segments.values():
-            seg[dst_slot].copy_(seg[src_slot])
+        for states in self.tensors.values():
+            for view in states:
+                view[dst_slot].copy_(view[src_slot])
         self.copies.checkpoint_copies += 1
 
 

@@ -2,7 +2,7 @@
 
 Rows are addressed through the pool's own views (no copies): a KV tensor as (num_pages, page_size,
 kv_heads, units) (`pattern.as_units`: a token's heads lie apart in a page) and a state tensor as
-(num_slots, words), words as `pattern.as_words` reads them.
+(num_slots, rows, row bytes) (`pattern.state_rows`: a slot's layers interleave a tensor's rows).
 Writes are batched: one indexed write per layer, tensor and chunk of positions for a whole batch.
 A pool of one tensor-parallel rank holds that rank's shard (`distpool.model.shard.RankShard`): its
 rows are laid over the unsharded rows through a `RowMap`, so shards of any TP size verify.
@@ -23,14 +23,16 @@ from distpool.model_impl.errors import ShardMismatch
 from distpool.model_impl.pool_model import Mismatch
 from distpool.model_impl.synthetic.pattern import (
     as_units,
-    as_words,
     prefix_hashes,
     put_unit_rows,
+    read_state,
     row_hashes,
     spread,
+    state_rows,
     stream_key,
     stripe_writers,
     unit_rows,
+    write_state_bytes,
 )
 from distpool.model_impl.synthetic.row_map import RowMap
 
@@ -121,9 +123,9 @@ class EnvelopePattern:
         if view.device != self.device:
             raise ValueError(f"the pool is on {view.device} but the synthetic cache on {self.device}")
 
-    def _words(self, view: torch.Tensor, lead_dims: int, row_map: RowMap) -> torch.Tensor:
+    def _state_rows(self, view: torch.Tensor) -> torch.Tensor:
         self._check_device(view)
-        return as_words(view, lead_dims, row_map.word_dtype)
+        return state_rows(view)
 
     def _stream(self, layer: int, what: str, row_map: RowMap) -> tuple[int, torch.Tensor]:
         """(key, base words) of one stream, built on first use."""
@@ -190,7 +192,8 @@ class EnvelopePattern:
 
     # ---- state ----------------------------------------------------------------------------------
     def _states(self, pool: Pool) -> Iterator[tuple[int, str, torch.Tensor, RowMap, int, torch.Tensor]]:
-        """(layer, tensor name, (num_slots, words), row map, key, base) of every state tensor."""
+        """(layer, tensor name, (num_slots, rows, row bytes) (`state_rows`), row map, key, base) of
+        every state tensor."""
         if self.spec.mamba is None:
             return
         names = [t.name for t in self.spec.mamba.tensors]
@@ -198,8 +201,8 @@ class EnvelopePattern:
             for name, view in zip(names, pool.state_view(layer), strict=True):
                 if view.numel():
                     row_map = self._row_map(name, view, 1)
-                    words = self._words(view, 1, row_map)
-                    yield layer, name, words, row_map, *self._stream(layer, f"state.{name}", row_map)
+                    rows = self._state_rows(view)
+                    yield layer, name, rows, row_map, *self._stream(layer, f"state.{name}", row_map)
 
     def _pattern(self, key: int, prefix_hash: int, row_map: RowMap, start: int, stop: int) -> torch.Tensor:
         """Words [start, stop) of a state tensor's hash for `prefix_hash` (broadcasts over them)."""
@@ -209,12 +212,13 @@ class EnvelopePattern:
     def write_state(self, pool: Pool, slot: int | None, prefix_hash: int, *, stripe: int | None) -> None:
         """Write `prefix_hash`'s pattern over the whole of physical slot `slot` (`stripe` None), or over
         stripe (`stripe` mod the tensor's stripe count) of each state tensor. No-op without state."""
-        for _, _, words, row_map, key, base in self._states(pool):
+        for _, _, rows, row_map, key, base in self._states(pool):
             bounds = row_map.stripe_bounds  # stripes of the unsharded tensor
             start, stop = (0, base.numel()) if stripe is None else bounds[stripe % len(bounds)]
             if start < stop:
                 pattern = self._pattern(key, prefix_hash, row_map, start, stop)
-                torch.bitwise_xor(base[start:stop], pattern, out=words[slot, start:stop])
+                words = torch.bitwise_xor(base[start:stop], pattern)
+                write_state_bytes(rows, slot, start * base.element_size(), words)
 
     def verify_state(
         self, pool: Pool, slot: int | None, hashes: np.ndarray, prompt_len: int, num_tokens: int
@@ -222,7 +226,7 @@ class EnvelopePattern:
         """The first wrong byte of physical slot `slot`, written by a prefill of `prompt_len` tokens
         then decode steps up to `num_tokens` (`hashes`: H_0..H_num_tokens at least); a checkpoint
         after k tokens is a prefill of k: prompt_len = num_tokens = k."""
-        for layer, name, words, row_map, key, base in self._states(pool):
+        for layer, name, rows, row_map, key, base in self._states(pool):
             bounds = row_map.stripe_bounds
             expected = torch.empty_like(base)
             writers = stripe_writers(prompt_len, num_tokens, len(bounds))
@@ -231,8 +235,9 @@ class EnvelopePattern:
                     continue  # a stripe of the unsharded tensor that this rank holds none of
                 pattern = self._pattern(key, int(hashes[writer]), row_map, start, stop)
                 torch.bitwise_xor(base[start:stop], pattern, out=expected[start:stop])
-            if not torch.equal(words[slot], expected):
-                byte = _first_diff(words[slot], expected)
+            actual = read_state(rows, slot, base.dtype)
+            if not torch.equal(actual, expected):
+                byte = _first_diff(actual, expected)
                 return Mismatch(kind="state", layer=layer, tensor=name, position=None, byte_offset=byte)
         return None
 

@@ -86,18 +86,43 @@ def word_dtype(num_bytes: int) -> torch.dtype:
     return torch.int64 if num_bytes % 8 == 0 else torch.uint8
 
 
-def as_words(view: torch.Tensor, lead_dims: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`view` with every dim after the first `lead_dims` flattened into raw words (`dtype`, by default
-    `word_dtype` of a row), sharing storage.
+def state_rows(view: torch.Tensor) -> torch.Tensor:
+    """A state view (num_slots, rows, *rest) as (num_slots, rows, row bytes) raw bytes, sharing
+    storage. A slot keeps each state tensor's rows apart (layers interleave them, `SLOT_ORDER`), so
+    a slot's tensor is read (`read_state`) and written (`write_state_bytes`) row-wise, not as one run.
 
-    `view`'s trailing dims must be contiguous (the pool's views are); raises rather than copies.
+    Every dim after the rows must be contiguous (the pool's views are); raises rather than copies.
     """
-    raw = view.view(torch.uint8)  # the last dim is contiguous, so this stays a view
-    rows = raw.view(*raw.shape[:lead_dims], -1)
-    words = rows.view(dtype or word_dtype(rows.shape[-1]))
-    if words.untyped_storage().data_ptr() != view.untyped_storage().data_ptr():
-        raise ValueError(f"a view of shape {tuple(view.shape)} has trailing dims that are not contiguous")
-    return words
+    raw = view.unsqueeze(-1).view(torch.uint8)  # (num_slots, rows, *rest, item): the last dim contiguous
+    rows = raw.view(*raw.shape[:2], -1)
+    if rows.untyped_storage().data_ptr() != view.untyped_storage().data_ptr():
+        raise ValueError(f"a state view of shape {tuple(view.shape)} has rows that are not contiguous")
+    return rows
+
+
+def read_state(rows: torch.Tensor, slot: int, dtype: torch.dtype) -> torch.Tensor:
+    """Slot `slot`'s tensor of `rows` (`state_rows`) as flat words of `dtype`: a copy."""
+    return rows[slot].reshape(-1).view(dtype)
+
+
+def write_state_bytes(rows: torch.Tensor, slot: int, start: int, data: torch.Tensor) -> None:
+    """Write 1-D `data` (any dtype) over slot `slot`'s tensor of `rows` from flat byte `start`: the
+    part of a first and of a last row, and the whole rows between, with three copies at most."""
+    raw, width = data.view(torch.uint8), rows.shape[2]
+    target, stop, at = rows[slot], start + raw.numel(), 0
+    first, last = -(-start // width), stop // width  # whole rows [first, last)
+    if first > last:  # within one row
+        row, column = divmod(start, width)
+        target[row, column : column + raw.numel()] = raw
+        return
+    if start < first * width:
+        at = first * width - start
+        target[first - 1, width - at :] = raw[:at]
+    if first < last:
+        target[first:last] = raw[at : at + (last - first) * width].view(last - first, width)
+        at += (last - first) * width
+    if at < raw.numel():
+        target[last, : raw.numel() - at] = raw[at:]
 
 
 def as_units(view: torch.Tensor) -> torch.Tensor:
