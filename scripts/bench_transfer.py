@@ -5,6 +5,9 @@ and fragmentation it measures, on the same channel:
   envelope  the engine: plan, gather, chunked sends, scatter, header / status round trips
   raw       one contiguous buffer of the same byte count, no protocol: the better of one message
             and the engine's own chunked, striped sends (the link's ceiling)
+  raw msgs  the same bytes as plain messages of the sizes the engine's plan sends them in, on the
+            streams it puts them on, every receive posted at once: what the link does with as many
+            messages (a scattered envelope's pages go one message each), without the engine
   naive     one blocking send per layer of each page, as a per-layer loop would do
 Each timing runs from the sender's start until the receiver has everything (it acknowledges).
 Then the per-transfer overhead: a one-page envelope against the page as one raw message.
@@ -54,6 +57,7 @@ from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
 from transfer.connect.rendezvous import reserve_port  # noqa: E402
 from transfer.ends.link import message_pieces  # noqa: E402
+from transfer.plans import assign_streams, plan_messages, plan_runs  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 # A Qwen3-Next-like page: 16 tokens x 12 full-attention layers x 2 KV heads x 256 dims x (K, V) x bf16.
@@ -179,6 +183,14 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def back_to_back(sizes: list[int]) -> list[tuple[int, int]]:
+    """(offset, nbytes) of messages of `sizes` laid one after another from offset 0."""
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    return list(zip(offsets, sizes, strict=True))
+
+
 def naive_pieces(ranges: torch.Tensor) -> list[tuple[int, int]]:
     """One piece per layer of each row: a page's layers, or a slot cut in NUM_LAYERS parts."""
     pieces = []
@@ -214,14 +226,20 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int | None) -> Non
             conn.send((crc(arena, ranges), cpu))
             continue
         nbytes = int(ranges[:, 1].sum())
-        pieces = message_pieces(nbytes, raw_chunk) if method == "raw" else naive_pieces(ranges)
+        if method == "raw_msgs":  # raw_chunk: the messages, (nbytes, stream) each
+            pieces, streams = back_to_back([n for n, _ in raw_chunk]), [s for _, s in raw_chunk]
+        elif method == "raw":
+            pieces = message_pieces(nbytes, raw_chunk)
+            streams = [i % channel.num_streams for i in range(len(pieces))]
+        else:
+            pieces = naive_pieces(ranges)
         conn.send("ready")
         cpu_started = time.process_time()
         deadline = time.monotonic() + 300
-        if method == "raw":  # all receives posted at once
+        if method != "naive":  # all receives posted at once
             works = [
-                channel.recv(arena[o : o + n], TAG_RAW + i % channel.num_streams)
-                for i, (o, n) in enumerate(pieces)
+                channel.recv(arena[o : o + n], TAG_RAW + stream)
+                for (o, n), stream in zip(pieces, streams, strict=True)
             ]
             for work in works:
                 channel.wait(work, deadline, "raw")
@@ -282,7 +300,8 @@ class Bench:
         rid = f"bench-{self.count}"
         ranges, nbytes = src, int(src[:, 1].sum())
         raw_chunk = self.chunk_bytes if chunked else None
-        self.conn.send(("run", method, rid, dst.flatten().tolist(), raw_chunk))
+        messages = self.engine_messages(src, dst) if method == "raw_msgs" else []
+        self.conn.send(("run", method, rid, dst.flatten().tolist(), messages or raw_chunk))
         assert self.conn.recv() == "ready"
         deadline = time.monotonic() + 300
         started, cpu_started, busy_started = time.perf_counter(), time.process_time(), machine_busy_s()
@@ -296,10 +315,15 @@ class Bench:
             self._note_cpu(method, nbytes, seconds, (cpu, peer_cpu, busy))
             return seconds
         channel, streams = self.channel, self.channel.num_streams
-        if method == "raw":
-            pieces = message_pieces(nbytes, raw_chunk)
+        if method in ("raw", "raw_msgs"):
+            if method == "raw_msgs":
+                pieces, tags = back_to_back([n for n, _ in messages]), [s for _, s in messages]
+            else:
+                pieces = message_pieces(nbytes, raw_chunk)
+                tags = [i % streams for i in range(len(pieces))]
             works = [
-                channel.send(self.arena[o : o + n], TAG_RAW + i % streams) for i, (o, n) in enumerate(pieces)
+                channel.send(self.arena[o : o + n], TAG_RAW + tag)
+                for (o, n), tag in zip(pieces, tags, strict=True)
             ]
             for work in works:
                 channel.wait(work, deadline, "raw")
@@ -313,6 +337,17 @@ class Bench:
         assert done == "done"
         self._note_cpu(method, nbytes, seconds, (cpu, peer_cpu, busy))
         return seconds
+
+    def engine_messages(self, src: torch.Tensor, dst: torch.Tensor) -> list[tuple[int, int]]:
+        """(nbytes, stream) of every message the engine's plan sends between these ranges."""
+        direct_min = bench_direct_min(self.args)
+        chunks = plan_messages(plan_runs(src, dst), chunk_bytes=self.chunk_bytes, direct_min_bytes=direct_min)
+        streams = assign_streams(chunks, self.channel.num_streams)
+        return [
+            (m.nbytes, stream)
+            for chunk, row in zip(chunks, streams, strict=True)
+            for m, stream in zip(chunk.messages, row, strict=True)
+        ]
 
     def _note_cpu(self, method: str, nbytes: int, seconds: float, cpu: tuple[float, float, float]) -> None:
         """CPU seconds (sender process, receiver process, whole machine) over wall seconds, summed
@@ -362,17 +397,23 @@ def measure(
             cases.append((size_mib, fragmentation, num_pages, src, dst))
     for i, (size_mib, fragmentation, num_pages, src, dst) in enumerate(cases, 1):
         nbytes = int(src[:, 1].sum())
-        times: dict[str, list[float]] = {"envelope": [], "raw": [], "raw1": []}
+        times: dict[str, list[float]] = {"envelope": [], "raw": [], "raw1": [], "raw_msgs": []}
         bench.run("envelope", src, dst)  # warm-up: buffers, page faults
         for _ in range(repeats):  # interleaved, so load on the machine hits all alike
             times["raw"].append(bench.run("raw", src, dst, chunked=True))
             times["envelope"].append(bench.run("envelope", src, dst))
             times["raw1"].append(bench.run("raw", src, dst, chunked=False))
+            times["raw_msgs"].append(bench.run("raw_msgs", src, dst))
         gbps = {m: nbytes / statistics.median(t) / 1e9 for m, t in times.items()}
-        results = {"envelope": gbps["envelope"], "raw": max(gbps["raw"], gbps["raw1"])}
+        results = {
+            "envelope": gbps["envelope"],
+            "raw": max(gbps["raw"], gbps["raw1"]),
+            "raw_msgs": gbps["raw_msgs"],
+        }
         if size_mib <= naive_max_mib:
             results["naive"] = nbytes / bench.run("naive", src, dst) / 1e9
         extra = {"runs": [byte_runs(src), byte_runs(dst)]} if fragmentation == "churn" else {}
+        messages = {"messages": len(bench.engine_messages(src, dst))}  # of the raw msgs row
         for method, value in results.items():
             rows.append(
                 {
@@ -382,13 +423,15 @@ def measure(
                     "fragmentation": fragmentation,
                     "gbps": round(value, 4),
                     **extra,
+                    **(messages if method == "raw_msgs" else {}),
                 }
             )
         naive = f"  naive {results['naive']:.3f}" if "naive" in results else ""
         runs = f"  runs {extra['runs'][0]}/{extra['runs'][1]}" if extra else ""
         print(
             f"[{i}/{len(cases)}] {nbytes / 2**20:7.1f} MiB frag {frag_text(fragmentation)}: envelope "
-            f"{results['envelope']:.2f}  raw {results['raw']:.2f} GB/s{naive}{runs}",
+            f"{results['envelope']:.2f}  raw {results['raw']:.2f}  raw msgs {results['raw_msgs']:.2f} "
+            f"GB/s{naive}{runs}",
             file=sys.stderr,
             flush=True,
         )
@@ -419,11 +462,12 @@ def print_table(rows: list[dict]) -> None:
     by_case: dict[tuple[int, float | str], dict[str, dict]] = {}
     for row in rows:
         by_case.setdefault((row["bytes"], row["fragmentation"]), {})[row["method"]] = row
-    columns = ("MiB", "pages", "frag", "envelope", "raw", "naive", "env/raw", "env/naive", "runs")
-    widths = (8, 6, 5, 9, 7, 7, 8, 9, 9)
+    columns = ("MiB", "pages", "frag", "msgs", "envelope", "raw", "raw msgs", "naive", "env/raw", "env/msgs")
+    columns += ("env/naive", "runs")
+    widths = (8, 6, 5, 5, 9, 7, 9, 7, 8, 9, 9, 9)
     print(" ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)))
     for (nbytes, fragmentation), methods in sorted(by_case.items(), key=lambda c: (c[0][0], str(c[0][1]))):
-        env, raw = methods["envelope"]["gbps"], methods["raw"]["gbps"]
+        env, raw, msgs = methods["envelope"]["gbps"], methods["raw"]["gbps"], methods["raw_msgs"]
         naive = methods.get("naive", {}).get("gbps")
         naive_text = f"{naive:7.3f}" if naive else f"{'-':>7}"
         ratio = f"{env / naive:9.1f}" if naive else f"{'-':>9}"
@@ -431,8 +475,9 @@ def print_table(rows: list[dict]) -> None:
         runs_text = f"{runs[0]}/{runs[1]}" if runs else "-"
         pages, frag = methods["envelope"]["pages"], frag_text(fragmentation)
         print(
-            f"{nbytes / 2**20:8.1f} {pages:6d} {frag:>5} {env:9.2f} "
-            f"{raw:7.2f} {naive_text} {env / raw:8.2f} {ratio} {runs_text:>9}"
+            f"{nbytes / 2**20:8.1f} {pages:6d} {frag:>5} {msgs['messages']:5d} {env:9.2f} {raw:7.2f} "
+            f"{msgs['gbps']:9.2f} {naive_text} {env / raw:8.2f} {env / msgs['gbps']:9.2f} {ratio} "
+            f"{runs_text:>9}"
         )
 
 

@@ -29,7 +29,8 @@ def run_bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess,
 
 def check_churn_row(row: dict) -> None:
     """A churn envelope: its state slot (~49 MiB) and at least one page, as the traces placed them."""
-    assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps", "runs"}
+    messages = {"messages"} if row["method"] == "raw_msgs" else set()
+    assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps", "runs", *messages}
     assert row["pages"] >= 1 and row["bytes"] > row["pages"] * PAGE_BYTES and row["gbps"] > 0
     assert len(row["runs"]) == 2 and all(2 <= runs <= row["pages"] + 1 for runs in row["runs"])
 
@@ -44,15 +45,22 @@ def test_bench_transfer_writes_one_row_per_method_and_case(tmp_path):
     assert overhead["overhead_us"] == overhead["envelope_us"] - overhead["raw_us"]
     assert "per-transfer overhead:" in done.stdout
     cases = {(r["method"], r["fragmentation"]) for r in rows}
-    assert cases == {(m, f) for m in ("envelope", "raw", "naive") for f in (0.0, 0.5, 1.0, "churn")}
+    methods = ("envelope", "raw", "raw_msgs", "naive")
+    assert cases == {(m, f) for m in methods for f in (0.0, 0.5, 1.0, "churn")}
     for row in rows:
         if row["fragmentation"] == "churn":
             check_churn_row(row)
             continue
-        assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps"}
+        messages = {"messages"} if row["method"] == "raw_msgs" else set()
+        assert set(row) == {"method", "bytes", "pages", "fragmentation", "gbps", *messages}
         assert row["bytes"] == row["pages"] * PAGE_BYTES and row["gbps"] > 0
+    # The raw msgs rows send what the engine's plan does: three pages back to back on both sides go
+    # as one message, three pages scattered on both sides as three (384 KiB: each zero-copy).
+    sent = {r["fragmentation"]: r["messages"] for r in rows if r["method"] == "raw_msgs"}
+    assert (sent[0.0], sent[1.0]) == (1, 3)
     assert (tmp_path / "plot.png").stat().st_size > 0
-    assert "env/raw" in done.stdout and "[4/4]" not in done.stdout  # progress goes to stderr
+    assert "env/raw" in done.stdout and "env/msgs" in done.stdout
+    assert "[4/4]" not in done.stdout  # progress goes to stderr
     assert "[4/4]" in done.stderr
     assert " churn " in done.stdout  # the table shows the churn case
 
@@ -61,7 +69,7 @@ def test_bench_transfer_fragmented_churn_runs_only_churn_cases(tmp_path):
     done, rows = run_bench(tmp_path, "--fragmented", "churn")
     rows = [r for r in rows if r["method"] != "overhead"]
     assert {(r["method"], r["fragmentation"]) for r in rows} == {
-        (m, "churn") for m in ("envelope", "raw", "naive")
+        (m, "churn") for m in ("envelope", "raw", "raw_msgs", "naive")
     }
     for row in rows:
         check_churn_row(row)
