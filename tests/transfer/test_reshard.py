@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from distpool.memory.arena_pool import ArenaPool
+from distpool.memory.sizing import TensorPlace
 from distpool.model.dtypes import dtype_bytes
-from distpool.model.shard import RankShard, shard
+from distpool.model.shard import RankShard, TensorShard, shard
 from distpool.model_impl.synthetic.model import SyntheticCache
 from tests.factories import TP_CONFIGS, make_pool, make_rank_pool, prefill_tokens, tp_spec
 from transfer.plans import (
@@ -24,6 +25,7 @@ from transfer.plans import (
 )
 from transfer.plans.plan import plan_runs
 from transfer.plans.reshard import EnvelopeUnits, PairPlanner, RankRuns, plan_pair, plan_reshard, source_ranks
+from transfer.plans.unit_templates import _tensor_runs
 
 PROMPT = [5, 3, 8, 1, 9, 2, 7, 4, 6, 0, 11]  # 11 tokens: three pages of 4, the last partly filled
 PAGE_SIZE = 4
@@ -262,6 +264,15 @@ def test_a_ranks_share_of_a_state_tensor_is_one_run_across_every_layer(src_tp, d
         assert sorted(runs[:, 2].tolist()) == sorted([ssm.nbytes // 2 * layers, *segments])
     execute(plan, src_pools, dst_pools)
     received_once(plan, dst_pools, dst_shards)
+
+
+def test_a_state_tensor_split_along_another_axis_than_its_first_is_refused_in_a_slot():
+    """A slot keeps a state tensor's first axis outermost across layers: a rank's share is a run
+    per row of it. A tensor split along another axis would need runs the slot does not lay out."""
+    tensor = TensorShard(name="ssm", shape=(4, 8), dtype="float32", axis=1, pieces=((0, 4),))
+    place = TensorPlace(layer=0, name="ssm", offset=0, nbytes=4 * 4 * 4, row_stride=2 * 4 * 4 * 4)
+    with pytest.raises(ValueError, match="ssm is split along axis 1; a slot keeps the first one outermost"):
+        _tensor_runs(tensor, tensor, place, place, 0, 4)
 
 
 @pytest.mark.parametrize("src_tp,dst_tp", [(2, 1), (2, 4), (2, 2)])

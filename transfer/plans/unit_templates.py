@@ -110,8 +110,12 @@ def _tensor_runs(
     src_row, dst_row = src.local_shape[src.axis] * inner, dst.local_shape[dst.axis] * inner
     if src_at.nbytes != rows * src_row or dst_at.nbytes != rows * dst_row:
         raise ValueError("a shard breaks its rank's layout")
-    if src.axis == 0 and (src_at.row_stride is not None or dst_at.row_stride is not None):
-        # A slot's state split along its first axis, whose rows lie apart: one run per index
+    if src_at.row_stride is not None or dst_at.row_stride is not None:
+        # A slot's state, its rows `row_stride` apart (`SLOT_ORDER`): one run per row of [a, b)
+        if src.axis != 0:
+            raise ValueError(
+                f"{src.name} is split along axis {src.axis}; a slot keeps the first one outermost"
+            )
         index = np.arange(b - a, dtype=np.int64)
         return np.stack(
             [
@@ -124,21 +128,12 @@ def _tensor_runs(
     r = np.arange(rows, dtype=np.int64)
     return np.stack(
         [
-            _row_starts(src, src_at, r, src_row) + _local(src.pieces, a) * inner,
-            _row_starts(dst, dst_at, r, dst_row) + _local(dst.pieces, a) * inner,
+            src_at.offset + r * src_row + _local(src.pieces, a) * inner,
+            dst_at.offset + r * dst_row + _local(dst.pieces, a) * inner,
             np.full(rows, (b - a) * inner, dtype=np.int64),
         ],
         axis=1,
     )
-
-
-def _row_starts(tensor: TensorShard, at: TensorPlace, r: np.ndarray, row: int) -> np.ndarray:
-    """Where rows `r` (of the dims before the split axis) start: back to back, or, in a slot, those
-    of each index of the first axis `row_stride` apart (`SLOT_ORDER`)."""
-    if at.row_stride is None:
-        return at.offset + r * row
-    per = math.prod(tensor.shape[1 : tensor.axis])  # rows per index of the first axis
-    return at.offset + (r // per) * at.row_stride + (r % per) * row
 
 
 @lru_cache(maxsize=64)  # one per (layouts, destination rank) a worker meets; requests reuse them
