@@ -9,6 +9,8 @@ from itertools import accumulate
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from distpool.memory.arena_pool import ArenaPool
 from distpool.memory.pool import DoesNotFit
@@ -29,7 +31,13 @@ from distpool.model_impl.reference.configs import REFERENCE_HYBRID_CONFIG
 from distpool.model_impl.reference.model import ReferenceModel
 from distpool.model_impl.select import MODEL_IMPLS, build_model_impl, choose_model_impl
 from distpool.model_impl.synthetic.model import Mismatch, SyntheticCache
-from distpool.model_impl.synthetic.pattern import next_hash, prefix_hashes, state_rows
+from distpool.model_impl.synthetic.pattern import (
+    next_hash,
+    prefix_hashes,
+    read_state,
+    state_rows,
+    write_state_bytes,
+)
 from tests.factories import FIXTURES, accounting, make_pool, make_spec, prefill_tokens
 
 PAGE = 4
@@ -327,3 +335,31 @@ def test_the_model_impl_is_chosen_from_the_spec_and_the_name() -> None:
     pool.reserve("x", 2)
     (first,) = prefill_tokens(reference, pool, {"x": [1, 2]})
     assert reference.admit(pool, "x", [1, 2], first) is None and reference.check(pool, "x") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    num_rows=st.integers(1, 6),
+    width=st.integers(1, 12),
+    span=st.tuples(st.integers(0, 72), st.integers(0, 72)),
+    word=st.sampled_from([torch.uint8, torch.int16, torch.int64]),
+)
+def test_a_slots_tensor_is_written_and_read_row_wise_as_the_flat_bytes_would_be(num_rows, width, span, word):
+    """A slot interleaves a state tensor's rows with the other layers' (`SLOT_ORDER`): the pattern
+    writes a byte range of one slot's tensor over the part of a first row, whole rows and the part
+    of a last row, and reads it back in row-major order, as if the tensor were flat."""
+    start, stop = (min(end, num_rows * width) for end in sorted(span))
+    assume(start < stop)
+    layers = 3  # rows of three layers interleave: row r of layer 1 lies between layer 0's and 2's
+    arena = torch.zeros(2 * num_rows * layers * width, dtype=torch.uint8)
+    view = arena.as_strided((2, num_rows, width), (num_rows * layers * width, layers * width, 1), width)
+    rows = state_rows(view)
+    data = torch.arange(start + 1, stop + 1, dtype=torch.uint8)  # no byte zero: a stray write shows
+    write_state_bytes(rows, 1, start, data.view(word) if data.numel() % word.itemsize == 0 else data)
+    flat = torch.zeros(num_rows * width, dtype=torch.uint8)
+    flat[start:stop] = data
+    assert torch.equal(read_state(rows, 1, torch.uint8), flat)
+    assert int(view[0].count_nonzero()) == 0  # slot 0 untouched
+    others = arena.clone()
+    others.as_strided((2, num_rows, width), (num_rows * layers * width, layers * width, 1), width).zero_()
+    assert int(others.count_nonzero()) == 0  # the other layers' rows untouched
