@@ -124,6 +124,8 @@ def main() -> int:
         "unexplained_failures": sum(1 for o in outcomes if o.tokens is None and o.failure is None),
         "faults_injected": sum(kinds.values()),
         "kinds": kinds,
+        # of the faults drawn, those a transfer took (an attempt that found no room took none)
+        "struck": dict(server.faults.struck),
         "retried": server.retried,
         "workers_lost": len(server.recovery.lost),
         "workers_restarted": len(server.recovery.restarted),

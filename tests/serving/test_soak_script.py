@@ -23,3 +23,6 @@ def test_the_soak_injects_every_kind_and_loses_nothing(tmp_path):
     assert (result["leaked_pages"], result["leaked_slots"], result["corrupt_accepted"]) == (0, 0, 0)
     assert result["kinds"]["worker_kill"] == 1 and len(result["kinds"]) == 6
     assert result["faults_injected"] == sum(result["kinds"].values()) >= 40
+    # Struck: planned on a worker and taken by its transfer, never more than were drawn.
+    assert 0 < sum(result["struck"].values())
+    assert all(0 <= n <= result["kinds"][kind] for kind, n in result["struck"].items())
