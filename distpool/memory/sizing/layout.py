@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distpool.model.dtypes import dtype_bytes
-from distpool.model.spec import AttentionSpec, ModelSpec
+from distpool.model.spec import AttentionSpec, ModelSpec, StateTensorSpec
 
 # 64 bytes: a cache line on CPUs and a multiple of every dtype's size, so views never straddle.
 ALIGN_BYTES = 64
@@ -96,13 +96,18 @@ def slot_places(spec: ModelSpec) -> list[TensorPlace]:
                 row_stride=len(layers) * row_bytes,
             )
             places.append(place)
-        region += len(layers) * align_up(tensor.nbytes)
+        region += _region_bytes(tensor, len(layers))
     return sorted(places, key=lambda p: p.layer)  # stable: each layer's tensors in spec order
 
 
+def _region_bytes(tensor: StateTensorSpec, num_layers: int) -> int:
+    """A state tensor's region in a slot: every layer's tensor rounded up to ALIGN_BYTES (the
+    padding at the region's end), so the next region starts aligned and a slot is as large as when
+    each layer's tensors lay side by side."""
+    return num_layers * align_up(tensor.nbytes)
+
+
 def slot_stride_bytes(spec: ModelSpec) -> int:
-    """A slot's bytes: a region per state tensor, each as large as every layer's tensor rounded up
-    to ALIGN_BYTES (the padding at the region's end), so each region starts aligned."""
     if spec.mamba is None:
         return 0
-    return sum(len(spec.mamba_layers) * align_up(t.nbytes) for t in spec.mamba.tensors)
+    return sum(_region_bytes(t, len(spec.mamba_layers)) for t in spec.mamba.tensors)
