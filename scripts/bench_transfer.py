@@ -58,6 +58,7 @@ from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions 
 from transfer.connect.rendezvous import reserve_port  # noqa: E402
 from transfer.ends.link import message_pieces  # noqa: E402
 from transfer.plans import assign_streams, plan_messages, plan_runs  # noqa: E402
+from transfer.wire import offer_key  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
 # A Qwen3-Next-like page: 16 tokens x 12 full-attention layers x 2 KV heads x 256 dims x (K, V) x bf16.
@@ -154,6 +155,18 @@ def crc(arena: torch.Tensor, ranges: torch.Tensor) -> int:
 
 def envelope_of(rid: str, ranges: torch.Tensor) -> Envelope:
     return Envelope(request_id=rid, num_tokens=16 * ranges.shape[0], ranges=ranges, has_slot=False)
+
+
+def await_offer(sender: EnvelopeSender, rid: str, timeout_s: float = 1.0) -> bool:
+    """Wait until the receiver's offer for `rid` reached the sender (whether it did in time): in
+    serving the destination is reserved, and offered, while prefill computes, long before the
+    transfer begins, so a transfer timed from `submit` starts with its offer at hand."""
+    deadline = time.monotonic() + timeout_s
+    while sender.channel.control.peek_offer(offer_key(rid)) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0002)
+    return True
 
 
 def make_channel(rank: int, port: int, streams: int | None) -> Channel:
@@ -312,6 +325,8 @@ class Bench:
             raise ValueError("raw_msgs sends the engine's messages: pass them (engine_messages)")
         self.conn.send(("run", method, rid, dst.flatten().tolist(), messages or raw_chunk))
         assert self.conn.recv() == "ready"
+        if method == "envelope":
+            await_offer(self.sender, rid)
         deadline = time.monotonic() + 300
         started, cpu_started, busy_started = time.perf_counter(), time.process_time(), machine_busy_s()
         if method == "envelope":

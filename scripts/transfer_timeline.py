@@ -7,7 +7,9 @@ its methods in each process: the control plane's send (`ctl.send:<name>>` when i
 it returns), a control message filed by the reader thread (`ctl.filed`, the first of a transfer)
 and taken by a waiting worker (`ctl.got:<name>`), the sender's and the receiver's worker steps,
 and the waits that return to the caller (`waited`). The first 10 transfers warm up and are left
-out.
+out. Each is submitted once the receiver's offer of its destination has reached the sender
+(`bench_transfer.await_offer`), as in serving, where decode reserves while prefill computes: its
+steps before `submit` have negative times.
 
     python scripts/transfer_timeline.py --transfers 150
 """
@@ -27,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_transfer import PAGE_BYTES, envelope_of, make_channel  # noqa: E402
+from bench_transfer import PAGE_BYTES, await_offer, envelope_of, make_channel  # noqa: E402
 
 WARMUP = 10
 ARENA_PAGES = 8
@@ -117,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     arena = torch.arange(ARENA_PAGES * PAGE_BYTES // 8, dtype=torch.int64).view(torch.uint8)
     ranges = torch.tensor([[PAGE_BYTES * 5, PAGE_BYTES]])
     steps: dict[str, list[float]] = {}
-    totals = []
+    totals, offered = [], 0
     for i in range(args.transfers):
         assert conn.recv() == "ready"
+        offered += await_offer(sender, f"t{i}") and i >= WARMUP
         started = time.perf_counter()
         sender.submit(envelope_of(f"t{i}", ranges), arena).wait()
         log.append(("waited", time.perf_counter()))
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     sender.close()
     peer.join(timeout=30)
     print(
-        f"one-page transfers: {len(totals)}, median {statistics.median(totals) * 1e6:.0f} us to the last step"
+        f"one-page transfers: {len(totals)} ({offered} with the receiver's offer at hand), "
+        f"median {statistics.median(totals) * 1e6:.0f} us to the last step"
     )
     print("step (S: sender process, R: receiver process)      median us since submit")
     for step, times in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):

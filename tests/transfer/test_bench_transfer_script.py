@@ -117,11 +117,11 @@ def test_transfer_timeline_times_each_step_of_small_transfers_on_both_ends():
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert "one-page transfers: 2," in done.stdout, done.stdout
+    assert "one-page transfers: 2 (2 with the receiver's offer at hand)," in done.stdout, done.stdout
     steps = [line.split() for line in done.stdout.splitlines()[2:]]
     names = [step[1] for step in steps]
     # both processes' steps, the control messages by name, the caller's wait last on each side
-    for name in ("ctl.send:bell>", "ctl.got:reply<", "ctl.got:status<", "waited"):
+    for name in ("ctl.send:offer>", "ctl.send:bell>", "ctl.got:status<", "waited"):
         assert name in names, done.stdout
     assert {step[0] for step in steps} == {"S", "R"}, done.stdout
     times = [float(step[2]) for step in steps]

@@ -12,7 +12,7 @@ import transfer.ends.receiver as receiver_module
 from tests.transfer.test_engine_states import ARENA_BYTES, tables
 from tests.transfer.transfer_peer import digest, envelope_for, failure_of, make_arena
 from transfer import FailureKind, TransferError, TransferOptions, TransferState
-from transfer.wire.protocol import READY
+from transfer.wire.protocol import OFFER, READY
 
 HELD = 15  # of the 40 pages
 
@@ -43,15 +43,16 @@ def test_held_pages_are_skipped_on_both_ends_and_the_checksum_covers_the_rest(pa
 
 @pytest.mark.parametrize("claimed", [41, -1])
 def test_a_ready_claiming_pages_the_envelope_lacks_fails_the_transfer(pair, monkeypatch, claimed):
-    """A receiver (or whoever forged its reply) cannot make the sender skip the slot or send rows
-    that do not pair: the sender refuses the plan, and nothing is written at the destination."""
+    """A receiver (or whoever forged its offer and reply) cannot make the sender skip the slot or
+    send rows that do not pair: the sender plans on no such offer, refuses the READY, and nothing
+    is written at the destination."""
     sender, receiver = pair
     src_arena, dst_arena = make_arena(ARENA_BYTES, 23), make_arena(ARENA_BYTES, 24)
     src, dst = tables(seed=10)
     real_encode = receiver_module.encode_message
 
     def lying_encode(kind, **fields):
-        if kind == READY:
+        if kind in (READY, OFFER):
             fields["held"] = claimed
         return real_encode(kind, **fields)
 

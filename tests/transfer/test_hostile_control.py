@@ -32,6 +32,7 @@ from transfer.wire.protocol import (
     TAG_CONTROL,
     bell_key,
     encode_message,
+    offer_key,
     reply_key,
 )
 
@@ -60,6 +61,7 @@ def a_header(seq: int, request_id: str) -> bytes:
         chunk_bytes=1 << 20,
         direct_min_bytes=1 << 20,
         checksum=False,
+        offer=0,
     )
 
 
@@ -216,9 +218,13 @@ def test_forged_messages_on_the_link_are_dropped_and_counted(pair):
     for s in range(seq, seq + 3):
         send_raw(sender.channel, bell_key(s), a_header(s, f"forged-{s}") + os.urandom(32))  # a made-up MAC
         send_raw(receiver.channel, reply_key(s), os.urandom(48))
+        send_raw(receiver.channel, offer_key(f"forged-{s}"), os.urandom(48))  # an offer, unsealed
     move_three(sender, receiver, "forged")
     assert_unharmed(sender, receiver)
-    assert receiver.channel.control.rejected == 3 and sender.channel.control.rejected == 3
+    assert receiver.channel.control.rejected == 3 and sender.channel.control.rejected == 6
+    assert all(
+        sender.channel.control.peek_offer(offer_key(f"forged-{s}")) is None for s in range(seq, seq + 3)
+    )
 
 
 def test_replayed_authentic_messages_are_refused_under_any_other_name(pair):

@@ -23,8 +23,10 @@ from transfer.wire.failure import FailureKind
 from transfer.wire.protocol import (
     ABORT,
     HEADER,
+    OFFER,
     PROTOCOL_VERSION,
     REFUSE,
+    RETRACTED,
     STATUS,
     decode_message,
     encode_message,
@@ -57,7 +59,7 @@ def test_hostile_control_messages_raise_protocol_error_only(blob):
 
 def test_a_valid_message_round_trips():
     blob = encode_message(
-        STATUS, seq=3, ok=False, failure=FailureKind.CORRUPT, reason="x" * 1000, broken=True
+        STATUS, seq=3, ok=False, failure=FailureKind.CORRUPT, reason="x" * 1000, broken=True, problem=""
     )
     message = decode_message(blob, expect=(STATUS,), max_bytes=4096)
     assert (message["seq"], message["ok"], message["broken"], len(message["reason"])) == (3, False, True, 300)
@@ -68,6 +70,24 @@ def test_a_valid_message_round_trips():
 def test_every_refusal_problem_crosses_the_wire(problem):
     blob = encode_message(REFUSE, seq=2, failure=FailureKind.REFUSED, problem=problem, reason="why")
     assert decode_message(blob, expect=(REFUSE,), max_bytes=4096)["problem"] == problem
+    # A header planned on an offer is refused in its STATUS, with the same problem.
+    blob = encode_message(
+        STATUS, seq=2, ok=False, failure=FailureKind.REFUSED, reason="why", broken=False, problem=problem
+    )
+    assert decode_message(blob, expect=(STATUS,), max_bytes=4096)["problem"] == problem
+
+
+def test_an_offer_and_its_retraction_round_trip():
+    table = table_bytes(torch.tensor([[0, 96], [4096, 64]], dtype=torch.int64))
+    fields = dict(
+        request_id="r", serial=3, num_tokens=48, num_rows=3, table=table, held=1, max_chunk_bytes=64
+    )
+    offer = decode_message(encode_message(OFFER, **fields), expect=(OFFER, RETRACTED), max_bytes=4096)
+    assert {name: offer[name] for name in fields} == fields
+    retracted = encode_message(RETRACTED, request_id="r", serial=3)
+    assert decode_message(retracted, expect=(OFFER, RETRACTED), max_bytes=4096)["serial"] == 3
+    with pytest.raises(ProtocolError):  # an offer with a serial of -1
+        decode_message(encode_message(OFFER, **{**fields, "serial": -1}), expect=(OFFER,), max_bytes=4096)
 
 
 def test_a_refused_header_pickles_with_its_facts_and_its_cause():
@@ -94,9 +114,14 @@ def test_a_refused_header_pickles_with_its_facts_and_its_cause():
         (ABORT, {"failure": "", "reason": "no kind"}),
         (STATUS, {"ok": True, "failure": "timeout", "reason": "", "broken": False}),  # ok, yet failed
         (STATUS, {"ok": False, "failure": "", "reason": "why not", "broken": False}),  # failed, no kind
+        # a refusal's problem on an ok STATUS, and one the protocol does not know
+        (STATUS, {"ok": True, "failure": "", "reason": "", "broken": False, "problem": "layout"}),
+        (STATUS, {"ok": False, "failure": "refused", "reason": "", "broken": False, "problem": "sunspots"}),
     ],
 )
 def test_a_failure_kind_or_problem_the_protocol_does_not_know_is_refused(kind, fields):
+    if kind == STATUS:
+        fields = {"problem": "", **fields}
     with pytest.raises(ProtocolError):
         decode_message(encode_message(kind, seq=1, **fields), expect=(kind,), max_bytes=4096)
 
@@ -123,6 +148,7 @@ def header_of(envelope: Envelope) -> bytes:
         chunk_bytes=1 << 20,
         direct_min_bytes=1 << 16,
         checksum=False,
+        offer=0,
     )
 
 

@@ -25,6 +25,7 @@ from tests.transfer.transfer_peer import (
     make_arena,
     make_engine,
     open_pair,
+    wait_for_offer,
 )
 from transfer import (
     EnvelopeReceiver,
@@ -34,6 +35,7 @@ from transfer import (
     TransferError,
     TransferState,
 )
+from transfer.wire import offer_key
 
 ARENA_BYTES = 8 << 20
 PAGE_BYTES, SLOT_BYTES = 4096, 12288
@@ -232,6 +234,9 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, sc
     reserve(ledger, "s", src)
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
     peer.call("begin", name=name, rid="s", ranges=dst.tolist(), has_slot=True, deadline_s=30)
+    # Planned on no offer (the one the peer made is dropped here): the header waits for READY.
+    wait_for_offer(sender, "s")
+    sender.channel.control.take_offer(offer_key("s"))
     peer.start("stop_for", seconds=6)  # the whole peer freezes, then resumes
     time.sleep(0.3)
     outgoing = sender.submit(
@@ -245,6 +250,34 @@ def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, sc
     # The peer, resumed, finds the header withdrawn: its side fails too, and both stay in step.
     assert peer.call("wait", name=name, rid="s")["error"]["kind"] == FailureKind.TIMEOUT  # withdrawn
     assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_receiver_silent_after_its_offer_fails_the_sender_at_its_deadline(peer, device, scenario):
+    """Planned on the offer, the payload follows the header unanswered: a receiver frozen since
+    costs the sender its deadline and the channel, which both ends rebuild."""
+    s = scenario("silent-offered", local_rank=0)
+    name, local_device, sender, ledger = s.name, s.local_device, s.end, s.ledger
+    src, dst = tables(seed=4)
+    reserve(ledger, "so", src)
+    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
+    peer.call("begin", name=name, rid="so", ranges=dst.tolist(), has_slot=True, deadline_s=30)
+    wait_for_offer(sender, "so")
+    peer.start("stop_for", seconds=4)
+    time.sleep(0.3)
+    outgoing = sender.submit(
+        envelope_for("so", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), deadline_s=1.0
+    )
+    error, waited = run_and_release(ledger, "so", outgoing)
+    assert error.kind is FailureKind.TIMEOUT and error.channel_broken
+    assert not peer.answered()  # failed at its own deadline, while the peer was still frozen
+    ledger.check_invariants()
+    peer.result()
+    assert peer.call("wait", name=name, rid="so")["state"] == "failed"
+    peer.start("rebuild", name=name)
+    sender.connect()
+    assert peer.result()["ok"]
+    assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent-offered")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -29,11 +29,37 @@ from transfer import (
     TransferOptions,
 )
 from transfer.connect.rendezvous import free_port
-from transfer.wire.protocol import HEADER, PROTOCOL_VERSION, encode_message, reply_key, table_bytes
+from transfer.wire.protocol import (
+    HEADER,
+    OFFER,
+    PROTOCOL_VERSION,
+    RETRACTED,
+    decode_message,
+    encode_message,
+    offer_key,
+    reply_key,
+    table_bytes,
+)
 
 FINGERPRINT = "f00dfeedf00dfeed"
 SECRET = b"transfer-tests-secret-0123456789"  # both ends of every test channel share it
 LAYOUT = {"page_size": 16, "page_bytes": 4096, "slot_bytes": 12288, "kv_dtype": "bfloat16"}
+
+
+def offer_kind(sender: EnvelopeSender, rid: str) -> str | None:
+    """OFFER or RETRACTED, whichever the sender holds for `rid` (None: neither)."""
+    blob = sender.channel.control.peek_offer(offer_key(rid))
+    return (
+        None if blob is None else decode_message(blob, expect=(OFFER, RETRACTED), max_bytes=1 << 20)["kind"]
+    )
+
+
+def wait_for_offer(sender: EnvelopeSender, rid: str, kind: str | None = OFFER) -> None:
+    """Wait until the sender holds the receiver's `kind` (OFFER, RETRACTED, None) for `rid`."""
+    deadline = time.monotonic() + 5
+    while offer_kind(sender, rid) != kind:
+        assert time.monotonic() < deadline, f"no {kind} for {rid} came"
+        time.sleep(0.005)
 
 
 def failure_of(transfer: Transfer, timeout_s: float | None = None) -> TransferError:
@@ -332,6 +358,7 @@ def _corrupt_header(state: dict, *, name: str, rid: str, kind: str, ranges: list
             chunk_bytes=1 << 20,
             direct_min_bytes=1 << 20,
             checksum=False,
+            offer=0,  # planned on no offer: the receiver answers it
         )
     seq = channel.ring_bell(blob)
     reply = channel.control.wait_value(reply_key(seq), 5.0)

@@ -38,6 +38,7 @@ class Job:
     buffer: torch.Tensor  # the arena's 1-D uint8 buffer, on the channel's device
     ready: torch.cuda.Event | None = None  # CUDA: the caller's writes the gather must wait for
     runs: np.ndarray | None = None  # (m, 3) plan, once both tables are known
+    offer: int = 0  # receiver: the serial of the OFFER it made for this destination (0: none)
 
 
 class Stopped(Facts, Exception):

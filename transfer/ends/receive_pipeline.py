@@ -2,6 +2,8 @@
 
     `receive_payload`: the chunks, the trailer, the sender's ABORT after an unfilled stream, and
         the checksum
+    `discard_payload`: the payload of a refused transfer planned on an offer, received chunk by
+        chunk into staging and dropped, then its trailer (and ABORT)
     `ReceivePipeline`: keep three chunks' receives posted (messages contiguous here straight into
         our arena, staged ones into staging buffer k % 3); land chunk k (its staged messages are
         scattered as they come, while the chunk's other messages and chunks k+1 and k+2 arrive),
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import time
 
+import numpy as np
 import torch
 
 from transfer.ends.end import ChannelEnd, Job
@@ -47,18 +50,44 @@ def receive_payload(end: ChannelEnd, job: Job, seq: int, header: dict) -> tuple[
     filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
     failure = None if aborted is None else (FailureKind.ABORTED, aborted)
     if not filled:  # the sender aborted: its ABORT says why
-        abort = end.await_message(
-            abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
-        )
-        if abort is None:
-            reason = "the sender did not say why it aborted the transfer before the deadline"
-            raise ChannelError(reason, kind=FailureKind.TIMEOUT)
-        failure = failure or (FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}")
+        failure = failure or _sender_abort(end, seq, deadline)
     elif failure is None and header["checksum"]:
         ours = checksum(job.buffer, runs[:, DST], runs[:, NBYTES])
         if sent_checksum != ours:
             failure = (FailureKind.CORRUPT, f"checksum mismatch: sender {sent_checksum}, receiver {ours}")
     return failure
+
+
+def _sender_abort(end: ChannelEnd, seq: int, deadline: float) -> tuple[FailureKind, str]:
+    """Why the sender aborted transfer `seq` (its ABORT, which follows an unfilled trailer)."""
+    abort = end.await_message(
+        abort_key(seq), seq, expect=(ABORT,), timeout_s=deadline - time.monotonic(), max_bytes=4096
+    )
+    if abort is None:
+        reason = "the sender did not say why it aborted the transfer before the deadline"
+        raise ChannelError(reason, kind=FailureKind.TIMEOUT)
+    return FailureKind(abort["failure"]), f"sender aborted: {abort['reason']}"
+
+
+def discard_payload(end: ChannelEnd, runs: np.ndarray, seq: int, header: dict, deadline: float) -> None:
+    """Receive transfer `seq`'s payload, planned on `runs` with the `header`'s sizes, chunk by chunk
+    into a staging buffer, and drop it; then its trailer (and the sender's ABORT, if it aborted).
+    Nothing is written to any arena: the destination it was planned on may be another's by now."""
+    channel = end.channel
+    sizes = {"chunk_bytes": header["chunk_bytes"], "direct_min_bytes": header["direct_min_bytes"]}
+    chunks = plan_messages(runs, **sizes)
+    for chunk, streams in zip(chunks, assign_streams(chunks, channel.num_streams), strict=True):
+        scratch, works, at = end.staging.get(0, chunk.nbytes), [], 0
+        for message, stream in zip(chunk.messages, streams, strict=True):
+            works.append(channel.recv(scratch[at : at + message.nbytes], TAG_DATA + stream))
+            at += message.nbytes
+        for work in works:
+            channel.wait(work, deadline, f"discarding chunk {chunk.index}")
+    received = torch.zeros(TRAILER_WORDS, dtype=torch.int64, device=end.staging.device)
+    channel.wait(channel.recv(received, TAG_DATA), deadline, "receiving the trailer")
+    filled, _ = read_trailer(received, seq)
+    if not filled:
+        _sender_abort(end, seq, deadline)
 
 
 class ReceivePipeline:

@@ -1,7 +1,8 @@
 """The receiving end (rank 1, the decode worker): envelopes land only where it reserved them.
 
-`EnvelopeReceiver.expect` registers a reserved destination envelope and returns a `Transfer`; a
-worker thread waits for the sender's bell, then for the transfer it announces. A decode rank of a
+`EnvelopeReceiver.expect` registers a reserved destination envelope, offers it to the sender
+(OFFER: its table, held pages, tokens, rows and chunk limit) and returns a `Transfer`; a worker
+thread waits for the sender's bell, then for the transfer it announces. A decode rank of a
 TP group expects its own envelope on each of its channels (one per source rank its shard needs),
 or on all at once with `transfer.parts.expect_parts`: each channel's transfer concludes when its
 part has landed (its `num_bytes` is that part), and the request has landed on the rank when every
@@ -16,6 +17,10 @@ part has (`Parts.wait()`). One transfer:
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
         (`transfer.ends.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
+    a header planned on our offer gets no answer: its payload follows it. Accepted, it is received
+        as above; refused (the reservation went, or a later offer replaced that one), it is
+        received into staging and discarded (planned on the offer, which this end remembers), and
+        STATUS names the refusal. A payload this end cannot plan breaks the channel.
     the stream's trailer: filled -> verify the checksum (if asked), STATUS ok | unfilled: read
         the sender's ABORT, STATUS failed
 
@@ -42,7 +47,7 @@ from transfer.defaults import (
 from transfer.ends.activity import Activity
 from transfer.ends.end import ChannelEnd, Job, Stopped
 from transfer.ends.handle import ChunkHook, Transfer
-from transfer.ends.receive_pipeline import receive_payload
+from transfer.ends.receive_pipeline import discard_payload, receive_payload
 from transfer.pair import RECEIVER_RANK, Channel
 from transfer.plans import NBYTES, channel_runs
 from transfer.wire import (
@@ -52,10 +57,14 @@ from transfer.wire import (
     HEADER_DIFFERS,
     LAYOUT,
     MALFORMED_HEADER,
+    MAX_OFFERS_MADE,
     NOT_EXPECTED,
+    OFFER,
+    OFFER_STALE,
     PROTOCOL_VERSION,
     READY,
     REFUSE,
+    RETRACTED,
     SENDER_WITHDREW,
     STATUS,
     TURNED_AWAY,
@@ -67,6 +76,7 @@ from transfer.wire import (
     TransferError,
     decode_message,
     encode_message,
+    offer_key,
     reply_key,
     status_key,
     table_bytes,
@@ -104,6 +114,10 @@ class EnvelopeReceiver(ChannelEnd):
         # request id -> why its header is refused at once: the destination was refused or given up
         # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
         self._refused: collections.OrderedDict[str, HeaderRefused] = collections.OrderedDict()
+        # serial -> the destination offered under it: a payload planned on it is discarded by that
+        # plan after its reservation went (the newest MAX_OFFERS_MADE; one a header names goes).
+        self._offers_made: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
+        self._last_offer = 0
 
     def expect(
         self,
@@ -137,8 +151,43 @@ class EnvelopeReceiver(ChannelEnd):
                 raise AlreadyExpected(envelope.request_id)
             self._refused.pop(envelope.request_id, None)
             self._expected[envelope.request_id] = job
+            self._offer(job)
             self.cond.notify_all()
         return job.transfer
+
+    def _offer(self, job: Job) -> None:
+        """Offer `job`'s destination to the sender (under the condition lock, so that the OFFER goes
+        out before any READY for it). Not connected: no offer, the header waits for READY."""
+        envelope, serial = job.envelope, self._last_offer + 1
+        message = encode_message(
+            OFFER,
+            request_id=envelope.request_id,
+            serial=serial,
+            num_tokens=envelope.num_tokens,
+            num_rows=envelope.ranges.shape[0],
+            table=table_bytes(envelope.moving),
+            held=envelope.held_pages,
+            max_chunk_bytes=self.max_chunk_bytes,
+        )
+        try:
+            self.channel.control.send(offer_key(envelope.request_id), message)
+        except ChannelError:
+            return
+        self._last_offer = job.offer = serial
+        self._offers_made[serial] = envelope
+        while len(self._offers_made) > MAX_OFFERS_MADE:
+            self._offers_made.popitem(last=False)
+
+    def _retract(self, job: Job) -> None:
+        """Take back `job`'s offer (its reservation ended unstarted; under the condition lock). The
+        sender may have planned on it already: its payload is discarded by the plan remembered."""
+        if not job.offer:
+            return
+        message = encode_message(RETRACTED, request_id=job.envelope.request_id, serial=job.offer)
+        try:
+            self.channel.control.send(offer_key(job.envelope.request_id), message)
+        except ChannelError:
+            pass
 
     def refuse(self, request_id: str, kind: FailureKind | None, reason: str = "") -> None:
         """Refuse the next header for `request_id` at once (as `kind`, with `reason`) unless it is
@@ -165,11 +214,13 @@ class EnvelopeReceiver(ChannelEnd):
             if job is None or job.transfer is not transfer:
                 return  # already taken by the worker, which concludes it
             del self._expected[transfer.request_id]
+            self._retract(job)
         transfer.conclude(transfer.unstarted_error("no transfer arrived from the sender before the deadline"))
 
-    def _take(self, request_id: str) -> tuple[Job | None, HeaderRefused | None]:
-        """The expectation a header names (waiting up to `unexpected_wait_s` for it), or why not."""
-        limit = time.monotonic() + self.unexpected_wait_s
+    def _take(self, request_id: str, *, wait: bool = True) -> tuple[Job | None, HeaderRefused | None]:
+        """The expectation a header names (waiting up to `unexpected_wait_s` for it, if `wait`), or
+        why not."""
+        limit = time.monotonic() + (self.unexpected_wait_s if wait else 0.0)
         with self.io_lock.waiting(), self.cond:  # for the reservation, perhaps: nothing moves
             while (
                 request_id not in self._expected
@@ -203,17 +254,24 @@ class EnvelopeReceiver(ChannelEnd):
                 self._receive_one(*bell)
 
     def _receive_one(self, seq: int, blob: bytes) -> None:
-        header, job, refusal = None, None, None
+        header, job, refusal, offered = None, None, None, None
         try:
             header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
-            job, refusal = self._take(header["request_id"])
-            if job is not None:
+            # Planned on an offer: its payload is on its way, so nothing waits for an expectation.
+            job, refusal = self._take(header["request_id"], wait=not header["offer"])
+            offered = self._offered(job, header["offer"])
+            if job is not None and header["offer"] not in (0, job.offer):
+                detail = f"planned on offer {header['offer']}, which offer {job.offer} replaced"
+                refusal = HeaderRefused(FailureKind.REFUSED, OFFER_STALE, detail)
+            elif job is not None:
                 refusal = self._check_header(job, seq, header)
         except ProtocolError as exc:
             refusal = HeaderRefused(FailureKind.PROTOCOL, MALFORMED_HEADER, f"malformed header: {exc}")
         rid = header["request_id"] if header is not None else "?"
 
         def receive() -> None:
+            if header is not None and header["offer"]:
+                return self._receive_offered(seq, header, job, refusal, offered)
             answer = refusal
             if answer is None and self.channel.control.holds(withdraw_key(seq)):
                 reason = "the sender withdrew the transfer (its deadline passed)"
@@ -232,20 +290,19 @@ class EnvelopeReceiver(ChannelEnd):
                 raise Stopped(answer.kind, f"refused the sender's header: {answer.detail}", cause=answer)
             if job is None or header is None:
                 raise RuntimeError("a header accepted without its job")
-            job.transfer.first_token = header["first_token"]
-            job.transfer.begin()
-            failure = receive_payload(self, job, seq, header)
-            if failure is not None:
-                self._status(seq, failure)
-                raise Stopped(*failure)
-            self.stream.synchronize()  # the bytes are in place before anyone hears "success"
-            self._status(seq)
+            self._receive_accepted(seq, header, job)
 
         def tell_sender(error: TransferError) -> None:
             if job is not None and job.transfer.began_at is not None:
                 # The sender fails now, and knows why, rather than at its deadline.
                 broken = encode_message(
-                    STATUS, seq=seq, ok=False, failure=error.kind, reason=error.reason, broken=True
+                    STATUS,
+                    seq=seq,
+                    ok=False,
+                    failure=error.kind,
+                    reason=error.reason,
+                    broken=True,
+                    problem="",
                 )
                 try:
                     self.channel.control.send(status_key(seq), broken, wait_s=TELL_PEER_S)
@@ -254,6 +311,66 @@ class EnvelopeReceiver(ChannelEnd):
 
         # A withdrawal that comes after the answer is never read: tidied with the transfer.
         self.conclude(rid, job, receive, unread=[withdraw_key(seq)], on_broken=tell_sender)
+
+    def _receive_accepted(self, seq: int, header: dict, job: Job) -> None:
+        """Receive an accepted transfer's payload into its destination, then say how it went."""
+        job.transfer.first_token = header["first_token"]
+        job.transfer.begin()
+        failure = receive_payload(self, job, seq, header)
+        if failure is not None:
+            self._status(seq, failure)
+            raise Stopped(*failure)
+        self.stream.synchronize()  # the bytes are in place before anyone hears "success"
+        self._status(seq)
+
+    def _offered(self, job: Job | None, serial: int) -> Envelope | None:
+        """The destination this end offered under `serial` (0: none; the record goes, as does the
+        taken job's own); ProtocolError for a serial it never made or no longer remembers."""
+        with self.cond:
+            if job is not None:
+                self._offers_made.pop(job.offer, None)
+            if not serial:
+                return None
+            if job is not None and job.offer == serial:
+                return job.envelope
+            offered = self._offers_made.pop(serial, None)
+        if offered is None:
+            raise ProtocolError(f"a header planned on offer {serial}, which this receiver did not make")
+        return offered
+
+    def _receive_offered(
+        self, seq: int, header: dict, job: Job | None, refusal: HeaderRefused | None, offered: Envelope | None
+    ) -> None:
+        """A header planned on our offer: its payload follows it, unanswered. Receive it into the
+        job's destination, or, refused, discard it (planned on the offer) and say why in STATUS.
+        A payload this end cannot plan costs the channel: it cannot stay in step."""
+        if refusal is None and job is not None:
+            self._receive_accepted(seq, header, job)
+            return
+        why = f"a payload planned on offer {header['offer']} cannot be discarded"
+        if refusal is None or offered is None or refusal.problem == MALFORMED_HEADER:
+            raise ProtocolError(f"{why}: {refusal.detail if refusal else 'no refusal'}")
+        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
+            raise ProtocolError(f"{why}: its chunk sizes are out of bounds")
+        try:
+            runs = self._plan(offered, header)
+        except (ProtocolError, ValueError) as exc:
+            raise ProtocolError(f"{why}: the header's table does not pair with the offer's: {exc}") from None
+        discard_payload(self, runs, seq, header, time.monotonic() + self.channel.timeout_s)
+        self._status(seq, (refusal.kind, refusal.detail), problem=refusal.problem)
+        raise Stopped(refusal.kind, f"refused the sender's header: {refusal.detail}", cause=refusal)
+
+    def _plan(self, expected: Envelope, header: dict) -> np.ndarray:
+        """The runs of a transfer from the header's table into `expected` (ValueError, ProtocolError
+        when the tables do not pair)."""
+        num_rows = len(header["table"]) // 16
+        return channel_runs(
+            self.channel.tp_pair,
+            expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows)),
+            expected.moving,
+            num_tokens=expected.num_tokens,
+            held=expected.held_pages,
+        )
 
     def _check_header(self, job: Job, seq: int, header: dict) -> HeaderRefused | None:
         """Why the header cannot fill this reservation, or None if it can (then `job.runs` is set).
@@ -287,24 +404,18 @@ class EnvelopeReceiver(ChannelEnd):
             )
             return HeaderRefused(FailureKind.REFUSED, CHUNK_LIMITS, detail)
         try:
-            source = expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows))
-            runs: np.ndarray = channel_runs(
-                self.channel.tp_pair,
-                source,
-                expected.moving,
-                num_tokens=expected.num_tokens,
-                held=expected.held_pages,
-            )
+            runs = self._plan(expected, header)
         except (ProtocolError, ValueError) as exc:
             return HeaderRefused(FailureKind.REFUSED, LAYOUT, str(exc), cause=exc)
         job.runs = runs
         transfer.num_bytes = int(runs[:, NBYTES].sum())  # across TP: this channel's share
         return None
 
-    def _status(self, seq: int, failure: tuple[FailureKind, str] | None = None) -> None:
-        """STATUS ok (no `failure`), or failed as `failure`: (kind, reason)."""
+    def _status(self, seq: int, failure: tuple[FailureKind, str] | None = None, *, problem: str = "") -> None:
+        """STATUS ok (no `failure`), or failed as `failure`: (kind, reason); `problem`: a refusal's
+        (of a header planned on an offer)."""
         kind, reason = failure or ("", "")
         message = encode_message(
-            STATUS, seq=seq, ok=failure is None, failure=kind, reason=reason, broken=False
+            STATUS, seq=seq, ok=failure is None, failure=kind, reason=reason, broken=False, problem=problem
         )
         self.channel.control.send(status_key(seq), message)

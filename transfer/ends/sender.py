@@ -5,13 +5,16 @@ channel in submission order. A prefill rank of a TP group submits its own envelo
 of its shard's pool) on each of its channels, or all at once with `transfer.parts.submit_parts`;
 each channel sends only the part its destination rank needs (`Channel.tp_pair`). One transfer:
 
-    ring the bell with the HEADER (source table, first token); wait READY (destination table, and
-        how many leading pages the destination holds already) | REFUSE; none by the deadline:
-        withdraw the header (see `_await_reply`)
+    the receiver offered its destination already (OFFER: its table, and how many leading pages it
+        holds) and the envelope pairs with it: plan on it, ring the bell with the HEADER (source
+        table, first token, the offer's serial) and go on at once
+    else ring the bell with a HEADER planned on no offer; wait READY (the same facts as an OFFER)
+        | REFUSE; none by the deadline: withdraw the header (see `_await_reply`)
     plan runs and messages from both tables, less the held pages (the receiver computes the same plan)
     for each chunk k: start gathering chunk k+1, then send chunk k's messages
         (`transfer.ends.send_pipeline`: the gather of chunk k+1 overlaps the send of chunk k)
-    send the trailer (filled, + checksum), and after an abort ABORT; wait STATUS
+    send the trailer (filled, + checksum), and after an abort ABORT; wait STATUS (which, for a
+        header planned on an offer, may say the receiver refused it: it discarded the payload)
 
 A receiver that fails mid-stream tears its group down and leaves a STATUS marked broken. Over
 Gloo the closed link fails the next send at once; NCCL sends to an aborted peer stay pending, so
@@ -38,9 +41,11 @@ from transfer.plans import NBYTES, SRC, channel_runs, moving_rows, plan_messages
 from transfer.wire import (
     ABORT,
     HEADER,
+    OFFER,
     PROTOCOL_VERSION,
     READY,
     REFUSE,
+    RETRACTED,
     STATUS,
     WITHDRAWN,
     ChannelError,
@@ -49,7 +54,9 @@ from transfer.wire import (
     ProtocolError,
     TransferError,
     abort_key,
+    decode_message,
     encode_message,
+    offer_key,
     reply_key,
     status_key,
     table_bytes,
@@ -57,6 +64,12 @@ from transfer.wire import (
     trailer,
     withdraw_key,
 )
+
+
+def refused(request_id: str, kind: FailureKind, problem: str, reason: str) -> TransferError:
+    """The error of a transfer whose header the receiver refused (REFUSE, or STATUS after an offer)."""
+    refusal = HeaderRefused(kind, problem, reason)
+    return TransferError(request_id, kind, f"receiver refused: {refusal.detail}", cause=refusal)
 
 
 class EnvelopeSender(ChannelEnd):
@@ -165,6 +178,7 @@ class EnvelopeSender(ChannelEnd):
     def _send_one(self, job: Job) -> None:
         channel, transfer, options = self.channel, job.transfer, self.options
         self.stream.wait_for(job.ready)
+        offer = self._planned_on_offer(job)
         header = encode_message(
             HEADER,
             version=PROTOCOL_VERSION,
@@ -176,13 +190,50 @@ class EnvelopeSender(ChannelEnd):
             chunk_bytes=options.chunk_bytes,
             direct_min_bytes=self._direct_min_bytes,
             checksum=options.checksum,
+            offer=0 if offer is None else offer[0],
         )
         seq = channel.ring_bell(header)
-        runs, deadline = self._await_reply(job, seq)
-        if not transfer.done():  # else failed already: a READY that crossed its withdrawal
+        if offer is not None:  # the receiver takes the payload, or discards it and says why in STATUS
+            runs = offer[1]
             transfer.begin()
             deadline = transfer.deadline
+        else:
+            runs, deadline = self._await_reply(job, seq)
+            # An offer filed before the READY (the control link keeps order) was for this transfer.
+            channel.control.take_offer(offer_key(transfer.request_id))
+            if not transfer.done():  # else failed already: a READY that crossed its withdrawal
+                transfer.begin()
+                deadline = transfer.deadline
         self._send_chunks(job, seq, runs, deadline)
+
+    def _planned_on_offer(self, job: Job) -> tuple[int, np.ndarray] | None:
+        """(serial, runs) of the receiver's offer for this request, where one came and the envelope
+        pairs with it (tokens, rows, chunk size, tables), else None: the header then waits for
+        READY, and a receiver that refuses it names why. The offer is taken either way."""
+        channel, envelope = self.channel, job.envelope
+        blob = channel.control.take_offer(offer_key(envelope.request_id))
+        if blob is None:
+            return None
+        try:
+            max_bytes = envelope.ranges.shape[0] * 16 + 1024
+            offer = decode_message(blob, expect=(OFFER, RETRACTED), max_bytes=max_bytes)
+            if (
+                offer["kind"] != OFFER
+                or offer["request_id"] != envelope.request_id
+                or offer["num_tokens"] != envelope.num_tokens
+                or offer["num_rows"] != envelope.ranges.shape[0]
+                or offer["max_chunk_bytes"] < self.options.chunk_bytes
+            ):
+                return None
+            ours = moving_rows(envelope.ranges, offer["held"], has_slot=envelope.has_slot)
+            theirs = table_from_bytes(offer["table"], num_rows=ours.shape[0])
+            runs = channel_runs(
+                channel.tp_pair, ours, theirs, num_tokens=envelope.num_tokens, held=offer["held"]
+            )
+        except (ProtocolError, ValueError):
+            return None
+        job.transfer.held_pages, job.transfer.num_bytes = offer["held"], int(runs[:, NBYTES].sum())
+        return offer["serial"], runs
 
     def _await_reply(self, job: Job, seq: int) -> tuple[np.ndarray, float]:
         """Wait for READY (return the plan's runs, and the deadline to move them by) or REFUSE
@@ -214,9 +265,9 @@ class EnvelopeSender(ChannelEnd):
         max_bytes = job.envelope.ranges.shape[0] * 16 + 1024
         reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
         if reply["kind"] == REFUSE:  # the protocol checked the kind and the problem
-            refused = HeaderRefused(FailureKind(reply["failure"]), reply["problem"], reply["reason"])
-            reason = f"receiver refused: {refused.detail}"
-            raise TransferError(transfer.request_id, refused.kind, reason, cause=refused)
+            raise refused(
+                transfer.request_id, FailureKind(reply["failure"]), reply["problem"], reply["reason"]
+            )
         try:  # the receiver holds the first `held` pages already: they do not move
             ours = moving_rows(job.envelope.ranges, reply["held"], has_slot=job.envelope.has_slot)
             theirs = table_from_bytes(reply["table"], num_rows=ours.shape[0])
@@ -270,6 +321,8 @@ class EnvelopeSender(ChannelEnd):
         if status["ok"]:
             return
         kind, reason = FailureKind(status["failure"]), status["reason"]  # the protocol checked both
+        if status["problem"]:  # a header planned on an offer, refused: the payload was discarded
+            raise refused(rid, kind, status["problem"], reason)
         if status["broken"]:
             channel.mark_broken(f"the receiver tore the channel down: {reason}")
             raise TransferError(rid, kind, f"receiver failed: {reason}", channel_broken=True)

@@ -16,8 +16,9 @@ rank, kind and sequence. A body that does not open is counted in `rejected` and 
 
 A Gloo send completes only once the peer posted its receive, so `send` does not wait: it posts, and
 a delivery thread waits for the sends in order (a peer that is stopped holds them, not the caller).
-A reader thread keeps a receive posted and files each message in a mailbox by name; `wait_value`
-waits on the mailbox, so a wait that times out costs nothing (a Gloo wait that times out would close
+A reader thread keeps a receive posted and files each message in a mailbox by name (a receiver's
+offers apart, the newest per name, at most `MAX_OFFERS_KEPT`: `take_offer`); `wait_value` waits on
+the mailbox, so a wait that times out costs nothing (a Gloo wait that times out would close
 the group). Both hold at most `MAX_PENDING` messages: the mailbox drops its oldest, and a peer that
 takes none of `MAX_PENDING` sends breaks the channel. Both threads end when the link closes: the
 peer went (the channel is then broken, `on_gone`) or this end closed the group
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from distpool.memory.envelope import MAX_PAGES
 from transfer.connect import MAC_BYTES, ControlAuth, delta
-from transfer.wire import TAG_CONTROL, ChannelError
+from transfer.wire import MAX_OFFERS_KEPT, OFFER_PREFIX, TAG_CONTROL, ChannelError
 
 MAX_PENDING = 64  # messages filed and not read, or sent and not taken; in step, a handful at most
 # The largest body: a header or READY with a table of MAX_PAGES pages and a slot (16 bytes a row),
@@ -88,6 +89,9 @@ class ControlPlane:
         self.auth, self.generation, self._on_gone = auth, generation, on_gone
         self.rejected = 0  # bodies that did not open: forged, replayed or garbage
         self._mailbox: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        # offer/{request id} -> the newest OFFER or RETRACTED for it: kept apart from the mailbox, whose
+        # bound the messages of transfers in step stay far below; offers wait for their senders.
+        self._offers: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         # Posted and not yet taken by the peer: (works, tensors they read, set once taken).
         self._outbox: collections.deque[tuple[list, tuple, threading.Event]] = collections.deque()
         # One lock guards both, and `_closed`; readers of the mailbox and the delivery thread wait on
@@ -162,6 +166,16 @@ class ControlPlane:
                 self._cond.wait(remaining)
             return self._mailbox.pop(name)
 
+    def take_offer(self, name: str) -> bytes | None:
+        """The newest offer message filed under `name` (taken out), or None; never waits."""
+        with self._cond:
+            return self._offers.pop(name, None)
+
+    def peek_offer(self, name: str) -> bytes | None:
+        """The offer message filed under `name` (left there), or None."""
+        with self._cond:
+            return self._offers.get(name)
+
     def holds(self, name: str) -> bool:
         """Whether message `name` came and was not read yet."""
         with self._cond:
@@ -201,6 +215,12 @@ class ControlPlane:
         with self._cond:
             if value is None:
                 self.rejected += 1
+                return
+            if name.startswith(OFFER_PREFIX):  # nobody waits for one: a sender looks when it starts
+                self._offers.pop(name, None)
+                self._offers[name] = value
+                while len(self._offers) > MAX_OFFERS_KEPT:
+                    self._offers.popitem(last=False)
                 return
             self._mailbox[name] = value
             while len(self._mailbox) > MAX_PENDING:

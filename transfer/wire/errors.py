@@ -104,6 +104,7 @@ HEADER_DIFFERS = "header_differs"  # version, sequence number, tokens or rows di
 CHUNK_LIMITS = "chunk_limits"  # chunk_bytes or direct_min_bytes outside this receiver's bounds
 LAYOUT = "layout"  # the source table does not pair with the reservation (`cause`, at the receiver)
 MALFORMED_HEADER = "malformed_header"  # the header does not decode
+OFFER_STALE = "offer_stale"  # planned on an offer of the request that a later one replaced
 REFUSAL_PROBLEMS = frozenset(
     (
         NOT_EXPECTED,
@@ -114,6 +115,7 @@ REFUSAL_PROBLEMS = frozenset(
         CHUNK_LIMITS,
         LAYOUT,
         MALFORMED_HEADER,
+        OFFER_STALE,
     )
 )
 

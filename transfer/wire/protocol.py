@@ -1,12 +1,26 @@
 """The wire protocol of one transfer: control messages and payload, both over the pair's own link.
 
     sender                                              receiver
-    bell/{seq}   := HEADER (source table, first token) ->  (waiting for bell/{seq})
-                                                    <-  reply/{seq} := READY (dest. table) | REFUSE
+                                                    <-  offer/{request id} := OFFER (dest. table),
+                                                        sent when the destination is reserved
+    bell/{seq}   := HEADER (source table, first token,
+                    the OFFER it planned on or 0)   ->  (waiting for bell/{seq})
+                    planned on no offer: wait for   <-  reply/{seq} := READY (dest. table) | REFUSE
     group: the plan's messages, in order            ->  keeps receives posted ahead of them
     group: the trailer (seq, filled, checksum)      ->  read once its receives completed
     abort/{seq}  := ABORT (failure), only where the trailer says unfilled ->
                                                     <-  status/{seq} := STATUS (ok | failure, broken)
+
+A receiver offers its destination as soon as it is reserved (OFFER: its table, held pages, tokens,
+rows and chunk limit), and takes the offer back (RETRACTED, under the same name) if the reservation
+ends before a transfer came. A sender that holds an offer its envelope pairs with plans on it and
+sends its payload right after the header: the header -> READY round trip is gone from the
+transfer's path. A header planned on an offer is never answered: the receiver either receives its
+payload, or (the reservation went meanwhile, or a later offer replaced it) receives and discards
+it, and its STATUS names the refusal's problem. A sender without a usable offer waits for READY, as
+before. The sender keeps the newest offer per request, at most `MAX_OFFERS_KEPT`; the receiver
+remembers the offers it made, at most `MAX_OFFERS_MADE`, so that it can always discard a payload
+planned on one.
 
 A failure travels as its kind (a `FailureKind` value, which the other end reads) and a reason (a
 sentence for a person, truncated to MAX_REASON_CHARS); a REFUSE also names what about the header it
@@ -39,18 +53,21 @@ import torch
 from transfer.wire.errors import REFUSAL_PROBLEMS, ProtocolError, TrailerRefused
 from transfer.wire.failure import WIRE_VALUES, FailureKind
 
+# 10: OFFER / RETRACTED, a header names the offer it planned on, STATUS names a refusal's problem;
 # 9: REFUSE names its problem, and a batch's long stretches go as messages of their own (both ends
 # must cut the same messages); 8: the stream ends with a trailer, no END message.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 MAX_REASON_CHARS = 300
 
-HEADER, READY, REFUSE, WITHDRAWN, ABORT, STATUS = (
+HEADER, READY, REFUSE, WITHDRAWN, ABORT, STATUS, OFFER, RETRACTED = (
     "header",
     "ready",
     "refuse",
     "withdrawn",
     "abort",
     "status",
+    "offer",
+    "retracted",
 )
 
 _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -64,6 +81,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "chunk_bytes": int,
         "direct_min_bytes": int,
         "checksum": bool,
+        "offer": int,  # the serial of the OFFER the sender planned on; 0: none, it waits for READY
     },
     # held: the destination holds the envelope's first `held` pages; table lists the rows it takes
     READY: {"seq": int, "table": bytes, "held": int},
@@ -72,8 +90,21 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     REFUSE: {"seq": int, "failure": str, "problem": str, "reason": str},
     WITHDRAWN: {"seq": int, "reason": str},
     ABORT: {"seq": int, "failure": str, "reason": str},
-    # broken: the receiver tore down; failure is "" exactly when ok
-    STATUS: {"seq": int, "ok": bool, "failure": str, "reason": str, "broken": bool},
+    # broken: the receiver tore down; failure is "" exactly when ok; problem: a header planned on an
+    # offer was refused (a `HeaderRefused` problem), else ""
+    STATUS: {"seq": int, "ok": bool, "failure": str, "reason": str, "broken": bool, "problem": str},
+    # serial: numbered by the receiver from 1; num_rows: the envelope's rows, held ones included;
+    # table: the rows it takes (as READY's); max_chunk_bytes: the largest chunk it accepts
+    OFFER: {
+        "request_id": str,
+        "serial": int,
+        "num_tokens": int,
+        "num_rows": int,
+        "table": bytes,
+        "held": int,
+        "max_chunk_bytes": int,
+    },
+    RETRACTED: {"request_id": str, "serial": int},
 }
 
 # Control messages (transfer.pair.control) go with TAG_CONTROL. A payload message goes with TAG_DATA + its
@@ -106,6 +137,18 @@ def status_key(seq: int) -> str:
 
 def withdraw_key(seq: int) -> str:
     return f"withdraw/{seq}"
+
+
+OFFER_PREFIX = "offer/"
+# Offers a sender keeps (the newest per request; the oldest go first), and offers a receiver
+# remembers having made (to discard a payload planned on one that is gone here).
+MAX_OFFERS_KEPT = 1024
+MAX_OFFERS_MADE = 4096
+
+
+def offer_key(request_id: str) -> str:
+    """Where a receiver's OFFER or RETRACTED for a request goes (the newest replaces the last)."""
+    return f"{OFFER_PREFIX}{request_id}"
 
 
 # Rendezvous store keys: the generation rank 0 numbered, and each end's hello.
@@ -170,6 +213,8 @@ def decode_message(blob: object, *, expect: tuple[str, ...], max_bytes: int) -> 
         raise ProtocolError(f"{kind} message names no known failure kind: {fields['failure'][:40]!r}")
     if kind == REFUSE and fields["problem"] not in REFUSAL_PROBLEMS:
         raise ProtocolError(f"a REFUSE message names no known problem: {fields['problem'][:40]!r}")
+    if kind == STATUS and fields["problem"] and (fields["problem"] not in REFUSAL_PROBLEMS or fields["ok"]):
+        raise ProtocolError(f"a STATUS message names no refusal it could have: {fields['problem'][:40]!r}")
     if kind == STATUS and (fields["failure"] == "") != fields["ok"]:
         raise ProtocolError("a STATUS message names a failure kind exactly when it is not ok")
     return fields
