@@ -18,7 +18,7 @@ from tests.transfer.transfer_peer import (
     wait_for_offer,
 )
 from transfer import FailureKind, TransferError
-from transfer.pair.control import ControlPlane
+from transfer.pair.control import ControlPlane, OfferStore
 from transfer.wire import (
     HEADER_DIFFERS,
     NOT_EXPECTED,
@@ -55,7 +55,7 @@ def names(monkeypatch):
 
 def hold(sender, rid: str, blob: bytes) -> None:
     """File `blob` as the sender's offer for `rid`, as the control plane would have."""
-    sender.channel.control._offers[offer_key(rid)] = blob
+    sender.channel.control._offers.put(offer_key(rid), blob)
 
 
 def test_a_header_planned_on_the_offer_goes_with_its_payload_and_gets_no_ready(pair, names):
@@ -175,3 +175,17 @@ def test_a_header_planned_on_an_offer_never_made_costs_the_channel(pair):
     error = failure_of(sender.submit(envelope_for("f", src, has_slot=False), src_arena, deadline_s=3), 10)
     assert error.channel_broken
     assert torch.equal(dst_arena, before)
+
+
+def test_the_offer_store_keeps_the_newest_per_name_within_its_count_and_bytes():
+    store = OfferStore(max_count=3, max_bytes=100)
+    for name in "abc":
+        store.put(name, b"x" * 10)
+    store.put("a", b"y" * 20)  # replaces a's, and is now the newest
+    store.put("d", b"z" * 10)  # four names: b, the oldest, goes
+    assert (len(store), store.num_bytes) == (3, 40)
+    assert store.peek("b") is None and store.peek("a") == b"y" * 20
+    store.put("e", b"w" * 80)  # four names (c goes), then 110 bytes (a goes)
+    assert [n for n in "acde" if store.peek(n) is not None] == ["d", "e"] and store.num_bytes == 90
+    assert store.take("e") == b"w" * 80 and store.take("e") is None
+    assert (len(store), store.num_bytes) == (1, 10)

@@ -17,12 +17,11 @@ rank, kind and sequence. A body that does not open is counted in `rejected` and 
 A Gloo send completes only once the peer posted its receive, so `send` does not wait: it posts, and
 a delivery thread waits for the sends in order (a peer that is stopped holds them, not the caller).
 A reader thread keeps a receive posted and files each message in a mailbox by name (a receiver's
-offers apart, the newest per name, at most `MAX_OFFERS_KEPT`: `take_offer`); `wait_value` waits on
-the mailbox, so a wait that times out costs nothing (a Gloo wait that times out would close
-the group). Both hold at most `MAX_PENDING` messages: the mailbox drops its oldest, and a peer that
-takes none of `MAX_PENDING` sends breaks the channel. Both threads end when the link closes: the
-peer went (the channel is then broken, `on_gone`) or this end closed the group
-(`transfer.pair.channel.close_links`, after `close`).
+offers apart, in an `OfferStore`: `take_offer`); `wait_value` waits on the mailbox, so a wait that
+times out costs nothing (a Gloo wait that times out would close the group). Both hold at most
+`MAX_PENDING` messages: the mailbox drops its oldest, and a peer that takes none of `MAX_PENDING`
+sends breaks the channel. Both threads end when the link closes: the peer went (the channel is then
+broken, `on_gone`) or this end closed the group (`transfer.pair.channel.close_links`, after `close`).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ import torch.distributed as dist
 
 from distpool.memory.envelope import MAX_PAGES
 from transfer.connect import MAC_BYTES, ControlAuth, delta
-from transfer.wire import MAX_OFFERS_KEPT, OFFER_PREFIX, TAG_CONTROL, ChannelError
+from transfer.wire import MAX_OFFER_BYTES_KEPT, MAX_OFFERS_KEPT, OFFER_PREFIX, TAG_CONTROL, ChannelError
 
 MAX_PENDING = 64  # messages filed and not read, or sent and not taken; in step, a handful at most
 # The largest body: a header or READY with a table of MAX_PAGES pages and a slot (16 bytes a row),
@@ -68,6 +67,35 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [""])[0][:200]
 
 
+class OfferStore:
+    """The newest offer message per name, at most `max_count` of them and `max_bytes` together: the
+    oldest go first. Not locked: its owner's lock guards it."""
+
+    def __init__(self, max_count: int = MAX_OFFERS_KEPT, max_bytes: int = MAX_OFFER_BYTES_KEPT) -> None:
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self._values: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.num_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def put(self, name: str, value: bytes) -> None:
+        self.take(name)
+        self._values[name] = value
+        self.num_bytes += len(value)
+        while len(self._values) > self.max_count or self.num_bytes > self.max_bytes:
+            self.num_bytes -= len(self._values.popitem(last=False)[1])
+
+    def take(self, name: str) -> bytes | None:
+        value = self._values.pop(name, None)
+        if value is not None:
+            self.num_bytes -= len(value)
+        return value
+
+    def peek(self, name: str) -> bytes | None:
+        return self._values.get(name)
+
+
 class ControlPlane:
     """The control messages of one channel generation over `group` (ranks 0 and 1).
 
@@ -91,7 +119,7 @@ class ControlPlane:
         self._mailbox: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         # offer/{request id} -> the newest OFFER or RETRACTED for it: kept apart from the mailbox, whose
         # bound the messages of transfers in step stay far below; offers wait for their senders.
-        self._offers: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._offers = OfferStore()
         # Posted and not yet taken by the peer: (works, tensors they read, set once taken).
         self._outbox: collections.deque[tuple[list, tuple, threading.Event]] = collections.deque()
         # One lock guards both, and `_closed`; readers of the mailbox and the delivery thread wait on
@@ -169,12 +197,12 @@ class ControlPlane:
     def take_offer(self, name: str) -> bytes | None:
         """The newest offer message filed under `name` (taken out), or None; never waits."""
         with self._cond:
-            return self._offers.pop(name, None)
+            return self._offers.take(name)
 
     def peek_offer(self, name: str) -> bytes | None:
         """The offer message filed under `name` (left there), or None."""
         with self._cond:
-            return self._offers.get(name)
+            return self._offers.peek(name)
 
     def holds(self, name: str) -> bool:
         """Whether message `name` came and was not read yet."""
@@ -217,10 +245,7 @@ class ControlPlane:
                 self.rejected += 1
                 return
             if name.startswith(OFFER_PREFIX):  # nobody waits for one: a sender looks when it starts
-                self._offers.pop(name, None)
-                self._offers[name] = value
-                while len(self._offers) > MAX_OFFERS_KEPT:
-                    self._offers.popitem(last=False)
+                self._offers.put(name, value)
                 return
             self._mailbox[name] = value
             while len(self._mailbox) > MAX_PENDING:

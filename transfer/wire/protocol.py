@@ -18,7 +18,8 @@ sends its payload right after the header: the header -> READY round trip is gone
 transfer's path. A header planned on an offer is never answered: the receiver either receives its
 payload, or (the reservation went meanwhile, or a later offer replaced it) receives and discards
 it, and its STATUS names the refusal's problem. A sender without a usable offer waits for READY, as
-before. The sender keeps the newest offer per request, at most `MAX_OFFERS_KEPT`; the receiver
+before. The sender keeps the newest offer per request, at most `MAX_OFFERS_KEPT` of them and
+`MAX_OFFER_BYTES_KEPT` bytes (a table is 16 bytes a row); the receiver
 remembers the offers it made, at most `MAX_OFFERS_MADE`, so that it can always discard a payload
 planned on one.
 
@@ -142,7 +143,7 @@ def withdraw_key(seq: int) -> str:
 OFFER_PREFIX = "offer/"
 # Offers a sender keeps (the newest per request; the oldest go first), and offers a receiver
 # remembers having made (to discard a payload planned on one that is gone here).
-MAX_OFFERS_KEPT = 1024
+MAX_OFFERS_KEPT, MAX_OFFER_BYTES_KEPT = 1024, 64 << 20
 MAX_OFFERS_MADE = 4096
 
 
