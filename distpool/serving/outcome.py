@@ -27,7 +27,7 @@ class Outcome:
     queue_s: float = 0.0  # submit -> the attempt that succeeded began
     reserve_s: float = 0.0  # the decode reservation prefill waited for (0 when made while it computed)
     prefill_s: float = 0.0  # prefill call minus the transfer: batching, prefill, waiting to send
-    transfer_s: float = 0.0  # the envelope's transfer, first byte to last
+    transfer_s: float = 0.0  # the envelope's transfer: its header (or READY, if it waited) to the last byte
     first_token_s: float = 0.0  # landed on decode -> verified and in the decode batch
     decode_s: float = 0.0  # first token -> last token
     transfer_bytes: int = 0

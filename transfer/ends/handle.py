@@ -157,7 +157,8 @@ class Transfer:
 
     @property
     def active_s(self) -> float | None:
-        """Seconds from the header's acceptance to the end: the time the bytes were moving."""
+        """Seconds from the header's acceptance to the end: the time the bytes were moving (at a
+        sender that planned on the receiver's offer, from its header on: it is not answered)."""
         if self.began_at is None or self.ended_at is None:
             return None
         return self.ended_at - self.began_at
@@ -224,7 +225,7 @@ class Transfer:
             self._on_expire(self)
 
     def begin(self) -> None:
-        """WAITING -> TRANSFERRING (the engine accepted the header)."""
+        """WAITING -> TRANSFERRING (the header was accepted, or sent planned on an offer)."""
         with self._lock:
             if self._state is not TransferState.WAITING:
                 raise RuntimeError(f"begin() on a transfer that is {self._state.value}")
