@@ -9,6 +9,7 @@ import pytest
 from tests.transfer.transfer_peer import FINGERPRINT, LAYOUT, SECRET, free_port
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions
 from transfer.defaults import UNEXPECTED_WAIT_S
+from transfer.ends.activity import Activity
 
 
 def connected_pair(
@@ -17,8 +18,10 @@ def connected_pair(
     timeout_s: float,
     options: TransferOptions | None = None,
     unexpected_wait_s: float = UNEXPECTED_WAIT_S,
+    sender_activity: Activity | None = None,
 ) -> tuple[EnvelopeSender, EnvelopeReceiver]:
-    """A started, connected (sender, receiver) over one in-process channel pair; the caller closes both."""
+    """A started, connected (sender, receiver) over one in-process channel pair; the caller closes both.
+    `sender_activity`: what the sender's transfers count in (its worker's, in a prefill worker)."""
     port = free_port()
     channels = [
         Channel(
@@ -34,7 +37,7 @@ def connected_pair(
         )
         for r in (0, 1)
     ]
-    sender = EnvelopeSender(channels[0], options)
+    sender = EnvelopeSender(channels[0], options, activity=sender_activity)
     receiver = EnvelopeReceiver(channels[1], unexpected_wait_s=unexpected_wait_s)
     sender.start()
     receiver.start()

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from tests.transfer.conftest import connected_pair
 from tests.transfer.transfer_peer import (
     digest,
     envelope_for,
@@ -17,7 +18,8 @@ from tests.transfer.transfer_peer import (
     offer_kind,
     wait_for_offer,
 )
-from transfer import FailureKind, TransferError
+from transfer import FailureKind, TransferError, TransferOptions, TransferState
+from transfer.ends.activity import Activity
 from transfer.pair.control import ControlPlane, OfferStore
 from transfer.wire import (
     HEADER_DIFFERS,
@@ -189,3 +191,30 @@ def test_the_offer_store_keeps_the_newest_per_name_within_its_count_and_bytes():
     assert [n for n in "acde" if store.peek(n) is not None] == ["d", "e"] and store.num_bytes == 90
     assert store.take("e") == b"w" * 80 and store.take("e") is None
     assert (len(store), store.num_bytes) == (1, 10)
+
+
+def test_a_sender_whose_payload_waits_for_the_receiver_counts_as_waiting(names):
+    """Planned on an offer, the payload is posted behind the header, but nothing moves until the
+    receiver has read the header: meanwhile the sender's worker may compute (its activity is idle),
+    as it may while a header waits for READY. Here the receiver is held busy for a while."""
+    activity = Activity()
+    options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10)
+    sender, receiver = connected_pair("idle", timeout_s=5, options=options, sender_activity=activity)
+    try:
+        src_arena, dst_arena = make_arena(ARENA_BYTES, 13), make_arena(ARENA_BYTES, 14)
+        src, dst = pages(1, 6), pages(30, 6)
+        incoming = receiver.expect(envelope_for("h", dst, has_slot=False), dst_arena, deadline_s=5)
+        wait_for_offer(sender, "h")
+        with receiver.io_lock:  # the receiving worker cannot take the header yet
+            outgoing = sender.submit(envelope_for("h", src, has_slot=False), src_arena, deadline_s=5)
+            deadline = time.monotonic() + 3
+            while "bell/0" not in names or activity.busy():
+                assert time.monotonic() < deadline, "the sender counted as busy while nothing moved"
+                time.sleep(0.002)
+            assert outgoing.state is TransferState.TRANSFERRING
+        outgoing.wait(), incoming.wait()
+        assert digest(dst_arena, dst) == digest(src_arena, src)
+        assert not activity.busy()
+    finally:
+        sender.close()
+        receiver.close()

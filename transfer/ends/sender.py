@@ -284,7 +284,9 @@ class EnvelopeSender(ChannelEnd):
         chunks = plan_messages(
             runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
         )
-        pipeline = SendPipeline(channel, self.staging, self._gatherer, job, chunks)
+        pipeline = SendPipeline(
+            channel, self.staging, self._gatherer, job, chunks, lambda work: self._await_taken(work, deadline)
+        )
         pipeline.send(deadline)
         aborted = transfer.abort_reason
         value = None
@@ -304,6 +306,14 @@ class EnvelopeSender(ChannelEnd):
                 pipeline.drain_trailer(deadline)
         if aborted is not None:
             raise Stopped(FailureKind.ABORTED, aborted)
+
+    def _await_taken(self, work: object, deadline: float) -> None:
+        """Wait until the receiver took the stream's first message. Planned on an offer, the payload
+        follows the header at once, and nothing moves until the receiver has read the header and
+        posted its receives (a decode worker busy with a step may take a while): meanwhile this end
+        counts as waiting, so that its worker's model work need not wait for it."""
+        with self.io_lock.waiting():
+            self.channel.wait(work, deadline, "sending the first message")
 
     def _await_status(self, job: Job, seq: int, deadline: float) -> None:
         channel, rid = self.channel, job.transfer.request_id
