@@ -225,15 +225,21 @@ class EnvelopeSender(ChannelEnd):
                 or offer["max_chunk_bytes"] < self.options.chunk_bytes
             ):
                 return None
-            ours = moving_rows(envelope.ranges, offer["held"], has_slot=envelope.has_slot)
-            theirs = table_from_bytes(offer["table"], num_rows=ours.shape[0])
-            runs = channel_runs(
-                channel.tp_pair, ours, theirs, num_tokens=envelope.num_tokens, held=offer["held"]
-            )
+            runs = self._paired_runs(job, offer["table"], offer["held"])
         except (ProtocolError, ValueError):
             return None
-        job.transfer.held_pages, job.transfer.num_bytes = offer["held"], int(runs[:, NBYTES].sum())
         return offer["serial"], runs
+
+    def _paired_runs(self, job: Job, table: bytes, held: int) -> np.ndarray:
+        """The plan's runs from our envelope, less its first `held` pages (held at the destination
+        already: they do not move), into the receiver's `table` (an OFFER's or READY's); the
+        transfer's held pages and bytes are set. ValueError / ProtocolError where they do not pair."""
+        envelope = job.envelope
+        ours = moving_rows(envelope.ranges, held, has_slot=envelope.has_slot)
+        theirs = table_from_bytes(table, num_rows=ours.shape[0])
+        runs = channel_runs(self.channel.tp_pair, ours, theirs, num_tokens=envelope.num_tokens, held=held)
+        job.transfer.held_pages, job.transfer.num_bytes = held, int(runs[:, NBYTES].sum())
+        return runs
 
     def _await_reply(self, job: Job, seq: int) -> tuple[np.ndarray, float]:
         """Wait for READY (return the plan's runs, and the deadline to move them by) or REFUSE
@@ -268,15 +274,10 @@ class EnvelopeSender(ChannelEnd):
             raise refused(
                 transfer.request_id, FailureKind(reply["failure"]), reply["problem"], reply["reason"]
             )
-        try:  # the receiver holds the first `held` pages already: they do not move
-            ours = moving_rows(job.envelope.ranges, reply["held"], has_slot=job.envelope.has_slot)
-            theirs = table_from_bytes(reply["table"], num_rows=ours.shape[0])
-            runs = channel_runs(
-                channel.tp_pair, ours, theirs, num_tokens=job.envelope.num_tokens, held=reply["held"]
-            )
+        try:
+            runs = self._paired_runs(job, reply["table"], reply["held"])
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
-        transfer.held_pages, transfer.num_bytes = reply["held"], int(runs[:, NBYTES].sum())
         return runs, deadline
 
     def _send_chunks(self, job: Job, seq: int, runs: np.ndarray, deadline: float) -> None:
