@@ -218,3 +218,37 @@ def test_a_sender_whose_payload_waits_for_the_receiver_counts_as_waiting(names):
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_burst_of_reservations_faster_than_the_sender_takes_offers_leaves_the_channel_up(monkeypatch):
+    """The sender's control reader takes 20 ms a message, and decode reserves 100 requests at once:
+    a peer that takes none of 64 control messages would break the channel, so offers stop while half
+    that many wait for it, and the reservations past them go without one (their headers wait for
+    READY). Every one still lands."""
+    options = TransferOptions(chunk_bytes=64 << 10, direct_min_bytes=16 << 10)
+    sender, receiver = connected_pair("burst", timeout_s=10, options=options)
+    original = ControlPlane._file
+
+    def slow_file(self, body):
+        time.sleep(0.02)
+        original(self, body)
+
+    try:
+        src_arena, dst_arena = make_arena(ARENA_BYTES, 15), make_arena(ARENA_BYTES, 16)
+        monkeypatch.setattr(ControlPlane, "_file", slow_file)
+        rids = [f"b{i}" for i in range(100)]
+        incoming = [
+            receiver.expect(envelope_for(rid, pages(30 + i, 1), has_slot=False), dst_arena, deadline_s=30)
+            for i, rid in enumerate(rids)
+        ]
+        assert receiver.channel.healthy and sender.channel.healthy
+        assert 0 < len(receiver._offers_made) < len(rids)  # some went, the burst's tail did not
+        monkeypatch.undo()
+        for i, rid in enumerate(rids):
+            sender.submit(envelope_for(rid, pages(1 + i % 20, 1), has_slot=False), src_arena, deadline_s=30)
+        for i, transfer in enumerate(incoming):
+            transfer.wait(30)
+            assert digest(dst_arena, pages(30 + i, 1)) == digest(src_arena, pages(1 + i % 20, 1))
+    finally:
+        sender.close()
+        receiver.close()

@@ -157,7 +157,8 @@ class EnvelopeReceiver(ChannelEnd):
 
     def _offer(self, job: Job) -> None:
         """Offer `job`'s destination to the sender (under the condition lock, so that the OFFER goes
-        out before any READY for it). Not connected: no offer, the header waits for READY."""
+        out before any READY for it). Not connected, or the sender slow to take control messages:
+        no offer, and the header waits for READY."""
         envelope, serial = job.envelope, self._last_offer + 1
         message = encode_message(
             OFFER,
@@ -169,8 +170,9 @@ class EnvelopeReceiver(ChannelEnd):
             held=envelope.held_pages,
             max_chunk_bytes=self.max_chunk_bytes,
         )
-        try:
-            self.channel.control.send(offer_key(envelope.request_id), message)
+        try:  # not posted while the sender is slow to take control messages: no offer then
+            if not self.channel.control.send(offer_key(envelope.request_id), message, optional=True):
+                return
         except ChannelError:
             return
         self._last_offer = job.offer = serial
@@ -184,8 +186,8 @@ class EnvelopeReceiver(ChannelEnd):
         if not job.offer:
             return
         message = encode_message(RETRACTED, request_id=job.envelope.request_id, serial=job.offer)
-        try:
-            self.channel.control.send(offer_key(job.envelope.request_id), message)
+        try:  # not posted while the sender is slow: it may plan on the offer, and is refused then
+            self.channel.control.send(offer_key(job.envelope.request_id), message, optional=True)
         except ChannelError:
             pass
 

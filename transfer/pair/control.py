@@ -40,6 +40,9 @@ from transfer.connect import MAC_BYTES, ControlAuth, delta
 from transfer.wire import MAX_OFFER_BYTES_KEPT, MAX_OFFERS_KEPT, OFFER_PREFIX, TAG_CONTROL, ChannelError
 
 MAX_PENDING = 64  # messages filed and not read, or sent and not taken; in step, a handful at most
+# Offers are posted only while fewer sends than this wait for the peer (`send(..., optional=True)`):
+# a burst of reservations must not fill the outbox that breaks the channel when full.
+MAX_OPTIONAL_PENDING = MAX_PENDING // 2
 # The largest body: a header or READY with a table of MAX_PAGES pages and a slot (16 bytes a row),
 # its fields, name and MAC.
 MAX_MESSAGE_BYTES = 16 * (MAX_PAGES + 1) + 8192
@@ -139,15 +142,18 @@ class ControlPlane:
         return self.auth.key(f"g{self.generation}/r{rank}/{name}")
 
     # ---- sending --------------------------------------------------------------------------------
-    def send(self, name: str, value: bytes, *, wait_s: float = 0.0) -> bool:
+    def send(self, name: str, value: bytes, *, wait_s: float = 0.0, optional: bool = False) -> bool:
         """Post one message to the peer, and wait up to `wait_s` for the peer to take it; returns
         whether it did by then. ChannelError if the link is closed or the peer took none of the last
-        `MAX_PENDING` messages (the channel is then broken)."""
+        `MAX_PENDING` messages (the channel is then broken). An `optional` message (an offer) is not
+        posted at all while `MAX_OPTIONAL_PENDING` sends wait for the peer: then False."""
         tensors = frames(name, self.auth.seal(self._full_name(self.rank, name), value))
         taken, failure = threading.Event(), None
         with self._cond:  # a message's Gloo messages are posted back to back
             if self._closed is not None:
                 raise ChannelError(f"channel {self.name}: {self._closed}")
+            if optional and len(self._outbox) >= MAX_OPTIONAL_PENDING:
+                return False
             if len(self._outbox) >= MAX_PENDING:
                 failure = f"the peer took none of the last {MAX_PENDING} control messages"
             else:
@@ -159,7 +165,7 @@ class ControlPlane:
                     failure = f"sending {name}: peer or link failed: {first_line(exc)}"
         if failure is not None:
             raise self._gone(failure)
-        return taken.wait(wait_s) if wait_s > 0 else taken.is_set()
+        return taken.wait(wait_s) if wait_s > 0 else (optional or taken.is_set())
 
     def _deliver(self) -> None:
         while True:
