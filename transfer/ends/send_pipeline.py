@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -38,10 +37,7 @@ class SendPipeline:
     chunk's sends, gathering ahead; `drain` waits for the sends still in flight.
 
     `gatherer` is the sender's gather thread (CPU), or None: gathers are enqueued on the copy
-    stream in the calling thread (CUDA). `first_taken(work)`, if given, is called with the first
-    message's send once every send is posted (unless a full pipeline waited for it already), and
-    returns once the receiver took it: before that nothing moves, and the sender's worker counts
-    as waiting meanwhile (`EnvelopeSender._await_taken`).
+    stream in the calling thread (CUDA).
     """
 
     def __init__(
@@ -51,10 +47,9 @@ class SendPipeline:
         gatherer: ThreadPoolExecutor | None,
         job: Job,
         chunks: list[Chunk],
-        first_taken: Callable[[object], None] | None = None,
     ) -> None:
         self.channel, self.staging, self.gatherer = channel, staging, gatherer
-        self.job, self.chunks, self.first_taken = job, chunks, first_taken
+        self.job, self.chunks = job, chunks
         # (chunk index, works, tensors that must outlive the works)
         self.in_flight: collections.deque[tuple[int, list, list]] = collections.deque()
         self._trailer: tuple[object, torch.Tensor] | None = None  # (work, tensor) once posted
@@ -96,10 +91,14 @@ class SendPipeline:
                 transfer.num_chunks_done = chunk.index + 1
                 if transfer.on_chunk is not None:
                     transfer.on_chunk(transfer, chunk.index)
-        if self.first_taken is not None and in_flight and in_flight[0][0] == 0 and in_flight[0][1]:
-            # Every send is posted; the first one not waited for yet (a Gloo send's wait takes its
-            # completion: waited here, it is waited for nowhere else).
-            self.first_taken(in_flight[0][1].pop(0))
+
+    def first_send(self) -> object | None:
+        """The stream's first send, if no wait took it yet (a full pipeline may have), handed to the
+        caller to wait for: a Gloo send's wait takes its completion, so `drain` no longer waits
+        for it. Until the receiver takes it, nothing of the stream moves."""
+        if self.in_flight and self.in_flight[0][0] == 0 and self.in_flight[0][1]:
+            return self.in_flight[0][1].pop(0)
+        return None
 
     def post_trailer(self, trailer: torch.Tensor) -> None:
         """Post the stream's last message, the trailer (`transfer.wire.protocol.trailer`), on stream 0.

@@ -285,9 +285,7 @@ class EnvelopeSender(ChannelEnd):
         chunks = plan_messages(
             runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
         )
-        pipeline = SendPipeline(
-            channel, self.staging, self._gatherer, job, chunks, lambda work: self._await_taken(work, deadline)
-        )
+        pipeline = SendPipeline(channel, self.staging, self._gatherer, job, chunks)
         pipeline.send(deadline)
         aborted = transfer.abort_reason
         value = None
@@ -299,6 +297,8 @@ class EnvelopeSender(ChannelEnd):
             kind = transfer.error.kind if transfer.error is not None else FailureKind.ABORTED
             message = encode_message(ABORT, seq=seq, failure=kind, reason=aborted)
             channel.control.send(abort_key(seq), message)  # read once the trailer says unfilled
+        if (first := pipeline.first_send()) is not None:  # every send posted, the trailer too
+            self._await_taken(first, deadline)
         pipeline.drain(deadline)
         try:
             self._await_status(job, seq, deadline)
