@@ -227,57 +227,38 @@ def test_a_peer_that_never_sends_fails_the_expectation_at_its_deadline(peer, dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, scenario):
-    s = scenario("silent", local_rank=0)
+@pytest.mark.parametrize("offered", [False, True], ids=["waits_for_ready", "planned_on_offer"])
+def test_a_silent_receiver_fails_the_sender_within_its_deadline(peer, device, scenario, offered):
+    """The receiver freezes after its reservation. A header waiting for READY is withdrawn at the
+    sender's deadline, and both ends stay in step; one planned on the offer is sending already, so
+    the sender fails at its deadline as well, and the channel with it, which both ends rebuild."""
+    s = scenario(f"silent-{offered}", local_rank=0)
     name, local_device, sender, ledger = s.name, s.local_device, s.end, s.ledger
     src, dst = tables(seed=4)
     reserve(ledger, "s", src)
     peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
     peer.call("begin", name=name, rid="s", ranges=dst.tolist(), has_slot=True, deadline_s=30)
-    # Planned on no offer (the one the peer made is dropped here): the header waits for READY.
     wait_for_offer(sender, "s")
-    sender.channel.control.take_offer(offer_key("s"))
+    if not offered:  # the sender drops the offer: its header waits for READY
+        sender.channel.control.take_offer(offer_key("s"))
     peer.start("stop_for", seconds=6)  # the whole peer freezes, then resumes
     time.sleep(0.3)
     outgoing = sender.submit(
         envelope_for("s", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), deadline_s=1.0
     )
     error, waited = run_and_release(ledger, "s", outgoing)
-    assert error.kind is FailureKind.TIMEOUT
+    assert error.kind is FailureKind.TIMEOUT and error.channel_broken is offered
     assert not peer.answered()  # failed at its own deadline, while the peer was still frozen
     ledger.check_invariants()
     peer.result()
-    # The peer, resumed, finds the header withdrawn: its side fails too, and both stay in step.
-    assert peer.call("wait", name=name, rid="s")["error"]["kind"] == FailureKind.TIMEOUT  # withdrawn
+    if offered:
+        assert peer.call("wait", name=name, rid="s")["state"] == "failed"
+        peer.start("rebuild", name=name)
+        sender.connect()
+        assert peer.result()["ok"]
+    else:  # the peer, resumed, finds the header withdrawn: its side fails too, both in step
+        assert peer.call("wait", name=name, rid="s")["error"]["kind"] == FailureKind.TIMEOUT
     assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_receiver_silent_after_its_offer_fails_the_sender_at_its_deadline(peer, device, scenario):
-    """Planned on the offer, the payload follows the header unanswered: a receiver frozen since
-    costs the sender its deadline and the channel, which both ends rebuild."""
-    s = scenario("silent-offered", local_rank=0)
-    name, local_device, sender, ledger = s.name, s.local_device, s.end, s.ledger
-    src, dst = tables(seed=4)
-    reserve(ledger, "so", src)
-    peer.call("arena", name=name, num_bytes=ARENA_BYTES, seed=6)
-    peer.call("begin", name=name, rid="so", ranges=dst.tolist(), has_slot=True, deadline_s=30)
-    wait_for_offer(sender, "so")
-    peer.start("stop_for", seconds=4)
-    time.sleep(0.3)
-    outgoing = sender.submit(
-        envelope_for("so", src, has_slot=True), make_arena(ARENA_BYTES, 7, local_device), deadline_s=1.0
-    )
-    error, waited = run_and_release(ledger, "so", outgoing)
-    assert error.kind is FailureKind.TIMEOUT and error.channel_broken
-    assert not peer.answered()  # failed at its own deadline, while the peer was still frozen
-    ledger.check_invariants()
-    peer.result()
-    assert peer.call("wait", name=name, rid="so")["state"] == "failed"
-    peer.start("rebuild", name=name)
-    sender.connect()
-    assert peer.result()["ok"]
-    assert_works_again(sender, peer, name, local_device, local_is_sender=True, rid="after-silent-offered")
 
 
 @pytest.mark.parametrize("device", DEVICES)
