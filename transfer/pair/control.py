@@ -146,7 +146,8 @@ class ControlPlane:
         """Post one message to the peer, and wait up to `wait_s` for the peer to take it; returns
         whether it did by then. ChannelError if the link is closed or the peer took none of the last
         `MAX_PENDING` messages (the channel is then broken). An `optional` message (an offer) is not
-        posted at all while `MAX_OPTIONAL_PENDING` sends wait for the peer: then False."""
+        posted at all while `MAX_OPTIONAL_PENDING` sends wait for the peer: the call returns whether
+        it was posted then."""
         tensors = frames(name, self.auth.seal(self._full_name(self.rank, name), value))
         taken, failure = threading.Event(), None
         with self._cond:  # a message's Gloo messages are posted back to back
