@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+import transfer.ends.offers as offers_module
 import transfer.ends.receiver as receiver_module
 from tests.transfer.test_engine_states import ARENA_BYTES, tables
 from tests.transfer.transfer_peer import digest, envelope_for, failure_of, make_arena
@@ -56,7 +57,8 @@ def test_a_ready_claiming_pages_the_envelope_lacks_fails_the_transfer(pair, monk
             fields["held"] = claimed
         return real_encode(kind, **fields)
 
-    monkeypatch.setattr(receiver_module, "encode_message", lying_encode)
+    monkeypatch.setattr(receiver_module, "encode_message", lying_encode)  # READY
+    monkeypatch.setattr(offers_module, "encode_message", lying_encode)  # OFFER
     before = digest(dst_arena, dst)
     incoming = receiver.expect(envelope_for("r", dst, has_slot=True), dst_arena, deadline_s=5)
     outgoing = sender.submit(envelope_for("r", src, has_slot=True), src_arena, deadline_s=5)

@@ -47,6 +47,7 @@ from transfer.defaults import (
 from transfer.ends.activity import Activity
 from transfer.ends.end import ChannelEnd, Job, Stopped
 from transfer.ends.handle import ChunkHook, Transfer
+from transfer.ends.offers import OffersMade
 from transfer.ends.receive_pipeline import discard_payload, receive_payload
 from transfer.pair import RECEIVER_RANK, Channel
 from transfer.plans import NBYTES, channel_runs
@@ -57,14 +58,11 @@ from transfer.wire import (
     HEADER_DIFFERS,
     LAYOUT,
     MALFORMED_HEADER,
-    MAX_OFFERS_MADE,
     NOT_EXPECTED,
-    OFFER,
     OFFER_STALE,
     PROTOCOL_VERSION,
     READY,
     REFUSE,
-    RETRACTED,
     SENDER_WITHDREW,
     STATUS,
     TURNED_AWAY,
@@ -76,7 +74,6 @@ from transfer.wire import (
     TransferError,
     decode_message,
     encode_message,
-    offer_key,
     reply_key,
     status_key,
     table_bytes,
@@ -114,10 +111,7 @@ class EnvelopeReceiver(ChannelEnd):
         # request id -> why its header is refused at once: the destination was refused or given up
         # here while its sender may be on its way (the header need not wait `unexpected_wait_s`).
         self._refused: collections.OrderedDict[str, HeaderRefused] = collections.OrderedDict()
-        # serial -> the destination offered under it: a payload planned on it is discarded by that
-        # plan after its reservation went (the newest MAX_OFFERS_MADE; one a header names goes).
-        self._offers_made: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
-        self._last_offer = 0
+        self.offers = OffersMade(channel, max_chunk_bytes)  # guarded by `cond`
 
     def expect(
         self,
@@ -151,45 +145,9 @@ class EnvelopeReceiver(ChannelEnd):
                 raise AlreadyExpected(envelope.request_id)
             self._refused.pop(envelope.request_id, None)
             self._expected[envelope.request_id] = job
-            self._offer(job)
+            self.offers.offer(job)  # under the lock: before any READY for it
             self.cond.notify_all()
         return job.transfer
-
-    def _offer(self, job: Job) -> None:
-        """Offer `job`'s destination to the sender (under the condition lock, so that the OFFER goes
-        out before any READY for it). Not connected, or the sender slow to take control messages:
-        no offer, and the header waits for READY."""
-        envelope, serial = job.envelope, self._last_offer + 1
-        message = encode_message(
-            OFFER,
-            request_id=envelope.request_id,
-            serial=serial,
-            num_tokens=envelope.num_tokens,
-            num_rows=envelope.ranges.shape[0],
-            table=table_bytes(envelope.moving),
-            held=envelope.held_pages,
-            max_chunk_bytes=self.max_chunk_bytes,
-        )
-        try:  # not posted while the sender is slow to take control messages: no offer then
-            if not self.channel.control.send(offer_key(envelope.request_id), message, optional=True):
-                return
-        except ChannelError:
-            return
-        self._last_offer = job.offer = serial
-        self._offers_made[serial] = envelope
-        while len(self._offers_made) > MAX_OFFERS_MADE:
-            self._offers_made.popitem(last=False)
-
-    def _retract(self, job: Job) -> None:
-        """Take back `job`'s offer (its reservation ended unstarted; under the condition lock). The
-        sender may have planned on it already: its payload is discarded by the plan remembered."""
-        if not job.offer:
-            return
-        message = encode_message(RETRACTED, request_id=job.envelope.request_id, serial=job.offer)
-        try:  # not posted while the sender is slow: it may plan on the offer, and is refused then
-            self.channel.control.send(offer_key(job.envelope.request_id), message, optional=True)
-        except ChannelError:
-            pass
 
     def refuse(self, request_id: str, kind: FailureKind | None, reason: str = "") -> None:
         """Refuse the next header for `request_id` at once (as `kind`, with `reason`) unless it is
@@ -216,7 +174,7 @@ class EnvelopeReceiver(ChannelEnd):
             if job is None or job.transfer is not transfer:
                 return  # already taken by the worker, which concludes it
             del self._expected[transfer.request_id]
-            self._retract(job)
+            self.offers.retract(job)
         transfer.conclude(transfer.unstarted_error("no transfer arrived from the sender before the deadline"))
 
     def _take(self, request_id: str, *, wait: bool = True) -> tuple[Job | None, HeaderRefused | None]:
@@ -261,7 +219,8 @@ class EnvelopeReceiver(ChannelEnd):
             header = decode_message(blob, expect=(HEADER,), max_bytes=self._max_header_bytes)
             # Planned on an offer: its payload is on its way, so nothing waits for an expectation.
             job, refusal = self._take(header["request_id"], wait=not header["offer"])
-            offered = self._offered(job, header["offer"])
+            with self.cond:
+                offered = self.offers.offered(job, header["offer"])
             if job is not None and header["offer"] not in (0, job.offer):
                 detail = f"planned on offer {header['offer']}, which offer {job.offer} replaced"
                 refusal = HeaderRefused(FailureKind.REFUSED, OFFER_STALE, detail)
@@ -324,21 +283,6 @@ class EnvelopeReceiver(ChannelEnd):
             raise Stopped(*failure)
         self.stream.synchronize()  # the bytes are in place before anyone hears "success"
         self._status(seq)
-
-    def _offered(self, job: Job | None, serial: int) -> Envelope | None:
-        """The destination this end offered under `serial` (0: none; the record goes, as does the
-        taken job's own); ProtocolError for a serial it never made or no longer remembers."""
-        with self.cond:
-            if job is not None:
-                self._offers_made.pop(job.offer, None)
-            if not serial:
-                return None
-            if job is not None and job.offer == serial:
-                return job.envelope
-            offered = self._offers_made.pop(serial, None)
-        if offered is None:
-            raise ProtocolError(f"a header planned on offer {serial}, which this receiver did not make")
-        return offered
 
     def _receive_offered(
         self, seq: int, header: dict, job: Job | None, refusal: HeaderRefused | None, offered: Envelope | None
