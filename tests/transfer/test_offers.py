@@ -252,3 +252,27 @@ def test_a_burst_of_reservations_faster_than_the_sender_takes_offers_leaves_the_
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_header_refused_on_the_way_that_waits_leaves_no_offer_behind(pair, names):
+    """The header went before the offer came, and was refused: the offer, which came before the
+    REFUSE, goes with it. Left behind, the request's next attempt would plan on it and be refused
+    (or, once the receiver forgot it, cost the channel)."""
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 17), make_arena(ARENA_BYTES, 18)
+    src, dst = pages(1, 4), pages(30, 4)
+    tokens = envelope_for("k", src, has_slot=False).num_tokens
+    outgoing = sender.submit(envelope_for("k", src, has_slot=False, num_tokens=tokens + 1), src_arena)
+    deadline = time.monotonic() + 5
+    while "bell/0" not in names:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    incoming = receiver.expect(envelope_for("k", dst, has_slot=False), dst_arena, deadline_s=5)
+    assert failure_of(outgoing, 5).cause.problem == HEADER_DIFFERS
+    assert failure_of(incoming, 5).kind is FailureKind.REFUSED
+    assert offer_kind(sender, "k") is None
+    incoming = receiver.expect(envelope_for("k", dst, has_slot=False), dst_arena, deadline_s=5)
+    wait_for_offer(sender, "k")
+    sender.submit(envelope_for("k", src, has_slot=False), src_arena, deadline_s=5).wait(5)
+    incoming.wait(5)
+    assert digest(dst_arena, dst) == digest(src_arena, src)

@@ -77,15 +77,15 @@ class OffersMade:
 
     def offered(self, job: Job | None, serial: int) -> Envelope | None:
         """The destination offered under `serial` (0: none) to a header that took `job` (None: no
-        reservation); the records of both go. ProtocolError for a serial this end never made, or
-        no longer remembers."""
-        if job is not None:
-            self._made.pop(job.offer, None)
+        reservation); its record goes. Other records stay until newer ones push them out: a sender
+        may still hold such an offer (say, one that came after it had sent its header), and a
+        payload planned on it is then discarded by that record, not by the channel. ProtocolError
+        for a serial this end never made, or no longer remembers."""
         if not serial:
             return None
+        envelope = self._made.pop(serial, None)
         if job is not None and job.offer == serial:
             return job.envelope
-        envelope = self._made.pop(serial, None)
         if envelope is None:
             raise ProtocolError(f"a header planned on offer {serial}, which this receiver did not make")
         return envelope

@@ -198,13 +198,22 @@ class EnvelopeSender(ChannelEnd):
             transfer.begin()
             deadline = transfer.deadline
         else:
-            runs, deadline = self._await_reply(job, seq)
-            # An offer filed before the READY (the control link keeps order) was for this transfer.
-            channel.control.take_offer(offer_key(transfer.request_id))
+            try:
+                runs, deadline = self._await_reply(job, seq)
+            finally:  # an offer filed before the answer (the control link keeps order) was for this header
+                self._drop_offer(transfer.request_id)
             if not transfer.done():  # else failed already: a READY that crossed its withdrawal
                 transfer.begin()
                 deadline = transfer.deadline
         self._send_chunks(job, seq, runs, deadline)
+
+    def _drop_offer(self, request_id: str) -> None:
+        """Forget the receiver's offer for `request_id`, if one came: left, a later transfer of the
+        request would plan on it, and be refused."""
+        try:
+            self.channel.control.take_offer(offer_key(request_id))
+        except ChannelError:  # the link went with its offers
+            pass
 
     def _planned_on_offer(self, job: Job) -> tuple[int, np.ndarray] | None:
         """(serial, runs) of the receiver's offer for this request, where one came and the envelope
