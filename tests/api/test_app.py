@@ -193,6 +193,18 @@ def test_a_streamed_chat_sends_the_role_first_then_content(card):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
 
 
+def test_a_streamed_chat_whose_first_delta_has_text_sends_the_role_in_a_chunk_of_its_own(card):
+    # The first token's text is visible at once ("h"): a chunk holding the role and that text as two
+    # choices of index 0 hid the text from clients that read `choices[0]` (the official client does).
+    engine = FakeEngine(card, text_reply("hi there"))
+    payload = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 8, "stream": True}
+    chunks = stream_events(run(post(serve(engine), "/v1/chat/completions", payload)))
+    assert all(len({c["index"] for c in chunk["choices"]}) == len(chunk["choices"]) for chunk in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert "".join(d.get("content", "") for d in deltas) == "hi there"
+
+
 def test_chat_without_a_template_is_a_400_that_says_so(card, plain_tokenizer_folder):
     plain = ModelCard(
         served_name="plain",

@@ -83,22 +83,24 @@ async def first_batch(batches: AsyncIterator[list[TextDelta]]) -> list[TextDelta
 async def sse_reply(
     plan: ReplyPlan, first: list[TextDelta], batches: AsyncIterator[list[TextDelta]]
 ) -> AsyncIterator[bytes]:
-    """The stream: a chunk per batch of deltas (chat: a choice's role first), `finish_reason` on each
-    choice's last, the usage chunk when asked, then `[DONE]`. Closed early: `batches` is closed."""
+    """The stream: a chunk per batch of deltas, `finish_reason` on each choice's last, the usage chunk
+    when asked, then `[DONE]`. Chat: a choice's role goes in a chunk of its own before its first text,
+    so that a chunk never holds a choice twice. Closed early: `batches` is closed."""
     head, completion_tokens = plan.head, {job.index: 0 for job in plan.jobs}
 
     def encoded(batch: list[TextDelta]) -> bytes:
-        choices = []
+        roles, choices = [], []
         for delta in batch:
             completion_tokens[delta.index] = delta.completion_tokens
             ids = delta.token_ids if plan.show_token_ids else None
             reason = delta.finish_reason.value if delta.finish_reason else None
             if head.chat and delta.first:
-                choices.append(responses.chunk_choice(head, delta.index, "", None, role=True))
+                roles.append(responses.chunk_choice(head, delta.index, "", None, role=True))
                 if not delta.text and reason is None:
                     continue
             choices.append(responses.chunk_choice(head, delta.index, delta.text, reason, token_ids=ids))
-        return sse_data(responses.chunk(head, choices))
+        role_chunk = sse_data(responses.chunk(head, roles)) if roles else b""
+        return role_chunk + (sse_data(responses.chunk(head, choices)) if choices or not roles else b"")
 
     try:
         if first:
