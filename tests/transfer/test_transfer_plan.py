@@ -17,7 +17,7 @@ from transfer.plans import (
     RangesRefused,
     RowsDoNotPair,
 )
-from transfer.plans.messages import assign_streams, plan_messages
+from transfer.plans.messages import MessagePlan, assign_streams, plan_messages
 from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 
 
@@ -235,6 +235,33 @@ def test_streams_carry_even_shares_of_the_bytes_whatever_the_message_sizes():
     # Taking turns would put 32 + 15 MiB on one stream and 17 + 0 on the other (or worse).
     assert sorted(loads) == [32 << 20, 32 << 20]
     assert assign_streams(chunks, 1) == [[0] * len(c.messages) for c in chunks]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_message_plan_plans_a_chunk_when_asked_and_equals_the_whole_plan(seed):
+    rng = np.random.default_rng(seed)
+    nbytes = rng.integers(1, 3000, 60)
+    src, dst = rng.permutation(60) * 4000, rng.permutation(60) * 5000
+    runs = plan_runs(torch.tensor(np.stack([src, nbytes], 1)), torch.tensor(np.stack([dst, nbytes], 1)))
+    sizes = {"chunk_bytes": int(rng.integers(500, 20000)), "direct_min_bytes": int(rng.integers(100, 4000))}
+    whole = plan_messages(runs, **sizes)
+    plan = MessagePlan(runs, **sizes, num_streams=3)
+
+    def facts(chunks):  # a chunk's messages hold arrays: compare what they say
+        return [(c.index, [(m.pieces.tolist(), m.nbytes, m.spans) for m in c.messages]) for c in chunks]
+
+    assert len(plan) == len(whole) > 2 and plan.planned == 0
+    assert facts([plan[0]]) == facts(whole[:1]) and plan.planned == 1  # before the rest is planned
+    last = len(plan) - 1
+    assert plan.streams(last) == assign_streams(whole, 3)[last] and plan.planned == len(plan)
+    assert facts(plan) == facts(whole) == facts(plan[:]) and facts([plan[-1]]) == facts(whole[-1:])
+    assert [plan.streams(i) for i in range(len(plan))] == assign_streams(whole, 3)
+    with pytest.raises(IndexError):
+        plan[len(plan)]
+    empty = MessagePlan(np.zeros((0, 3), dtype=np.int64), **sizes)
+    assert len(empty) == 0 and list(empty) == []
+    with pytest.raises(ValueError, match="num_streams"):
+        MessagePlan(runs, **sizes, num_streams=0)
 
 
 def test_moving_rows_drop_the_held_pages_and_keep_the_slot_first():

@@ -24,7 +24,7 @@ import torch
 from transfer.ends.end import ChannelEnd, Job
 from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, checksum, scatter
 from transfer.pair import Channel
-from transfer.plans import DST, NBYTES, Chunk, assign_streams, plan_messages
+from transfer.plans import DST, NBYTES, Chunk, MessagePlan
 from transfer.wire import (
     ABORT,
     TAG_DATA,
@@ -43,9 +43,7 @@ def receive_payload(end: ChannelEnd, job: Job, seq: int, header: dict) -> tuple[
     (its ABORT says why), or a checksum mismatch. A sender that never says why it aborted costs the
     channel (ChannelError)."""
     deadline, runs = job.transfer.deadline, job.runs
-    sizes = {"chunk_bytes": header["chunk_bytes"], "direct_min_bytes": header["direct_min_bytes"]}
-    chunks = plan_messages(runs, **sizes)
-    pipeline = ReceivePipeline(end.channel, end.staging, job, chunks)
+    pipeline = ReceivePipeline(end.channel, end.staging, job, _plan(runs, header, end.channel.num_streams))
     aborted = pipeline.receive(deadline)
     filled, sent_checksum = pipeline.receive_trailer(seq, deadline)
     failure = None if aborted is None else (FailureKind.ABORTED, aborted)
@@ -56,6 +54,17 @@ def receive_payload(end: ChannelEnd, job: Job, seq: int, header: dict) -> tuple[
         if sent_checksum != ours:
             failure = (FailureKind.CORRUPT, f"checksum mismatch: sender {sent_checksum}, receiver {ours}")
     return failure
+
+
+def _plan(runs: np.ndarray, header: dict, num_streams: int) -> MessagePlan:
+    """The messages of a payload planned on `runs` with the `header`'s sizes, as the sender plans
+    them: chunk by chunk, so that chunk 0's receives are posted before the rest is planned."""
+    return MessagePlan(
+        runs,
+        chunk_bytes=header["chunk_bytes"],
+        direct_min_bytes=header["direct_min_bytes"],
+        num_streams=num_streams,
+    )
 
 
 def _sender_abort(end: ChannelEnd, seq: int, deadline: float) -> tuple[FailureKind, str]:
@@ -74,10 +83,9 @@ def discard_payload(end: ChannelEnd, runs: np.ndarray, seq: int, header: dict, d
     into a staging buffer, and drop it; then its trailer (and the sender's ABORT, if it aborted).
     Nothing is written to any arena: the destination it was planned on may be another's by now."""
     channel = end.channel
-    sizes = {"chunk_bytes": header["chunk_bytes"], "direct_min_bytes": header["direct_min_bytes"]}
-    chunks = plan_messages(runs, **sizes)
-    for chunk, streams in zip(chunks, assign_streams(chunks, channel.num_streams), strict=True):
-        scratch, works, at = end.staging.get(0, chunk.nbytes), [], 0
+    chunks = _plan(runs, header, channel.num_streams)
+    for chunk in chunks:
+        scratch, works, at, streams = end.staging.get(0, chunk.nbytes), [], 0, chunks.streams(chunk.index)
         for message, stream in zip(chunk.messages, streams, strict=True):
             works.append(channel.recv(scratch[at : at + message.nbytes], TAG_DATA + stream))
             at += message.nbytes
@@ -91,10 +99,10 @@ def discard_payload(end: ChannelEnd, runs: np.ndarray, seq: int, header: dict, d
 
 
 class ReceivePipeline:
-    """Receives one transfer's chunks (`plan_messages` of its runs, as the sender plans them) into
+    """Receives one transfer's chunks (a `MessagePlan` of its runs, as the sender plans them) into
     the job's arena: `receive` posts and lands them all, in plan order."""
 
-    def __init__(self, channel: Channel, staging: StagingBuffers, job: Job, chunks: list[Chunk]) -> None:
+    def __init__(self, channel: Channel, staging: StagingBuffers, job: Job, chunks: MessagePlan) -> None:
         self.channel, self.staging, self.job, self.chunks = channel, staging, job, chunks
         self._trailer: tuple[object, torch.Tensor] | None = None  # (work, tensor) once posted
 
@@ -104,7 +112,6 @@ class ReceivePipeline:
         is scattered)."""
         job, chunks = self.job, self.chunks
         transfer = job.transfer
-        streams = assign_streams(chunks, self.channel.num_streams)  # as the sender assigns them
         # Receives are posted in plan order (NCCL matches them in order), as far ahead as buffers
         # allow: chunk j's staged messages take staging buffer j % DEPTH, free once chunk j-DEPTH
         # landed; messages contiguous here land in the arena in place and need none. So chunks
@@ -118,7 +125,7 @@ class ReceivePipeline:
                 num_posted - PIPELINE_DEPTH < num_landed
                 or all(m.in_place_at(DST) is not None for m in chunks[num_posted].messages)
             ):
-                posted.append(self._post(chunks[num_posted], streams[num_posted]))
+                posted.append(self._post(chunks[num_posted], chunks.streams(num_posted)))
                 num_posted += 1
             if num_posted == len(chunks) and self._trailer is None:
                 # Posted with the last chunk, so that it lands with the stream: a Gloo message
@@ -128,7 +135,7 @@ class ReceivePipeline:
 
         aborted: str | None = None  # our own abort: the stream still drains, nothing more is scattered
         post_ahead()
-        for _ in chunks:
+        for _ in range(len(chunks)):
             self._land(posted.popleft(), deadline, scatter_staged=aborted is None)
             num_landed += 1
             post_ahead()

@@ -23,7 +23,7 @@ import torch
 from transfer.ends.end import Job
 from transfer.ends.staging import PIPELINE_DEPTH, StagingBuffers, gather
 from transfer.pair import Channel
-from transfer.plans import NBYTES, SRC, Chunk, Message, assign_streams
+from transfer.plans import NBYTES, SRC, Chunk, Message, MessagePlan
 from transfer.wire import TAG_DATA
 
 
@@ -33,7 +33,7 @@ def staged_messages(chunk: Chunk) -> list[Message]:
 
 
 class SendPipeline:
-    """Sends one transfer's chunks (`plan_messages` of its runs) in plan order: `send` posts every
+    """Sends one transfer's chunks (a `MessagePlan` of its runs) in plan order: `send` posts every
     chunk's sends, gathering ahead; `drain` waits for the sends still in flight.
 
     `gatherer` is the sender's gather thread (CPU), or None: gathers are enqueued on the copy
@@ -46,7 +46,7 @@ class SendPipeline:
         staging: StagingBuffers,
         gatherer: ThreadPoolExecutor | None,
         job: Job,
-        chunks: list[Chunk],
+        chunks: MessagePlan,
     ) -> None:
         self.channel, self.staging, self.gatherer = channel, staging, gatherer
         self.job, self.chunks = job, chunks
@@ -60,7 +60,6 @@ class SendPipeline:
         transfer = job.transfer
         # chunk index -> gather (a pair that moves nothing of this envelope sends no chunk at all)
         gathered: dict[int, Future | None] = {0: self._stage(chunks[0])} if chunks else {}
-        streams = assign_streams(chunks, channel.num_streams)
         for chunk in chunks:
             ahead = chunk.index + 1
             if ahead < len(chunks) and staged_messages(chunks[ahead]):
@@ -76,7 +75,7 @@ class SendPipeline:
             works, keep = [], []
             staged = self.staging.get(chunk.index, chunk.staged_bytes(SRC))
             for message, stream, at in zip(
-                chunk.messages, streams[chunk.index], chunk.staging_offsets(SRC), strict=True
+                chunk.messages, chunks.streams(chunk.index), chunk.staging_offsets(SRC), strict=True
             ):
                 offset = message.in_place_at(SRC)
                 if offset is not None:

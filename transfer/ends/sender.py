@@ -37,7 +37,7 @@ from transfer.ends.handle import ChunkHook, Transfer, TransferOptions
 from transfer.ends.send_pipeline import SendPipeline
 from transfer.ends.staging import checksum
 from transfer.pair import SENDER_RANK, Channel
-from transfer.plans import NBYTES, SRC, channel_runs, moving_rows, plan_messages
+from transfer.plans import NBYTES, SRC, MessagePlan, channel_runs, moving_rows
 from transfer.wire import (
     ABORT,
     HEADER,
@@ -291,8 +291,11 @@ class EnvelopeSender(ChannelEnd):
 
     def _send_chunks(self, job: Job, seq: int, runs: np.ndarray, deadline: float) -> None:
         channel, transfer = self.channel, job.transfer
-        chunks = plan_messages(
-            runs, chunk_bytes=self.options.chunk_bytes, direct_min_bytes=self._direct_min_bytes
+        chunks = MessagePlan(
+            runs,
+            chunk_bytes=self.options.chunk_bytes,
+            direct_min_bytes=self._direct_min_bytes,
+            num_streams=channel.num_streams,
         )
         pipeline = SendPipeline(channel, self.staging, self._gatherer, job, chunks)
         pipeline.send(deadline)

@@ -22,7 +22,7 @@ from transfer.plans.errors import (
     RowsDoNotPair,
     UnitSizesDiffer,
 )
-from transfer.plans.messages import Chunk, Message, assign_streams, plan_messages
+from transfer.plans.messages import Chunk, Message, MessagePlan, assign_streams, plan_messages
 from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 from transfer.plans.reshard import source_ranks
 from transfer.plans.tp_handshake import check_reshard, tp_differing_fields, tp_of
@@ -36,6 +36,7 @@ __all__ = [
     "EMPTY",
     "LayoutsDoNotPair",
     "Message",
+    "MessagePlan",
     "NBYTES",
     "NEGATIVE",
     "OVERLAPPING",
