@@ -179,6 +179,22 @@ def test_a_header_planned_on_an_offer_never_made_costs_the_channel(pair):
     assert torch.equal(dst_arena, before)
 
 
+def test_a_header_planned_on_an_offer_with_chunks_over_the_receivers_limit_costs_the_channel(pair):
+    """A payload this end would not take cannot be discarded either (its staging is what the limit
+    bounds): the channel breaks, typed, with nothing written, and the receiver's error says why."""
+    sender, receiver = pair
+    receiver.max_chunk_bytes = 4096  # under the sender's chunks, though its offer said more
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 11), make_arena(ARENA_BYTES, 12)
+    src, dst = pages(1, 4), pages(30, 4)
+    before = dst_arena.clone()
+    incoming = receiver.expect(envelope_for("g", dst, has_slot=False), dst_arena, deadline_s=5)
+    wait_for_offer(sender, "g")
+    error = failure_of(sender.submit(envelope_for("g", src, has_slot=False), src_arena, deadline_s=3), 10)
+    assert error.channel_broken
+    assert "chunk_bytes" in failure_of(incoming, 10).reason
+    assert torch.equal(dst_arena, before)
+
+
 def test_the_offer_store_keeps_the_newest_per_name_within_its_count_and_bytes():
     store = OfferStore(max_count=3, max_bytes=100)
     for name in "abc":

@@ -296,8 +296,8 @@ class EnvelopeReceiver(ChannelEnd):
         why = f"a payload planned on offer {header['offer']} cannot be discarded"
         if refusal is None or offered is None or refusal.problem == MALFORMED_HEADER:
             raise ProtocolError(f"{why}: {refusal.detail if refusal else 'no refusal'}")
-        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
-            raise ProtocolError(f"{why}: its chunk sizes are out of bounds")
+        if (limits := self._out_of_limits(header)) is not None:
+            raise ProtocolError(f"{why}: {limits}")
         try:
             runs = self._plan(offered, header)
         except (ProtocolError, ValueError) as exc:
@@ -316,6 +316,15 @@ class EnvelopeReceiver(ChannelEnd):
             expected.moving,
             num_tokens=expected.num_tokens,
             held=expected.held_pages,
+        )
+
+    def _out_of_limits(self, header: dict) -> str | None:
+        """Why the header's chunk sizes are out of this receiver's limits, or None."""
+        if 0 < header["chunk_bytes"] <= self.max_chunk_bytes and header["direct_min_bytes"] > 0:
+            return None
+        return (
+            f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} "
+            f"must be in (0, {self.max_chunk_bytes}] and > 0"
         )
 
     def _check_header(self, job: Job, seq: int, header: dict) -> HeaderRefused | None:
@@ -343,12 +352,8 @@ class EnvelopeReceiver(ChannelEnd):
                 return HeaderRefused(
                     FailureKind.REFUSED, HEADER_DIFFERS, detail, field=field, mine=mine, theirs=theirs
                 )
-        if not 0 < header["chunk_bytes"] <= self.max_chunk_bytes or header["direct_min_bytes"] <= 0:
-            detail = (
-                f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} "
-                f"must be in (0, {self.max_chunk_bytes}] and > 0"
-            )
-            return HeaderRefused(FailureKind.REFUSED, CHUNK_LIMITS, detail)
+        if (limits := self._out_of_limits(header)) is not None:
+            return HeaderRefused(FailureKind.REFUSED, CHUNK_LIMITS, limits)
         try:
             runs = self._plan(expected, header)
         except (ProtocolError, ValueError) as exc:
