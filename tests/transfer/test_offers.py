@@ -4,6 +4,7 @@ reservation went is received and discarded, and the channel stays in step."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -193,6 +194,26 @@ def test_a_header_planned_on_an_offer_with_chunks_over_the_receivers_limit_costs
     assert error.channel_broken
     assert "chunk_bytes" in failure_of(incoming, 10).reason
     assert torch.equal(dst_arena, before)
+
+
+def test_a_reconnect_offers_again_what_waits_for_its_transfer(pair, names):
+    """The sender's offers go with the link: after a reconnect the receiver offers each reservation
+    still waiting again, and its header goes with its payload, unanswered."""
+    sender, receiver = pair
+    src_arena, dst_arena = make_arena(ARENA_BYTES, 13), make_arena(ARENA_BYTES, 14)
+    src, dst = pages(1, 6), pages(50, 6, stride=3)
+    incoming = receiver.expect(envelope_for("h", dst, has_slot=False), dst_arena, deadline_s=20)
+    wait_for_offer(sender, "h")
+    joining = threading.Thread(target=receiver.connect)
+    joining.start()
+    sender.connect()
+    joining.join()
+    wait_for_offer(sender, "h")
+    names.clear()
+    sender.submit(envelope_for("h", src, has_slot=False), src_arena, deadline_s=5).wait()
+    incoming.wait()
+    assert digest(dst_arena, dst) == digest(src_arena, src)
+    assert [n.split("/")[0] for n in names] == ["bell", "status"]  # planned on the new offer: no reply
 
 
 def test_the_offer_store_keeps_the_newest_per_name_within_its_count_and_bytes():

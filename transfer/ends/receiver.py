@@ -149,6 +149,15 @@ class EnvelopeReceiver(ChannelEnd):
             self.cond.notify_all()
         return job.transfer
 
+    def connect(self, timeout_s: float | None = None) -> None:
+        """(Re)connect the channel, then offer every reservation still waiting for its transfer: the
+        sender's offers went with the former link, and one made while the channel was down never
+        went out."""
+        super().connect(timeout_s)
+        with self.cond:
+            for job in self._expected.values():
+                self.offers.offer(job)
+
     def refuse(self, request_id: str, kind: FailureKind | None, reason: str = "") -> None:
         """Refuse the next header for `request_id` at once (as `kind`, with `reason`) unless it is
         expected by then; a header already waiting for it is refused now. A `kind` of None forgets
