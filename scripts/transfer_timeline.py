@@ -65,7 +65,7 @@ def instrument(log: list) -> None:
     wrap(sender.EnvelopeSender, "_send_chunks", "send_chunks", before=True)
     wrap(send_pipeline.SendPipeline, "send", "payload_sends", before=True)
     wrap(receiver.EnvelopeReceiver, "_receive_one", "receive_one", before=True)
-    wrap(receiver.EnvelopeReceiver, "_check_header", "header_checked")
+    wrap(receiver, "check_header", "header_checked")  # as the receiver calls it
     wrap(receive_pipeline.ReceivePipeline, "receive", "payload_landed", before=True)
     wrap(handle.Transfer, "conclude", "concluded")
 

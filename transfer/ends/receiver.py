@@ -10,10 +10,10 @@ part has (`Parts.wait()`). One transfer:
 
     decode the bell's HEADER (bounded); take the expectation it names (waiting up to
         `unexpected_wait_s` for `expect`)
-    check it against the reservation: request id, tokens, row count and row sizes (the source
-        table, less the pages held here already, must pair with ours; across TP sizes each row
-        must have the source shard's unit size), chunk size; any mismatch -> REFUSE naming the
-        problem (`HeaderRefused`), nothing written
+    check it against the reservation (`transfer.ends.header_check`): request id, tokens, row count
+        and row sizes (the source table, less the pages held here already, must pair with ours;
+        across TP sizes each row must have the source shard's unit size), chunk size; any mismatch
+        -> REFUSE naming the problem (`HeaderRefused`), nothing written
     the sender withdrew it meanwhile -> REFUSE
     READY + our table + how many leading pages we hold (the sender skips them); receive the chunks
         (`transfer.ends.receive_pipeline`: chunk k is scattered while k+1 and k+2 arrive)
@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import time
 
-import numpy as np
 import torch
 
 from distpool.memory.envelope import MAX_PAGES, Envelope
@@ -47,20 +46,15 @@ from transfer.defaults import (
 from transfer.ends.activity import Activity
 from transfer.ends.end import ChannelEnd, Job, Stopped
 from transfer.ends.handle import ChunkHook, Transfer
+from transfer.ends.header_check import check_header, header_runs, out_of_limits
 from transfer.ends.offers import OffersMade
 from transfer.ends.receive_pipeline import discard_payload, receive_payload
 from transfer.pair import RECEIVER_RANK, Channel
-from transfer.plans import NBYTES, channel_runs
 from transfer.wire import (
-    CHUNK_LIMITS,
-    GIVEN_UP,
     HEADER,
-    HEADER_DIFFERS,
-    LAYOUT,
     MALFORMED_HEADER,
     NOT_EXPECTED,
     OFFER_STALE,
-    PROTOCOL_VERSION,
     READY,
     REFUSE,
     SENDER_WITHDREW,
@@ -77,7 +71,6 @@ from transfer.wire import (
     reply_key,
     status_key,
     table_bytes,
-    table_from_bytes,
     withdraw_key,
 )
 
@@ -234,7 +227,7 @@ class EnvelopeReceiver(ChannelEnd):
                 detail = f"planned on offer {header['offer']}, which offer {job.offer} replaced"
                 refusal = HeaderRefused(FailureKind.REFUSED, OFFER_STALE, detail)
             elif job is not None:
-                refusal = self._check_header(job, seq, header)
+                refusal = check_header(job, seq, header, self.channel.tp_pair, self.max_chunk_bytes)
         except ProtocolError as exc:
             refusal = HeaderRefused(FailureKind.PROTOCOL, MALFORMED_HEADER, f"malformed header: {exc}")
         rid = header["request_id"] if header is not None else "?"
@@ -305,71 +298,15 @@ class EnvelopeReceiver(ChannelEnd):
         why = f"a payload planned on offer {header['offer']} cannot be discarded"
         if refusal is None or offered is None or refusal.problem == MALFORMED_HEADER:
             raise ProtocolError(f"{why}: {refusal.detail if refusal else 'no refusal'}")
-        if (limits := self._out_of_limits(header)) is not None:
+        if (limits := out_of_limits(header, self.max_chunk_bytes)) is not None:
             raise ProtocolError(f"{why}: {limits}")
         try:
-            runs = self._plan(offered, header)
+            runs = header_runs(self.channel.tp_pair, offered, header)
         except (ProtocolError, ValueError) as exc:
             raise ProtocolError(f"{why}: the header's table does not pair with the offer's: {exc}") from None
         discard_payload(self, runs, seq, header, time.monotonic() + self.channel.timeout_s)
         self._status(seq, (refusal.kind, refusal.detail), problem=refusal.problem)
         raise Stopped(refusal.kind, f"refused the sender's header: {refusal.detail}", cause=refusal)
-
-    def _plan(self, expected: Envelope, header: dict) -> np.ndarray:
-        """The runs of a transfer from the header's table into `expected` (ValueError, ProtocolError
-        when the tables do not pair)."""
-        num_rows = len(header["table"]) // 16
-        return channel_runs(
-            self.channel.tp_pair,
-            expected.moving_of(table_from_bytes(header["table"], num_rows=num_rows)),
-            expected.moving,
-            num_tokens=expected.num_tokens,
-            held=expected.held_pages,
-        )
-
-    def _out_of_limits(self, header: dict) -> str | None:
-        """Why the header's chunk sizes are out of this receiver's limits, or None."""
-        if 0 < header["chunk_bytes"] <= self.max_chunk_bytes and header["direct_min_bytes"] > 0:
-            return None
-        return (
-            f"chunk_bytes {header['chunk_bytes']} and direct_min_bytes {header['direct_min_bytes']} "
-            f"must be in (0, {self.max_chunk_bytes}] and > 0"
-        )
-
-    def _check_header(self, job: Job, seq: int, header: dict) -> HeaderRefused | None:
-        """Why the header cannot fill this reservation, or None if it can (then `job.runs` is set).
-
-        It must agree with the reservation on the protocol version, the sequence number the bell
-        rang for, the tokens and the rows; its chunk sizes must stay within this receiver's limits;
-        and its table, less the pages held here already, must pair with ours (across TP sizes each
-        row must have the source shard's unit size). Nothing is written, nothing waited for."""
-        expected, transfer = job.envelope, job.transfer
-        if transfer.abort_reason is not None:
-            return HeaderRefused(FailureKind.ABORTED, GIVEN_UP, transfer.abort_reason)
-        if time.monotonic() >= transfer.deadline:
-            reason = "the reservation's deadline passed before the transfer could start"
-            return HeaderRefused(FailureKind.TIMEOUT, GIVEN_UP, reason)
-        num_rows = len(header["table"]) // 16
-        for field, mine, theirs in (
-            ("protocol version", PROTOCOL_VERSION, header["version"]),
-            ("transfer sequence number", seq, header["seq"]),
-            ("number of tokens", expected.num_tokens, header["num_tokens"]),
-            ("number of byte ranges (slot and pages)", expected.ranges.shape[0], num_rows),
-        ):
-            if mine != theirs:
-                detail = f"{field} differs: reserved {mine!r}, sender has {theirs!r}"
-                return HeaderRefused(
-                    FailureKind.REFUSED, HEADER_DIFFERS, detail, field=field, mine=mine, theirs=theirs
-                )
-        if (limits := self._out_of_limits(header)) is not None:
-            return HeaderRefused(FailureKind.REFUSED, CHUNK_LIMITS, limits)
-        try:
-            runs = self._plan(expected, header)
-        except (ProtocolError, ValueError) as exc:
-            return HeaderRefused(FailureKind.REFUSED, LAYOUT, str(exc), cause=exc)
-        job.runs = runs
-        transfer.num_bytes = int(runs[:, NBYTES].sum())  # across TP: this channel's share
-        return None
 
     def _status(self, seq: int, failure: tuple[FailureKind, str] | None = None, *, problem: str = "") -> None:
         """STATUS ok (no `failure`), or failed as `failure`: (kind, reason); `problem`: a refusal's
