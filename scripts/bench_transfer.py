@@ -236,6 +236,10 @@ def receiver_main(conn, port: int, arena_bytes: int, streams: int | None) -> Non
             cpu_started = time.process_time()
             transfer.wait()
             cpu = time.process_time() - cpu_started
+            # Checked once the sender's clock stopped: a CRC of the envelope, run while the sender
+            # still waited for STATUS, took CPU from its last steps (and stretched them).
+            if conn.recv() != "check":
+                raise SystemExit("the bench's sender did not ask for the check")
             conn.send((crc(arena, ranges), cpu))
             continue
         nbytes = int(ranges[:, 1].sum())
@@ -333,6 +337,7 @@ class Bench:
             self.sender.submit(envelope_of(rid, ranges), self.arena, deadline_s=120).wait()
             seconds = time.perf_counter() - started
             cpu, busy = time.process_time() - cpu_started, machine_busy_s() - busy_started
+            self.conn.send("check")
             value, peer_cpu = self.conn.recv()
             if value != crc(self.arena, ranges):
                 raise SystemExit(f"envelope {rid} arrived corrupted")
