@@ -57,7 +57,7 @@ from distpool.memory.envelope import Envelope  # noqa: E402
 from transfer import Channel, EnvelopeReceiver, EnvelopeSender, TransferOptions  # noqa: E402
 from transfer.connect.rendezvous import reserve_port  # noqa: E402
 from transfer.ends.link import message_pieces  # noqa: E402
-from transfer.plans import assign_streams, plan_messages, plan_runs  # noqa: E402
+from transfer.plans import MessagePlan, plan_runs  # noqa: E402
 from transfer.wire import offer_key  # noqa: E402
 
 # ---- parameters ---------------------------------------------------------------------------------
@@ -370,12 +370,16 @@ class Bench:
     def engine_messages(self, src: torch.Tensor, dst: torch.Tensor) -> list[tuple[int, int]]:
         """(nbytes, stream) of every message the engine's plan sends between these ranges."""
         direct_min = bench_direct_min(self.args)
-        chunks = plan_messages(plan_runs(src, dst), chunk_bytes=self.chunk_bytes, direct_min_bytes=direct_min)
-        streams = assign_streams(chunks, self.channel.num_streams)
+        plan = MessagePlan(
+            plan_runs(src, dst),
+            chunk_bytes=self.chunk_bytes,
+            direct_min_bytes=direct_min,
+            num_streams=self.channel.num_streams,
+        )
         return [
             (m.nbytes, stream)
-            for chunk, row in zip(chunks, streams, strict=True)
-            for m, stream in zip(chunk.messages, row, strict=True)
+            for chunk in plan
+            for m, stream in zip(chunk.messages, plan.streams(chunk.index), strict=True)
         ]
 
     def _note_cpu(self, method: str, nbytes: int, seconds: float, cpu: tuple[float, float, float]) -> None:

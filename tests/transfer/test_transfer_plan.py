@@ -17,7 +17,7 @@ from transfer.plans import (
     RangesRefused,
     RowsDoNotPair,
 )
-from transfer.plans.messages import MessagePlan, assign_streams, plan_messages
+from transfer.plans.messages import MessagePlan, plan_messages
 from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 
 
@@ -226,15 +226,15 @@ def test_messages_cover_every_byte_once_in_order(chunk_bytes, direct_min_bytes):
 
 def test_streams_carry_even_shares_of_the_bytes_whatever_the_message_sizes():
     runs = np.array([[0, 0, 49 << 20], [100 << 20, 100 << 20, 15 << 20]], dtype=np.int64)  # a slot, a run
-    chunks = plan_messages(runs, chunk_bytes=32 << 20, direct_min_bytes=1 << 20)
-    streams = assign_streams(chunks, 2)
+    plan = MessagePlan(runs, chunk_bytes=32 << 20, direct_min_bytes=1 << 20, num_streams=2)
     loads = [0, 0]
-    for chunk, row in zip(chunks, streams, strict=True):
-        for message, stream in zip(chunk.messages, row, strict=True):
+    for chunk in plan:
+        for message, stream in zip(chunk.messages, plan.streams(chunk.index), strict=True):
             loads[stream] += message.nbytes
     # Taking turns would put 32 + 15 MiB on one stream and 17 + 0 on the other (or worse).
     assert sorted(loads) == [32 << 20, 32 << 20]
-    assert assign_streams(chunks, 1) == [[0] * len(c.messages) for c in chunks]
+    one = MessagePlan(runs, chunk_bytes=32 << 20, direct_min_bytes=1 << 20)
+    assert [one.streams(i) for i in range(len(one))] == [[0] * len(c.messages) for c in one]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -245,7 +245,8 @@ def test_a_message_plan_plans_a_chunk_when_asked_and_equals_the_whole_plan(seed)
     runs = plan_runs(torch.tensor(np.stack([src, nbytes], 1)), torch.tensor(np.stack([dst, nbytes], 1)))
     sizes = {"chunk_bytes": int(rng.integers(500, 20000)), "direct_min_bytes": int(rng.integers(100, 4000))}
     whole = plan_messages(runs, **sizes)
-    plan = MessagePlan(runs, **sizes, num_streams=3)
+    plan, in_order = MessagePlan(runs, **sizes, num_streams=3), MessagePlan(runs, **sizes, num_streams=3)
+    streams = [in_order.streams(i) for i in range(len(in_order))]
 
     def facts(chunks):  # a chunk's messages hold arrays: compare what they say
         return [(c.index, [(m.pieces.tolist(), m.nbytes, m.spans) for m in c.messages]) for c in chunks]
@@ -253,9 +254,9 @@ def test_a_message_plan_plans_a_chunk_when_asked_and_equals_the_whole_plan(seed)
     assert len(plan) == len(whole) > 2 and plan.planned == 0
     assert facts([plan[0]]) == facts(whole[:1]) and plan.planned == 1  # before the rest is planned
     last = len(plan) - 1
-    assert plan.streams(last) == assign_streams(whole, 3)[last] and plan.planned == len(plan)
+    assert plan.streams(last) == streams[last] and plan.planned == len(plan)  # asked for last first
     assert facts(plan) == facts(whole) == facts(plan[:]) and facts([plan[-1]]) == facts(whole[-1:])
-    assert [plan.streams(i) for i in range(len(plan))] == assign_streams(whole, 3)
+    assert [plan.streams(i) for i in range(len(plan))] == streams and len(set(sum(streams, []))) > 1
     with pytest.raises(IndexError):
         plan[len(plan)]
     empty = MessagePlan(np.zeros((0, 3), dtype=np.int64), **sizes)

@@ -22,7 +22,7 @@ from transfer.plans.errors import (
     RowsDoNotPair,
     UnitSizesDiffer,
 )
-from transfer.plans.messages import Chunk, Message, MessagePlan, assign_streams, plan_messages
+from transfer.plans.messages import Chunk, Message, MessagePlan, plan_messages
 from transfer.plans.plan import DST, NBYTES, SRC, check_ranges, moving_rows, plan_runs
 from transfer.plans.reshard import source_ranks
 from transfer.plans.tp_handshake import check_reshard, tp_differing_fields, tp_of
@@ -49,7 +49,6 @@ __all__ = [
     "TpPair",
     "UNIT_COUNTS_DIFFER",
     "UnitSizesDiffer",
-    "assign_streams",
     "channel_runs",
     "check_ranges",
     "check_reshard",

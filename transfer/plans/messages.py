@@ -4,8 +4,8 @@
 chunks of `chunk_bytes` and each chunk into messages (`MessagePlan`: chunk by chunk, as an end asks
 for them): each big run is a zero-copy message of its own, the small ones of a chunk are batched
 into one message, staged on each side where its pieces are not contiguous (its long stretches back
-to back on one side going as messages of their own where that copies less). `assign_streams`
-spreads the messages over the channel's connections. Both ends compute the same messages from the
+to back on one side going as messages of their own where that copies less), and spreads the
+messages over the channel's connections (`MessagePlan.streams`). Both ends compute the same messages from the
 same runs and the header's two sizes, so no per-message metadata travels.
 """
 
@@ -219,7 +219,7 @@ def plan_messages(runs: np.ndarray, *, chunk_bytes: int, direct_min_bytes: int) 
 
 class MessagePlan(Sequence[Chunk]):
     """`plan_messages`'s chunks, each planned the first time it (or a later one) is asked for, and
-    their messages' streams (`streams`, as `assign_streams` gives them). An end posts chunk 0's
+    their messages' streams (`streams`). An end posts chunk 0's
     messages before it plans the others, which the first bytes then overlap: planning a chunk of
     ~85 scattered pages takes ~0.1 ms here (~1 ms for a 1,024-page envelope whole), and on the
     receiving side it stood between the header and the first posted receive. `len` is known at
@@ -299,16 +299,11 @@ class MessagePlan(Sequence[Chunk]):
         self._streams.append(_assign(self._loads, chunk))
 
 
-def assign_streams(chunks: Sequence[Chunk], num_streams: int) -> list[list[int]]:
-    """The stream of every message, per chunk: each goes to the stream with the fewest bytes so far
-    (ties to the lowest), so parallel connections carry even shares even when one run is large.
-    Both ends compute it from the same plan, so message i of a stream matches on both sides."""
-    loads = [0] * num_streams
-    return [_assign(loads, chunk) for chunk in chunks]
-
-
 def _assign(loads: list[int], chunk: Chunk) -> list[int]:
-    """The streams of `chunk`'s messages, given each stream's bytes so far (`loads`, updated)."""
+    """The streams of `chunk`'s messages, given each stream's bytes so far (`loads`, updated): each
+    goes to the stream with the fewest bytes so far (ties to the lowest), so parallel connections
+    carry even shares even when one run is large. Both ends compute it from the same plan, so
+    message i of a stream matches on both sides."""
     row = []
     for message in chunk.messages:
         stream = loads.index(min(loads))

@@ -109,7 +109,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 # Control messages (transfer.pair.control) go with TAG_CONTROL. A payload message goes with TAG_DATA + its
-# stream (plan.assign_streams; Gloo: one connection per stream).
+# stream (MessagePlan.streams; Gloo: one connection per stream).
 TAG_CONTROL, TAG_DATA = 0, 1
 # The raw link measurement (transfer.ends.link): its payload goes with TAG_LINK_PAYLOAD + stream, far
 # above any transfer's tags.
