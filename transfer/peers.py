@@ -97,7 +97,12 @@ class PeerChannels:
             return self._ends[peer]
 
     def broken(self, peer: str) -> bool:
-        return not self._end(peer).channel.healthy
+        """Whether the channel to `peer` needs rebuilding: broken, or missing (never opened in this
+        life, say after Ray restarted this rank behind the driver's back, or dropped). Raising for a
+        missing one left such a pair unrebuilt for the rest of a run, every transfer on it failing."""
+        with self._lock:
+            end = self._ends.get(peer)
+        return end is None or not end.channel.healthy
 
     def submit(self, peer: str, envelope: Envelope, buffer: torch.Tensor, *, first_token: int) -> Transfer:
         """Queue one envelope for `peer`; the returned transfer concludes within the timeout."""

@@ -245,14 +245,22 @@ def join_peer(host: str, port: int, auth: ControlAuth, deadline: float) -> socke
 
     A connection refused, or reset before rank 0 sent its nonce, is tried again until the deadline:
     rank 0 stops listening between generations, and a connection queued just as it stopped is
-    reset without a word. Once the nonce came, a failure is final."""
+    reset without a word. Once the nonce came, a failure is final. Reset every time until the
+    deadline: RendezvousHungUp, however the deadline falls between the tries."""
+    hung_up = False
     while True:
-        sock = _connect(host, port, deadline)
+        try:
+            sock = _connect(host, port, deadline)
+        except PeersMissing:
+            if hung_up:  # rank 0 did answer, and hung up: the deadline came in the pause after
+                raise RendezvousHungUp(host, port) from None
+            raise
         try:
             sock.settimeout(max(min(PROOF_S, deadline - time.monotonic()), 0.001))
             theirs = _receive(sock, NONCE_BYTES)
         except (OSError, ChannelError):
             sock.close()
+            hung_up = True
             if deadline - time.monotonic() <= POLL_S:
                 raise RendezvousHungUp(host, port) from None
             time.sleep(POLL_S)
