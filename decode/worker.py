@@ -19,18 +19,18 @@ reserves them by reference; its transfer moves only the rest and the state slot.
 cached and evicted goes to the driver with the next results (`DecodeEvents.cache`), at once when
 nothing else is due: the driver's view of this cache is this cache's keys (`cache_keys`).
 Admission keeps room for every admitted request to reach `prompt_len + max_new_tokens`, so a decode
-step never runs out of pages.
+step never runs out of pages. A request's way from `waiting` into the batch is `arrivals.py`'s, the
+ways it ends (finished, corrupt, given back or up, the loop failed) are `endings.py`'s.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import asdict
 
+from decode.arrivals import Arrivals
+from decode.endings import Endings
 from decode.local_prefill import LocalPrefills
 from decode.loop import DecodeLoop
 from decode.outbox import Outbox
@@ -38,7 +38,6 @@ from decode.request import DecodeRequest, check_request
 from distpool.memory.pool import DoesNotFit
 from distpool.memory.prefix import CacheKeys
 from distpool.model.sampling import SamplingParams, finish_after, pick_for
-from distpool.model_impl.pool_model import Mismatch
 from distpool.worker.base import WorkerBase, byte_runs
 from distpool.worker.messages import DecodeEvents, DecodeResult, LocalPrefillAnswer, ViewedState
 from distpool.worker.stats import DecodeStats
@@ -65,8 +64,6 @@ class DecodeWorker(WorkerBase):
         self.prefilling = self.local.requests
         self.wake = threading.Condition(self.lock)  # an arrival, a finished request, or shutdown
         self.num_steps = 0
-        self.verified_envelopes = 0
-        self.corrupt_envelopes = 0
         self.loop = DecodeLoop(self)
         self.outbox = Outbox(
             self.wake,
@@ -76,6 +73,8 @@ class DecodeWorker(WorkerBase):
             waiting=lambda: bool(self.waiting),
             stopping=lambda: self.loop.stopping,
         )
+        self.endings = Endings(self, self._free)
+        self.arrivals = Arrivals(self, self.endings, self._free)
         self.loop.start()
 
     # ---- admission --------------------------------------------------------------------------
@@ -194,87 +193,21 @@ class DecodeWorker(WorkerBase):
         with self.lock:
             req = self.waiting.get(rid)
             if req is not None and req.parts is parts:
-                self._all_landed(rid, req, parts)
+                self.arrivals.landed(rid, req, parts)
 
-    def _all_landed(self, rid: str, req: DecodeRequest, parts: Parts) -> None:
-        """Under the lock: every transfer of a waiting request concluded."""
-        if parts.error is not None:
-            self.metrics.add_failure(parts.error.kind)
-            self._free(self.waiting, rid, pinned=True)
-            return
-        del self.waiting[rid]
-        self.pool.unpin(rid)
-        req.tokens.append(int(parts.transfers[0].first_token))
-        req.received_bytes = parts.num_bytes
-        req.landed_at = time.monotonic()
-        self.arrived[rid] = req
-        self.wake.notify_all()
-
+    # The decode loop's steps for arrived requests (`decode.loop.LoopWorker`), under the lock.
     def verify_arrived(self) -> None:
-        """Under the lock: check every byte of each arrived envelope, then let it join the batch."""
-        self.admit_verified(self.check_arrived(list(self.arrived)))
+        """Check every byte of each arrived envelope, then let those that passed join the batch."""
+        self.arrivals.verify()
 
     def check_arrived(self, rids: list[str]) -> list[str]:
-        """Under the lock: check every byte of the arrived envelopes `rids`; those that passed (they
-        stay in `arrived` until `admit_verified`, or `fail_elsewhere`). A mismatch fails its request
-        as corrupt: its bytes were damaged on their way, so another attempt may land them intact."""
-        passed = []
-        for rid in rids:
-            req = self.arrived[rid]
-            try:
-                mismatch = self.model.admit(self.pool, rid, req.prompt, req.tokens[0])
-            except ValueError as exc:  # e.g. a first token outside the vocabulary
-                mismatch = exc
-            if mismatch is None:
-                passed.append(rid)
-            else:
-                found = mismatch if isinstance(mismatch, Mismatch) else None
-                self._fail_corrupt(
-                    rid, self.arrived.pop(rid), f"received {mismatch}", retry=True, mismatch=found
-                )
-        return passed
+        return self.arrivals.check(rids)
 
     def fail_elsewhere(self, rid: str) -> None:
-        """Under the lock: an arrived request whose shard here passed failed verification on another
-        rank of the group: it fails here too, as corrupt (retried), holding nothing."""
-        req = self.arrived.pop(rid)
-        req.error, req.failure = "corrupt envelope: its shard on another rank", FailureKind.CORRUPT
-        req.retry = True
-        self._give_back(rid, req)
+        self.arrivals.fail_elsewhere(rid)
 
     def admit_verified(self, rids: list[str]) -> None:
-        """Under the lock: arrived requests `rids`, verified, join the batch (or finish)."""
-        for rid in rids:
-            req = self.arrived.pop(rid)
-            self.verified_envelopes += int(self.model.verifies)
-            req.verified = self.model.verifies
-            req.admitted_at = time.monotonic()
-            req.finish = finish_after(req.params, self.eos_token_ids, req.tokens)
-            if req.finish is not None:  # its first token ended it: no decode step
-                self._finish(rid, req)
-            else:
-                self.running[rid] = req
-
-    def _fail_corrupt(
-        self, rid: str, req: DecodeRequest, what: str, *, retry: bool, mismatch: Mismatch | None = None
-    ) -> None:
-        """Under the lock: the request's bytes are wrong; it is never decoded (further). `retry`:
-        whether another attempt may succeed (bytes damaged on the way, not in this pool); `mismatch`:
-        the first wrong byte, where the model found one."""
-        self.corrupt_envelopes += 1
-        req.error, req.failure, req.retry = f"corrupt envelope: {what}", FailureKind.CORRUPT, retry
-        req.mismatch = mismatch
-        self.metrics.add_failure(req.failure)
-        print(f"distpool: {self.name}: {rid}: {req.error}", file=sys.stderr, flush=True)
-        self._give_back(rid, req)
-
-    def _give_back(self, rid: str, req: DecodeRequest) -> None:
-        """Under the lock: a request given up after it arrived frees its memory; its failure is
-        handed out by `next_finished`."""
-        self.model.forget(rid)
-        self.pool.release(rid)
-        req.finished_at = time.monotonic()
-        self.outbox.hand_out(rid, req)
+        self.arrivals.admit(rids)
 
     def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
@@ -289,7 +222,7 @@ class DecodeWorker(WorkerBase):
         else:
             self.channels.refuse(request_id, None)
         with self.lock:
-            if self._give_up_admitted(request_id, notify=notify):
+            if self.endings.give_up(request_id, notify=notify):
                 return True
             req = self.waiting.get(request_id)
         if req is None or req.parts is None:
@@ -300,62 +233,17 @@ class DecodeWorker(WorkerBase):
         except TransferError:
             return True  # the expected outcome: `_landed` freed the reservation
         with self.lock:  # the abort came after the last byte landed: the transfer admitted it
-            self._give_up_admitted(request_id, notify=notify)
-        return True
-
-    def _give_up_admitted(self, request_id: str, *, notify: bool) -> bool:
-        """Under the lock: drop an arrived, running or finished request (see `cancel`); whether
-        there was one."""
-        held = (self.prefilling, self.arrived, self.running, self.outbox.finished)
-        req = next((owned[request_id] for owned in held if request_id in owned), None)
-        if req is None:
-            return False
-        self._free(self.prefilling, request_id)
-        self._free(self.arrived, request_id)
-        self._free(self.running, request_id)
-        self.outbox.finished.pop(request_id, None)
-        if notify:
-            req.error, req.failure = "decode gave the request up (receiver cancel)", FailureKind.ABORTED
-            self.outbox.hand_out(request_id, req)
+            self.endings.give_up(request_id, notify=notify)
         return True
 
     # ---- decode loop --------------------------------------------------------------------------
-    def _finish(self, request_id: str, req: DecodeRequest) -> None:
-        mismatch = self.model.check(self.pool, request_id)
-        if mismatch is not None:
-            # damaged here, in this pool: another attempt would find the same bytes
-            self._fail_corrupt(request_id, req, f"at release {mismatch}", retry=False, mismatch=mismatch)
-            return
-        cache = self.pool.prefix_cache
-        if cache is not None:  # its full pages stay for the next turn that shares them
-            held = (req.prompt + req.tokens)[: self.pool.num_tokens(request_id)]  # the last token has no KV
-            cache.cache_request(request_id, held)
-            if cache.final_states is not None:  # and its state, for a next turn prefilled here
-                cache.final_states.keep(request_id, held)
-        self.model.forget(request_id)
-        req.finished_at = time.monotonic()
-        self.pool.release(request_id)
-        self.outbox.hand_out(request_id, req)
-
     def _group_formed(self) -> None:
         self.wake.notify_all()  # the lockstep loop starts stepping
 
     def fail_loop_requests(self, exc: Exception) -> None:
-        """Under the lock: the decode loop raised; every request it holds (arrived or running) fails
-        with the reason, is handed out by `next_finished`, and gives its memory back."""
-        reason = f"the decode loop failed: {type(exc).__name__}: {exc}"
-        print(f"distpool: {self.name}: {reason}", file=sys.stderr, flush=True)
-        traceback.print_exc()
-        self.metrics.add_failure(FailureKind.INTERNAL)
-        for owned in (self.prefilling, self.arrived, self.running):
-            for rid, req in list(owned.items()):
-                try:
-                    self._free(owned, rid)
-                except Exception:  # its memory stays behind: the run's leak check reports it
-                    owned.pop(rid, None)
-                req.error, req.failure, req.retry = reason, FailureKind.INTERNAL, False
-                req.finished_at = time.monotonic()
-                self.outbox.hand_out(rid, req)
+        """Under the lock: the decode loop raised; every request it holds fails with the reason, is
+        handed out by `next_finished`, and gives its memory back."""
+        self.endings.fail_all(exc)
         self.loop.failed()
         self.wake.notify_all()
 
@@ -373,7 +261,7 @@ class DecodeWorker(WorkerBase):
             # An EOS or stop id, or max_tokens: it ends here, and its memory goes back at once.
             req.finish = finish_after(req.params, self.eos_token_ids, req.tokens)
             if req.finish is not None:
-                self._finish(rid, self.running.pop(rid))
+                self.endings.finish(rid, self.running.pop(rid))
         self.wake.notify_all()  # a streaming `next_events` hands the new tokens out
 
     def _extend_all(self, rids: list[str]) -> None:
@@ -417,8 +305,8 @@ class DecodeWorker(WorkerBase):
                 decode_state_checkpoints=self._final_states_kept(),
                 arrived=len(self.arrived),
                 running=len(self.running),
-                verified_envelopes=self.verified_envelopes,
-                corrupt_envelopes=self.corrupt_envelopes,
+                verified_envelopes=self.arrivals.verified,
+                corrupt_envelopes=self.endings.corrupt,
                 finished_uncollected=len(self.outbox.finished),
                 steps=self.num_steps,
             )
