@@ -34,18 +34,17 @@ from distpool.memory.envelope import Envelope
 from transfer.ends.activity import Activity
 from transfer.ends.end import ChannelEnd, Job, Stopped
 from transfer.ends.handle import ChunkHook, Transfer, TransferOptions
+from transfer.ends.offer_check import paired_runs, planned_on_offer, reply_bytes
 from transfer.ends.send_pipeline import SendPipeline
 from transfer.ends.staging import checksum
 from transfer.pair import SENDER_RANK, Channel
-from transfer.plans import NBYTES, SRC, MessagePlan, channel_runs, moving_rows
+from transfer.plans import NBYTES, SRC, MessagePlan
 from transfer.wire import (
     ABORT,
     HEADER,
-    OFFER,
     PROTOCOL_VERSION,
     READY,
     REFUSE,
-    RETRACTED,
     STATUS,
     WITHDRAWN,
     ChannelError,
@@ -54,13 +53,11 @@ from transfer.wire import (
     ProtocolError,
     TransferError,
     abort_key,
-    decode_message,
     encode_message,
     offer_key,
     reply_key,
     status_key,
     table_bytes,
-    table_from_bytes,
     trailer,
     withdraw_key,
 )
@@ -216,39 +213,9 @@ class EnvelopeSender(ChannelEnd):
             pass
 
     def _planned_on_offer(self, job: Job) -> tuple[int, np.ndarray] | None:
-        """(serial, runs) of the receiver's offer for this request, where one came and the envelope
-        pairs with it (tokens, rows, chunk size, tables), else None: the header then waits for
-        READY, and a receiver that refuses it names why. The offer is taken either way."""
-        channel, envelope = self.channel, job.envelope
-        blob = channel.control.take_offer(offer_key(envelope.request_id))
-        if blob is None:
-            return None
-        try:
-            max_bytes = envelope.ranges.shape[0] * 16 + 1024
-            offer = decode_message(blob, expect=(OFFER, RETRACTED), max_bytes=max_bytes)
-            if (
-                offer["kind"] != OFFER
-                or offer["request_id"] != envelope.request_id
-                or offer["num_tokens"] != envelope.num_tokens
-                or offer["num_rows"] != envelope.ranges.shape[0]
-                or offer["max_chunk_bytes"] < self.options.chunk_bytes
-            ):
-                return None
-            runs = self._paired_runs(job, offer["table"], offer["held"])
-        except (ProtocolError, ValueError):
-            return None
-        return offer["serial"], runs
-
-    def _paired_runs(self, job: Job, table: bytes, held: int) -> np.ndarray:
-        """The plan's runs from our envelope, less its first `held` pages (held at the destination
-        already: they do not move), into the receiver's `table` (an OFFER's or READY's); the
-        transfer's held pages and bytes are set. ValueError / ProtocolError where they do not pair."""
-        envelope = job.envelope
-        ours = moving_rows(envelope.ranges, held, has_slot=envelope.has_slot)
-        theirs = table_from_bytes(table, num_rows=ours.shape[0])
-        runs = channel_runs(self.channel.tp_pair, ours, theirs, num_tokens=envelope.num_tokens, held=held)
-        job.transfer.held_pages, job.transfer.num_bytes = held, int(runs[:, NBYTES].sum())
-        return runs
+        """(serial, runs) of the receiver's offer for this request where it pairs with the envelope,
+        else None (`transfer.ends.offer_check`): the header then waits for READY."""
+        return planned_on_offer(self.channel, job, self.options.chunk_bytes)
 
     def _await_reply(self, job: Job, seq: int) -> tuple[np.ndarray, float]:
         """Wait for READY (return the plan's runs, and the deadline to move them by) or REFUSE
@@ -277,14 +244,13 @@ class EnvelopeSender(ChannelEnd):
                 withdrawal = f"{reason}, nor its withdrawal within {channel.timeout_s:.1f} s"
                 raise ChannelError(withdrawal, kind=FailureKind.TIMEOUT)
             deadline = time.monotonic() + channel.timeout_s
-        max_bytes = job.envelope.ranges.shape[0] * 16 + 1024
-        reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=max_bytes)
+        reply = self.read_message(blob, seq, expect=(READY, REFUSE), max_bytes=reply_bytes(job))
         if reply["kind"] == REFUSE:  # the protocol checked the kind and the problem
             raise refused(
                 transfer.request_id, FailureKind(reply["failure"]), reply["problem"], reply["reason"]
             )
         try:
-            runs = self._paired_runs(job, reply["table"], reply["held"])
+            runs = paired_runs(channel, job, reply["table"], reply["held"])
         except ValueError as exc:
             raise ProtocolError(f"the receiver's table does not pair with ours: {exc}") from None
         return runs, deadline
