@@ -14,7 +14,6 @@ caller still waits for it (`decode.outbox.Outbox.hand_out`).
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +35,6 @@ class EndingWorker(Protocol):
     model: PoolModel
     metrics: WorkerMetrics
     outbox: Outbox
-    wake: threading.Condition
     prefilling: dict[str, DecodeRequest]
     arrived: dict[str, DecodeRequest]
     running: dict[str, DecodeRequest]

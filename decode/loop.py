@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Protocol
 
+from decode.arrivals import Arrivals
 from decode.local_prefill import LocalPrefills
 from decode.request import DecodeRequest
 from distpool.worker.lockstep import Lockstep
@@ -52,11 +53,8 @@ class LoopWorker(Protocol):
     arrived: dict[str, DecodeRequest]
     running: dict[str, DecodeRequest]
     prefilling: dict[str, DecodeRequest]
+    arrivals: Arrivals  # verifies what arrived and admits it (`decode.arrivals`)
 
-    def verify_arrived(self) -> None: ...
-    def check_arrived(self, rids: list[str]) -> list[str]: ...
-    def fail_elsewhere(self, rid: str) -> None: ...
-    def admit_verified(self, rids: list[str]) -> None: ...
     def step_locked(self, rids: list[str] | None = None) -> None: ...
     def fail_loop_requests(self, exc: Exception) -> None: ...
     def group_broken(self, exc: BaseException) -> None: ...
@@ -117,7 +115,7 @@ class DecodeLoop:
                 # a GPU they would not compete). Decode steps wait too.
                 return self._verify_by - now
             self._verify_by = None
-            worker.verify_arrived()
+            worker.arrivals.verify()
         elif worker.running or worker.prefilling:
             if (done := worker.local.advance()) is not None:  # one chunk, then one step of the batch
                 worker.arrived[done[0]] = done[1]
@@ -169,9 +167,9 @@ class DecodeLoop:
         landed = lockstep.agree(list(worker.arrived))
         if not landed.common:  # the same answer on every rank: none gathers further
             return landed.lacking
-        passed = worker.check_arrived(landed.common)
+        passed = worker.arrivals.check(landed.common)
         everywhere = lockstep.common(passed)
         for rid in set(passed) - set(everywhere):
-            worker.fail_elsewhere(rid)
-        worker.admit_verified(everywhere)
+            worker.arrivals.fail_elsewhere(rid)
+        worker.arrivals.admit(everywhere)
         return landed.lacking

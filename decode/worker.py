@@ -195,20 +195,6 @@ class DecodeWorker(WorkerBase):
             if req is not None and req.parts is parts:
                 self.arrivals.landed(rid, req, parts)
 
-    # The decode loop's steps for arrived requests (`decode.loop.LoopWorker`), under the lock.
-    def verify_arrived(self) -> None:
-        """Check every byte of each arrived envelope, then let those that passed join the batch."""
-        self.arrivals.verify()
-
-    def check_arrived(self, rids: list[str]) -> list[str]:
-        return self.arrivals.check(rids)
-
-    def fail_elsewhere(self, rid: str) -> None:
-        self.arrivals.fail_elsewhere(rid)
-
-    def admit_verified(self, rids: list[str]) -> None:
-        self.arrivals.admit(rids)
-
     def cancel(self, request_id: str, *, notify: bool = False) -> bool:
         """Give the request up here, wherever it is: a waiting reservation's transfer is aborted, a
         running request leaves the batch (its transfer succeeded but the driver never heard so), a

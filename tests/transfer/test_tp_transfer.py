@@ -226,7 +226,7 @@ def test_a_header_with_unsharded_unit_sizes_is_refused_typed_and_nothing_leaks(g
     monkeypatch.setattr(sender_module, "table_bytes", doubled)
     # Rows truly of another layout pair with no offer, so such a sender plans on none (test_offers):
     # its header waits for the answer.
-    monkeypatch.setattr(sender_module.EnvelopeSender, "_planned_on_offer", lambda self, job: None)
+    monkeypatch.setattr(sender_module, "planned_on_offer", lambda channel, job, chunk_bytes: None)
     before = [pool.buffer.clone() for pool in groups.dst_pools]
     incoming = groups.expect()
     outgoing = groups.send(first_token=groups.first_token)

@@ -169,7 +169,7 @@ def test_a_stale_slot_fails_as_corrupt(pair):
 def test_damage_while_decoding_is_caught_before_release(pair):
     """A neighbour's write (or a broken compaction) after admission: the release check fails it."""
     p, d = pair
-    landed = d.verify_arrived
+    landed = d.arrivals.verify
 
     def then_damage():
         rids = list(d.arrived)
@@ -179,7 +179,7 @@ def test_damage_while_decoding_is_caught_before_release(pair):
                 offset, _ = d.pool.envelope_ranges(rid)[1].tolist()
                 d.pool.buffer[offset] ^= 0x5A  # the first page's first byte
 
-    d.verify_arrived = then_damage
+    d.arrivals.verify = then_damage
     serve(p, d, {"x": PROMPTS["a"]}, 8)
     fails_as_corrupt(d, "x", "at release")
     assert d.stats().verified_envelopes == 1

@@ -175,7 +175,7 @@ class EnvelopeSender(ChannelEnd):
     def _send_one(self, job: Job) -> None:
         channel, transfer, options = self.channel, job.transfer, self.options
         self.stream.wait_for(job.ready)
-        offer = self._planned_on_offer(job)
+        offer = planned_on_offer(channel, job, options.chunk_bytes)  # None: the header waits for READY
         header = encode_message(
             HEADER,
             version=PROTOCOL_VERSION,
@@ -211,11 +211,6 @@ class EnvelopeSender(ChannelEnd):
             self.channel.control.take_offer(offer_key(request_id))
         except ChannelError:  # the link went with its offers
             pass
-
-    def _planned_on_offer(self, job: Job) -> tuple[int, np.ndarray] | None:
-        """(serial, runs) of the receiver's offer for this request where it pairs with the envelope,
-        else None (`transfer.ends.offer_check`): the header then waits for READY."""
-        return planned_on_offer(self.channel, job, self.options.chunk_bytes)
 
     def _await_reply(self, job: Job, seq: int) -> tuple[np.ndarray, float]:
         """Wait for READY (return the plan's runs, and the deadline to move them by) or REFUSE
